@@ -1,0 +1,33 @@
+"""Settings read from the environment (prefix ``ROUNDTABLE_``).
+
+The action secret is deliberately *not* cached here: security functions read it
+at call time through :func:`roundtable.security.read_action_secret`, so a
+rotated or removed secret takes effect at once and the system fails closed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_STATE_DIR = Path(".roundtable")
+DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///./{DEFAULT_STATE_DIR}/roundtable.db"
+
+
+class Settings(BaseSettings):
+    """Process-wide configuration. Build one at start-up with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(env_prefix="ROUNDTABLE_", extra="ignore")
+
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        description="SQLAlchemy async URL: sqlite+aiosqlite:///… or postgresql+asyncpg://…",
+    )
+    target_lease_seconds: int = Field(default=30, gt=0, le=3600)
+    approval_timeout_seconds: int = Field(default=3600, gt=0)
+
+
+def load_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,272 @@
+"""Keys, encryption and public views: everything that keeps secrets secret.
+
+Two keys are derived from ``ROUNDTABLE_ACTION_SECRET_KEY`` with HKDF under
+separate labels, so the target-key HMAC and the argument cipher never share
+key material. The secret is read at call time: no secret, no keys, no writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+SECRET_ENV_VAR = "ROUNDTABLE_ACTION_SECRET_KEY"  # noqa: S105 (a variable name, not a secret)
+TARGET_KEY_PREFIX = "target:v1:"
+REDACTED = "[redacted]"
+
+_TARGET_KEY_LABEL = b"roundtable/target-key/v1"
+_ARGUMENTS_KEY_LABEL = b"roundtable/action-arguments/aes-gcm/v1"
+_CIPHERTEXT_PREFIX = "enc:v1"
+_NONCE_BYTES = 12
+
+__all__ = [
+    "PUBLIC_ACTION_FIELDS",
+    "REDACTED",
+    "ActionSecretKeyError",
+    "ArgumentsDecryptionError",
+    "CapabilityError",
+    "ToolNotGrantedError",
+    "ToolNotInSnapshotError",
+    "action_to_public_dict",
+    "decrypt_arguments",
+    "derive_target_key",
+    "encrypt_arguments",
+    "read_action_secret",
+    "redact_arguments",
+]
+
+
+class ActionSecretKeyError(RuntimeError):
+    """No usable action secret: refuse to derive keys or encrypt (fail closed)."""
+
+    code = "action_secret_missing"
+
+
+class ArgumentsDecryptionError(ValueError):
+    """Ciphertext was tampered with, truncated, or sealed under another secret."""
+
+    code = "arguments_decryption_failed"
+
+
+class CapabilityError(ValueError):
+    """The capability snapshot does not allow what was asked."""
+
+    code = "capability_error"
+
+
+class ToolNotInSnapshotError(CapabilityError, LookupError):
+    code = "tool_not_in_snapshot"
+
+
+class ToolNotGrantedError(CapabilityError):
+    code = "tool_not_granted"
+
+
+def read_action_secret() -> bytes:
+    """The action secret from the environment, or :class:`ActionSecretKeyError`."""
+    value = os.environ.get(SECRET_ENV_VAR, "")
+    if not value.strip():
+        raise ActionSecretKeyError(
+            f"{SECRET_ENV_VAR} is not set; refusing to derive target keys or encrypt "
+            "tool arguments without it"
+        )
+    return value.encode("utf-8")
+
+
+@functools.lru_cache(maxsize=16)
+def _derive_subkey(secret: bytes, label: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label).derive(secret)
+
+
+# --------------------------------------------------------------------------- target keys
+
+
+def _find_tool(snapshot: Mapping[str, Any], tool_name: str) -> Mapping[str, Any]:
+    for tool in snapshot.get("tools") or []:
+        if isinstance(tool, Mapping) and tool.get("name") == tool_name:
+            return tool
+    raise ToolNotInSnapshotError(f"tool {tool_name!r} is not in the run's capability snapshot")
+
+
+def _granted_tool_names(agent: Mapping[str, Any]) -> set[str]:
+    names: set[str] = set()
+    for grant in agent.get("tools") or []:
+        if isinstance(grant, str):
+            names.add(grant)
+        elif isinstance(grant, Mapping) and isinstance(grant.get("name"), str):
+            names.add(grant["name"])
+    return names
+
+
+def _require_grant(snapshot: Mapping[str, Any], tool_name: str, agent_id: str) -> None:
+    for agent in snapshot.get("agents") or []:
+        if isinstance(agent, Mapping) and agent.get("agent_id") == agent_id:
+            if tool_name in _granted_tool_names(agent):
+                return
+            break
+    raise ToolNotGrantedError(f"tool {tool_name!r} is not granted to agent {agent_id!r}")
+
+
+def _canonical_scalar(value: Any) -> str | None:
+    """Text form of a key field, or None when the field cannot pin a target.
+
+    Numbers and strings that print alike map to one key ("7" and 7): a coarser
+    lock is safe, a finer guess is not.
+    """
+    if value is None or isinstance(value, Mapping | list | tuple | set):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None
+        if value.is_integer():
+            return str(int(value))
+        return repr(value)
+    if isinstance(value, int | str):
+        text = str(value)
+        return text if text.strip() else None
+    return None
+
+
+def derive_target_key(
+    tool_name: str,
+    arguments: Mapping[str, Any],
+    capability_snapshot: Mapping[str, Any],
+    agent_id: str,
+) -> str:
+    """The opaque lease key of the object a write would touch.
+
+    Only the tool's ``target_key_fields`` count; anything else in ``arguments``
+    (a caller-supplied ``target_key`` included) is ignored. If any key field is
+    missing, null, empty or not a scalar, the key covers the tool's whole
+    namespace. Tools that share a ``target_key_namespace`` share keys, so
+    ``ticket_update`` and ``ticket_close`` on one ticket serialize.
+    """
+    tool = _find_tool(capability_snapshot, tool_name)
+    _require_grant(capability_snapshot, tool_name, agent_id)
+    secret = read_action_secret()
+    namespace = str(tool.get("target_key_namespace") or tool_name)
+    fields = sorted({str(f) for f in tool.get("target_key_fields") or []})
+
+    pinned: list[list[str]] = []
+    for field in fields:
+        text = _canonical_scalar(arguments.get(field)) if isinstance(arguments, Mapping) else None
+        if text is None:
+            pinned = []
+            break
+        pinned.append([field, text])
+    material: list[Any] = ["target", namespace, pinned if pinned else "*"]
+
+    key = _derive_subkey(secret, _TARGET_KEY_LABEL)
+    digest = hmac.new(key, _canonical_json(material), hashlib.sha256).hexdigest()
+    return TARGET_KEY_PREFIX + digest
+
+
+def _canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# --------------------------------------------------------------------------- encryption
+
+
+def _key_id(key: bytes) -> str:
+    # Names the key without revealing it, so a ciphertext sealed under a
+    # rotated-away secret says so instead of failing as "tampered".
+    return hashlib.sha256(b"roundtable/key-id/" + key).hexdigest()[:12]
+
+
+def encrypt_arguments(arguments: Mapping[str, Any], *, associated_data: bytes = b"") -> str:
+    """Seal tool arguments with AES-GCM. ``associated_data`` binds the ciphertext
+    to its owner (the store passes the action id), so it cannot be moved."""
+    key = _derive_subkey(read_action_secret(), _ARGUMENTS_KEY_LABEL)
+    nonce = secrets.token_bytes(_NONCE_BYTES)
+    sealed = AESGCM(key).encrypt(nonce, _canonical_json(dict(arguments)), associated_data)
+    blob = base64.urlsafe_b64encode(nonce + sealed).decode("ascii")
+    return f"{_CIPHERTEXT_PREFIX}:{_key_id(key)}:{blob}"
+
+
+def decrypt_arguments(ciphertext: str, *, associated_data: bytes = b"") -> dict[str, Any]:
+    """Open what :func:`encrypt_arguments` sealed; anything altered raises."""
+    key = _derive_subkey(read_action_secret(), _ARGUMENTS_KEY_LABEL)
+    try:
+        prefix, version, key_id, blob = ciphertext.split(":", 3)
+        raw = base64.urlsafe_b64decode(blob.encode("ascii"))
+    except (ValueError, AttributeError) as exc:
+        raise ArgumentsDecryptionError("ciphertext is malformed") from exc
+    if f"{prefix}:{version}" != _CIPHERTEXT_PREFIX or len(raw) <= _NONCE_BYTES:
+        raise ArgumentsDecryptionError("ciphertext is malformed")
+    if key_id != _key_id(key):
+        raise ArgumentsDecryptionError("ciphertext was sealed under a different secret")
+    try:
+        plain = AESGCM(key).decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], associated_data)
+    except InvalidTag as exc:
+        raise ArgumentsDecryptionError("ciphertext failed authentication") from exc
+    value = json.loads(plain)
+    if not isinstance(value, dict):
+        raise ArgumentsDecryptionError("ciphertext does not hold an arguments object")
+    return value
+
+
+# --------------------------------------------------------------------------- public views
+
+
+def redact_arguments(
+    arguments: Mapping[str, Any] | None, safe_fields: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """Keys stay visible; only values named in ``safe_fields`` do."""
+    safe = set(safe_fields or ())
+    return {
+        str(name): (value if name in safe else REDACTED)
+        for name, value in (arguments or {}).items()
+    }
+
+
+PUBLIC_ACTION_FIELDS: tuple[str, ...] = (
+    "id",
+    "session_id",
+    "run_id",
+    "agent_id",
+    "tool_name",
+    "logical_action_id",
+    "turn_index",
+    "risk_level",
+    "status",
+    "arguments",
+    "result",
+    "external_object_id",
+    "approval_id",
+    "attempt_count",
+    "started_at",
+    "finished_at",
+    "created_at",
+    "updated_at",
+)
+
+
+def _public_value(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def action_to_public_dict(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The one view of an action that leaves the process: an explicit allowlist.
+
+    ``arguments`` is redacted again here (idempotent for stored rows), so a row
+    that somehow carries raw arguments still cannot leak them.
+    """
+    public = {name: _public_value(row.get(name)) for name in PUBLIC_ACTION_FIELDS}
+    public["arguments"] = redact_arguments(row.get("arguments"), row.get("safe_argument_fields"))
+    return public

@@ -1,0 +1,264 @@
+"""Approvals: requested once, decided or expired exactly once (compare-and-set)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from roundtable.store.actions import ActionOps
+from roundtable.store.core import new_id, require_aware, require_text, row_to_dict
+from roundtable.store.engine import database_now
+from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+from roundtable.store.schema import ActionRow, ApprovalRow, RunRow
+from roundtable.store.states import (
+    APPROVAL_DECISIONS,
+    APPROVAL_EXPIRED_REASON,
+    ActionStatus,
+    ApprovalStatus,
+)
+
+
+class ApprovalOps(ActionOps):
+    async def create_approval(self, *, action_id: str, expires_at: datetime) -> dict[str, Any]:
+        require_aware("expires_at", expires_at)
+        async with self._transaction() as session:
+            run, action = await self._lock_action(session, action_id)
+            if action.status != ActionStatus.WAITING_APPROVAL:
+                raise ConflictError(
+                    f"action {action_id!r} is {action.status}; only a waiting_approval "
+                    "action can ask for approval"
+                )
+            open_approval = (
+                await session.execute(
+                    select(ApprovalRow.id).where(
+                        ApprovalRow.action_id == action_id,
+                        ApprovalRow.status == ApprovalStatus.PENDING,
+                    )
+                )
+            ).scalar_one_or_none()
+            if open_approval is not None:
+                raise ConflictError(f"action {action_id!r} already has pending approval")
+            now = await database_now(session)
+            if expires_at <= now:
+                raise InvalidInputError("expires_at must be in the future")
+            approval = ApprovalRow(
+                id=new_id(),
+                action_id=action_id,
+                run_id=run.id,
+                status=ApprovalStatus.PENDING,
+                expires_at=expires_at,
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(approval)
+            action.approval_id = approval.id
+            action.updated_at = now
+            await self._audit(
+                session,
+                run,
+                "approval.requested",
+                {
+                    "approval_id": approval.id,
+                    "action_id": action_id,
+                    "expires_at": expires_at.isoformat(),
+                },
+                now,
+            )
+        return row_to_dict(approval)
+
+    async def get_approval(self, approval_id: str) -> dict[str, Any]:
+        async with self._reader() as session:
+            row = await session.get(ApprovalRow, approval_id)
+            if row is None:
+                raise NotFoundError(f"approval {approval_id!r} not found")
+            return row_to_dict(row)
+
+    async def list_approvals(
+        self, *, run_id: str | None = None, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Observational: an overdue approval reads ``pending`` until expired by
+        its workflow timer or the sweep. Listing never changes anything."""
+        if status is not None and status not in set(ApprovalStatus):
+            raise InvalidInputError(f"unknown approval status {status!r}")
+        query = select(ApprovalRow).order_by(ApprovalRow.created_at, ApprovalRow.id)
+        if run_id is not None:
+            query = query.where(ApprovalRow.run_id == run_id)
+        if status is not None:
+            query = query.where(ApprovalRow.status == status)
+        async with self._reader() as session:
+            return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
+
+    async def decide_approval(
+        self,
+        approval_id: str,
+        decision: str,
+        decided_by: str,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
+        """Approve or reject a pending approval, exactly once.
+
+        A non-pending approval is a :class:`ConflictError`. So is one whose
+        deadline has passed by the database clock: it is expired on the spot
+        (and stays expired), so a late click can never approve a stale write.
+        """
+        if decision not in APPROVAL_DECISIONS:
+            raise InvalidInputError("decision must be 'approved' or 'rejected'")
+        require_text("decided_by", decided_by)
+        expired_late = False
+        async with self._transaction() as session:
+            run, approval = await self._lock_approval(session, approval_id)
+            if approval.status != ApprovalStatus.PENDING:
+                raise ConflictError(f"approval {approval_id!r} is already {approval.status}")
+            now = await database_now(session)
+            if now >= approval.expires_at:
+                expired_late = await self._expire_locked(session, run, approval, now)
+            else:
+                await self._apply_decision(
+                    session, run, approval, decision, decided_by, reason, now
+                )
+        if expired_late:
+            raise ConflictError(f"approval {approval_id!r} expired before the decision arrived")
+        return await self.get_approval(approval_id)
+
+    async def _apply_decision(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        approval: ApprovalRow,
+        decision: str,
+        decided_by: str,
+        reason: str | None,
+        now: datetime,
+    ) -> None:
+        changed = await self._compare_and_set(
+            session,
+            ApprovalRow,
+            approval.id,
+            (ApprovalStatus.PENDING,),
+            {
+                "status": decision,
+                "decided_by": decided_by,
+                "decision_reason": reason,
+                "decided_at": now,
+                "updated_at": now,
+            },
+        )
+        if not changed:
+            raise ConflictError(f"approval {approval.id!r} is no longer pending")
+        action_status = (
+            ActionStatus.APPROVED if decision == ApprovalStatus.APPROVED else ActionStatus.REJECTED
+        )
+        await self._compare_and_set(
+            session,
+            ActionRow,
+            approval.action_id,
+            (ActionStatus.WAITING_APPROVAL,),
+            {
+                "status": action_status,
+                "updated_at": now,
+                **({"finished_at": now} if action_status == ActionStatus.REJECTED else {}),
+            },
+        )
+        who = {
+            "approval_id": approval.id,
+            "action_id": approval.action_id,
+            "decided_by": decided_by,
+            "reason": reason,
+        }
+        await self._audit(session, run, f"approval.{decision}", who, now)
+        await self._audit(session, run, f"action.{action_status}", who, now)
+
+    async def _lock_approval(
+        self, session: AsyncSession, approval_id: str
+    ) -> tuple[RunRow, ApprovalRow]:
+        run_id = (
+            await session.execute(select(ApprovalRow.run_id).where(ApprovalRow.id == approval_id))
+        ).scalar_one_or_none()
+        if run_id is None:
+            raise NotFoundError(f"approval {approval_id!r} not found")
+        run = await self._lock_run(session, run_id)
+        approval = (
+            await session.execute(
+                select(ApprovalRow)
+                .where(ApprovalRow.id == approval_id)
+                .execution_options(populate_existing=True)
+            )
+        ).scalar_one()
+        return run, approval
+
+    async def _expire_locked(
+        self, session: AsyncSession, run: RunRow, approval: ApprovalRow, now: datetime
+    ) -> bool:
+        changed = await self._compare_and_set(
+            session,
+            ApprovalRow,
+            approval.id,
+            (ApprovalStatus.PENDING,),
+            {"status": ApprovalStatus.EXPIRED, "decided_at": now, "updated_at": now},
+        )
+        if not changed:
+            return False
+        await self._compare_and_set(
+            session,
+            ActionRow,
+            approval.action_id,
+            (ActionStatus.WAITING_APPROVAL,),
+            {
+                "status": ActionStatus.REJECTED,
+                "result": {"error_code": APPROVAL_EXPIRED_REASON},
+                "finished_at": now,
+                "updated_at": now,
+            },
+        )
+        payload = {
+            "approval_id": approval.id,
+            "action_id": approval.action_id,
+            "reason": APPROVAL_EXPIRED_REASON,
+        }
+        await self._audit(session, run, "approval.expired", payload, now)
+        await self._audit(session, run, "action.rejected", payload, now)
+        return True
+
+    async def expire_approval(self, approval_id: str) -> bool:
+        """Expire one approval now, whatever the clock says: the workflow's own
+        deadline timer is authoritative for its run. False if already decided."""
+        async with self._transaction() as session:
+            run, approval = await self._lock_approval(session, approval_id)
+            return await self._expire_locked(session, run, approval, await database_now(session))
+
+    async def expire_due_approvals(
+        self, run_id: str | None = None, now: datetime | None = None
+    ) -> list[dict[str, str]]:
+        """Expire every pending approval whose deadline is at or before ``now``
+        (default: the database clock). Safe to run twice or concurrently: each
+        approval is expired by exactly one caller, and only that caller reports it."""
+        if now is not None:
+            require_aware("now", now)
+        async with self._reader() as session:
+            cutoff = now or await database_now(session)
+            query = select(ApprovalRow.id).where(
+                ApprovalRow.status == ApprovalStatus.PENDING, ApprovalRow.expires_at <= cutoff
+            )
+            if run_id is not None:
+                query = query.where(ApprovalRow.run_id == run_id)
+            due = list((await session.execute(query.order_by(ApprovalRow.expires_at))).scalars())
+
+        expired: list[dict[str, str]] = []
+        for approval_id in due:
+            async with self._transaction() as session:
+                run, approval = await self._lock_approval(session, approval_id)
+                db_clock = await database_now(session)
+                if approval.expires_at > (now or db_clock):
+                    continue
+                if await self._expire_locked(session, run, approval, db_clock):
+                    expired.append(
+                        {
+                            "id": approval.id,
+                            "run_id": approval.run_id,
+                            "action_id": approval.action_id,
+                        }
+                    )
+        return expired

@@ -1,0 +1,221 @@
+"""Transactions, row conversion, sessions, runs and audit reads.
+
+Locking discipline (why there are no deadlocks within a run): every operation
+that changes a run's rows locks that run's row *first* (``_lock_run``), and
+appends its audit events through the same row. On SQLite ``BEGIN IMMEDIATE``
+already serialises writers; on PostgreSQL the run row lock does. Rows shared
+between runs (leases, fencing counters) are only ever taken after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from roundtable.store.audit import GENESIS_HASH, append_event, verify_chain
+from roundtable.store.engine import database_now, read_only_engine
+from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+from roundtable.store.schema import AuditEventRow, Base, RunRow, SessionRow
+from roundtable.store.states import RUN_TRANSITIONS, RunStatus
+
+
+def row_to_dict(row: Base) -> dict[str, Any]:
+    return {column.key: getattr(row, column.key) for column in row.__table__.columns}
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def require_text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(f"{name} must be a non-empty string")
+    return value
+
+
+def require_aware(name: str, value: Any) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InvalidInputError(f"{name} must be a timezone-aware datetime")
+    return value
+
+
+class StoreCore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        # Writers use this factory through _transaction; it is also public for
+        # tests and tools that must change rows directly.
+        self.session_factory = async_sessionmaker(engine, expire_on_commit=False)
+        self._read_factory = async_sessionmaker(read_only_engine(engine), expire_on_commit=False)
+        # SQLite admits one writer at a time. Queuing this process's writers
+        # here replaces SQLite's busy-handler sleeps with an orderly wait (the
+        # 50-claimer test went from 21 s to 4.5 s on this machine). Safety does not depend on
+        # it: BEGIN IMMEDIATE and the constraints still serialise, across
+        # processes too.
+        self._local_writer = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
+        async with contextlib.AsyncExitStack() as stack:
+            if self._local_writer is not None:
+                await stack.enter_async_context(self._local_writer)
+            session = await stack.enter_async_context(self.session_factory())
+            await stack.enter_async_context(session.begin())
+            yield session
+
+    def _reader(self) -> AsyncSession:
+        """A session for reads only: never takes SQLite's write lock."""
+        return self._read_factory()
+
+    async def _lock_run(self, session: AsyncSession, run_id: str) -> RunRow:
+        run = (
+            await session.execute(
+                select(RunRow)
+                .where(RunRow.id == run_id)
+                .with_for_update()
+                .execution_options(populate_existing=True)
+            )
+        ).scalar_one_or_none()
+        if run is None:
+            raise NotFoundError(f"run {run_id!r} not found")
+        return run
+
+    @staticmethod
+    async def _compare_and_set(
+        session: AsyncSession,
+        model: type[Base],
+        row_id: str,
+        expected_statuses: tuple[str, ...],
+        values: Mapping[str, Any],
+    ) -> bool:
+        """``UPDATE … WHERE id = :id AND status IN (:expected)``: True if it changed the row.
+
+        The run lock already makes these transitions exclusive; the guard in the
+        statement keeps each one correct even without it.
+        """
+        result = await session.execute(
+            update(model)
+            .where(model.id == row_id, model.status.in_(expected_statuses))
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        return result.rowcount == 1
+
+    async def _audit(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        event_type: str,
+        payload: Mapping[str, Any],
+        now: datetime,
+    ) -> None:
+        await session.flush()
+        await append_event(session, run, event_type, payload, now)
+
+    # ----------------------------------------------------------- sessions and runs
+
+    async def create_session(self, *, user_id: str, task_text: str) -> dict[str, Any]:
+        require_text("user_id", user_id)
+        if not isinstance(task_text, str):
+            raise InvalidInputError("task_text must be a string")
+        async with self._transaction() as session:
+            now = await database_now(session)
+            row = SessionRow(
+                id=new_id(),
+                user_id=user_id,
+                task_text=task_text,
+                status=RunStatus.PENDING,
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(row)
+        return row_to_dict(row)
+
+    async def get_session(self, session_id: str) -> dict[str, Any]:
+        async with self._reader() as session:
+            row = await session.get(SessionRow, session_id)
+            if row is None:
+                raise NotFoundError(f"session {session_id!r} not found")
+            return row_to_dict(row)
+
+    async def create_run(
+        self, *, session_id: str, user_id: str, run_id: str | None = None
+    ) -> dict[str, Any]:
+        require_text("user_id", user_id)
+        async with self._transaction() as session:
+            owner = await session.get(SessionRow, session_id)
+            # Another user's session is reported as missing: ids must not leak.
+            if owner is None or owner.user_id != user_id:
+                raise NotFoundError(f"session {session_id!r} not found")
+            now = await database_now(session)
+            run = RunRow(
+                id=run_id or new_id(),
+                session_id=session_id,
+                user_id=user_id,
+                status=RunStatus.PENDING,
+                last_event_seq=0,
+                last_event_hash=GENESIS_HASH,
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(run)
+            await self._audit(session, run, "run.created", {"session_id": session_id}, now)
+        return row_to_dict(run)
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        async with self._reader() as session:
+            row = await session.get(RunRow, run_id)
+            if row is None:
+                raise NotFoundError(f"run {run_id!r} not found")
+            return row_to_dict(row)
+
+    async def set_run_status(self, run_id: str, status: str) -> dict[str, Any]:
+        """Move a run along its state machine (and its session with it)."""
+        try:
+            target = RunStatus(status)
+        except ValueError as exc:
+            raise InvalidInputError(f"unknown run status {status!r}") from exc
+        async with self._transaction() as session:
+            run = await self._lock_run(session, run_id)
+            current = RunStatus(run.status)
+            if target == current:
+                return row_to_dict(run)
+            if target not in RUN_TRANSITIONS[current]:
+                raise ConflictError(f"run {run_id!r} cannot go from {current} to {target}")
+            now = await database_now(session)
+            run.status = target
+            owner = await session.get(SessionRow, run.session_id)
+            if owner is not None:
+                owner.status = target
+                owner.updated_at = now
+            await self._audit(
+                session, run, "run.status_changed", {"from": current, "to": target}, now
+            )
+        return row_to_dict(run)
+
+    # ----------------------------------------------------------------- audit reads
+
+    async def list_events(self, run_id: str) -> list[dict[str, Any]]:
+        async with self._reader() as session:
+            rows = (
+                await session.execute(
+                    select(AuditEventRow)
+                    .where(AuditEventRow.run_id == run_id)
+                    .order_by(AuditEventRow.seq)
+                )
+            ).scalars()
+            return [row_to_dict(row) for row in rows]
+
+    async def verify_audit_chain(self, run_id: str) -> bool:
+        """Recompute the run's hash chain; False means the log was altered."""
+        events = await self.list_events(run_id)
+        run = await self.get_run(run_id)
+        head = events[-1]["hash"] if events else GENESIS_HASH
+        return verify_chain(events) and head == run["last_event_hash"]

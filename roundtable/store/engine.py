@@ -1,0 +1,91 @@
+"""Engine construction and the few places where SQLite and PostgreSQL differ.
+
+Kept in one module so the store's operations read the same on both databases.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+
+from roundtable.store.errors import InvalidInputError
+
+SUPPORTED_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")
+# Seconds a SQLite writer waits for the lock. Long on purpose: under 50
+# concurrent claimers a short timeout turns contention into errors.
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+READ_ONLY_OPTION = "roundtable_read_only"
+
+
+def create_engine_for(database_url: str) -> AsyncEngine:
+    url = make_url(database_url)
+    if url.drivername not in SUPPORTED_DRIVERS:
+        raise InvalidInputError(
+            f"unsupported database URL driver {url.drivername!r}; "
+            f"use one of {', '.join(SUPPORTED_DRIVERS)}"
+        )
+    if url.drivername.startswith("sqlite"):
+        return _sqlite_engine(database_url)
+    return create_async_engine(database_url, pool_pre_ping=True)
+
+
+def _sqlite_engine(database_url: str) -> AsyncEngine:
+    url = make_url(database_url)
+    if url.database and url.database != ":memory:":
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(database_url)
+
+    # SQLAlchemy's documented recipe: stop pysqlite from managing transactions
+    # and emit BEGIN IMMEDIATE ourselves. A deferred transaction that reads and
+    # then writes fails with SQLITE_BUSY whatever the timeout; an immediate one
+    # waits its turn.
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Readers (see read_only_engine) need no write lock: WAL lets them run
+        # beside a writer. Everything else takes the write lock up front.
+        read_only = conn.get_execution_options().get(READ_ONLY_OPTION, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
+    """The same pool, marked so that SQLite opens its transactions deferred."""
+    return engine.execution_options(**{READ_ONLY_OPTION: True})
+
+
+def is_postgresql(session: AsyncSession) -> bool:
+    return session.bind.dialect.name == "postgresql"
+
+
+def insert_for(session: AsyncSession, table: Any) -> Any:
+    """The dialect's INSERT, which has ``on_conflict_do_*`` on both databases."""
+    return (postgresql.insert if is_postgresql(session) else sqlite.insert)(table)
+
+
+async def database_now(session: AsyncSession) -> datetime:
+    """The database's clock, for lease and approval deadlines.
+
+    PostgreSQL: ``clock_timestamp()`` (``now()`` is the transaction's start,
+    stale after a lock wait). SQLite runs in this process, so its clock is ours.
+    """
+    if is_postgresql(session):
+        value = (await session.execute(text("SELECT clock_timestamp()"))).scalar_one()
+        return value.astimezone(UTC)
+    return datetime.now(UTC)

@@ -1,0 +1,380 @@
+"""Executing approved actions: claim under a target lease, renew, record, recover, reconcile.
+
+The rules (DESIGN.md, "Safety rules"):
+- the lease row's primary key (the target key) admits one holder per target;
+- a lease is removed only by a definite result or an operator's reconciliation,
+  never by expiry, so clock trouble costs liveness, never safety;
+- a lease that expired while its action was executing makes the action
+  ``unknown``, and the target stays blocked until reconciled;
+- nothing here ever re-executes anything.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from roundtable.store.approvals import ApprovalOps
+from roundtable.store.core import require_aware, require_text, row_to_dict
+from roundtable.store.engine import database_now, insert_for
+from roundtable.store.errors import ConflictError, InvalidInputError
+from roundtable.store.schema import ActionLeaseRow, ActionRow, RunRow, TargetFencingRow
+from roundtable.store.states import (
+    FINAL_ACTION_STATUSES,
+    LEASE_EXPIRED_ERROR_CODE,
+    RECONCILE_OUTCOMES,
+    TERMINAL_RESULT_STATUSES,
+    ActionStatus,
+    ClaimOutcome,
+)
+
+MAX_LEASE_SECONDS = 24 * 3600
+
+
+def _lease_length(lease_seconds: float) -> timedelta:
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
+        raise InvalidInputError("lease_seconds must be a number")
+    if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+        raise InvalidInputError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
+    return timedelta(seconds=lease_seconds)
+
+
+class ExecutionOps(ApprovalOps):
+    async def claim_action_for_execution(
+        self, action_id: str, lease_seconds: float
+    ) -> ClaimOutcome:
+        """Try to start executing an approved action; see :class:`ClaimOutcome`."""
+        length = _lease_length(lease_seconds)
+        async with self._transaction() as session:
+            run, action = await self._lock_action(session, action_id)
+            now = await database_now(session)
+            if action.status in FINAL_ACTION_STATUSES:
+                return ClaimOutcome.ALREADY_FINISHED
+            if action.status == ActionStatus.UNKNOWN:
+                return ClaimOutcome.UNKNOWN
+            if action.status == ActionStatus.WAITING_APPROVAL:
+                return ClaimOutcome.NOT_APPROVED
+            if action.status == ActionStatus.EXECUTING:
+                return await self._claim_own_executing(session, run, action, now)
+            if await self._target_has_unknown(session, action):
+                return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
+            return await self._take_lease(session, run, action, now, length)
+
+    async def _claim_own_executing(
+        self, session: AsyncSession, run: RunRow, action: ActionRow, now: datetime
+    ) -> ClaimOutcome:
+        lease = await self._lease_of(session, action.id)
+        if lease is not None and lease.lease_expires_at > now:
+            return ClaimOutcome.IN_PROGRESS
+        # Our own lease ran out mid-execution: nobody can know what happened.
+        await self._mark_unknown(session, run, action, lease, now)
+        return ClaimOutcome.UNKNOWN
+
+    async def _target_has_unknown(self, session: AsyncSession, action: ActionRow) -> bool:
+        blocker = (
+            await session.execute(
+                select(ActionRow.id)
+                .where(
+                    ActionRow.target_key == action.target_key,
+                    ActionRow.status == ActionStatus.UNKNOWN,
+                    ActionRow.id != action.id,
+                )
+                .limit(1)
+            )
+        ).scalar_one_or_none()
+        return blocker is not None
+
+    async def _take_lease(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        action: ActionRow,
+        now: datetime,
+        length: timedelta,
+    ) -> ClaimOutcome:
+        # The serialising statement: the target key is the primary key, and an
+        # existing row (live, expired or blocked) is never taken over.
+        inserted = (
+            await session.execute(
+                insert_for(session, ActionLeaseRow)
+                .values(
+                    target_key=action.target_key,
+                    action_id=action.id,
+                    run_id=run.id,
+                    fencing_token=0,
+                    acquired_at=now,
+                    lease_expires_at=now + length,
+                )
+                .on_conflict_do_nothing(index_elements=["target_key"])
+                .returning(ActionLeaseRow.target_key)
+            )
+        ).scalar_one_or_none()
+        if inserted is None:
+            return await self._why_target_taken(session, action)
+
+        token = (
+            await session.execute(
+                insert_for(session, TargetFencingRow)
+                .values(target_key=action.target_key, last_token=1)
+                .on_conflict_do_update(
+                    index_elements=["target_key"],
+                    set_={"last_token": TargetFencingRow.last_token + 1},
+                )
+                .returning(TargetFencingRow.last_token)
+            )
+        ).scalar_one()
+        await session.execute(
+            update(ActionLeaseRow)
+            .where(ActionLeaseRow.target_key == action.target_key)
+            .values(fencing_token=token)
+        )
+        changed = await self._compare_and_set(
+            session,
+            ActionRow,
+            action.id,
+            (ActionStatus.APPROVED,),
+            {
+                "status": ActionStatus.EXECUTING,
+                "fencing_token": token,
+                "attempt_count": ActionRow.attempt_count + 1,
+                "started_at": now,
+                "updated_at": now,
+            },
+        )
+        if not changed:  # impossible under the run lock; refuse rather than guess
+            raise ConflictError(f"action {action.id!r} changed while being claimed")
+        await self._audit(
+            session,
+            run,
+            "action.executing",
+            {
+                "action_id": action.id,
+                "fencing_token": token,
+                "lease_expires_at": (now + length).isoformat(),
+            },
+            now,
+        )
+        return ClaimOutcome.CLAIMED
+
+    async def _why_target_taken(self, session: AsyncSession, action: ActionRow) -> ClaimOutcome:
+        holder_status = (
+            await session.execute(
+                select(ActionRow.status)
+                .join(ActionLeaseRow, ActionLeaseRow.action_id == ActionRow.id)
+                .where(ActionLeaseRow.target_key == action.target_key)
+            )
+        ).scalar_one_or_none()
+        if holder_status == ActionStatus.UNKNOWN:
+            return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
+        return ClaimOutcome.TARGET_BUSY
+
+    @staticmethod
+    async def _lease_of(session: AsyncSession, action_id: str) -> ActionLeaseRow | None:
+        return (
+            await session.execute(
+                select(ActionLeaseRow)
+                .where(ActionLeaseRow.action_id == action_id)
+                .execution_options(populate_existing=True)
+            )
+        ).scalar_one_or_none()
+
+    async def _mark_unknown(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        action: ActionRow,
+        lease: ActionLeaseRow | None,
+        now: datetime,
+    ) -> bool:
+        """executing → unknown because the lease lapsed; the lease row stays."""
+        result = {"error_code": LEASE_EXPIRED_ERROR_CODE}
+        changed = await self._compare_and_set(
+            session,
+            ActionRow,
+            action.id,
+            (ActionStatus.EXECUTING,),
+            {
+                "status": ActionStatus.UNKNOWN,
+                "result": result,
+                "finished_at": now,
+                "updated_at": now,
+            },
+        )
+        if changed:
+            await self._audit(
+                session,
+                run,
+                "action.unknown",
+                {
+                    "action_id": action.id,
+                    "fencing_token": lease.fencing_token if lease else action.fencing_token,
+                    "error_code": LEASE_EXPIRED_ERROR_CODE,
+                },
+                now,
+            )
+        return changed
+
+    async def renew_action_lease(
+        self, action_id: str, fencing_token: int, lease_seconds: float
+    ) -> bool:
+        """Extend a live lease held under ``fencing_token``. An expired lease is
+        not renewed: once it lapsed, the action's outcome is already in doubt."""
+        length = _lease_length(lease_seconds)
+        async with self._transaction() as session:
+            now = await database_now(session)
+            executing = select(ActionRow.id).where(
+                ActionRow.id == action_id, ActionRow.status == ActionStatus.EXECUTING
+            )
+            result = await session.execute(
+                update(ActionLeaseRow)
+                .where(
+                    ActionLeaseRow.action_id == action_id,
+                    ActionLeaseRow.fencing_token == fencing_token,
+                    ActionLeaseRow.lease_expires_at > now,
+                    ActionLeaseRow.action_id.in_(executing),
+                )
+                .values(lease_expires_at=now + length)
+            )
+            return result.rowcount == 1
+
+    async def record_action_terminal_result(
+        self,
+        action_id: str,
+        status: str,
+        result: dict[str, Any] | None = None,
+        *,
+        fencing_token: int | None = None,
+        external_object_id: str | None = None,
+    ) -> bool:
+        """Record how an execution ended. Only an ``executing`` action changes
+        (False otherwise, e.g. recovery already made it ``unknown``). A definite
+        result frees the target; ``unknown`` keeps it blocked."""
+        if status not in TERMINAL_RESULT_STATUSES:
+            raise InvalidInputError("status must be succeeded, failed or unknown")
+        if result is not None and not isinstance(result, dict):
+            raise InvalidInputError("result must be a JSON object")
+        async with self._transaction() as session:
+            run, action = await self._lock_action(session, action_id)
+            if action.status != ActionStatus.EXECUTING:
+                return False
+            if fencing_token is not None and action.fencing_token != fencing_token:
+                return False
+            now = await database_now(session)
+            values: dict[str, Any] = {
+                "status": status,
+                "result": result,
+                "finished_at": now,
+                "updated_at": now,
+            }
+            if external_object_id is not None:
+                values["external_object_id"] = external_object_id
+            if not await self._compare_and_set(
+                session, ActionRow, action_id, (ActionStatus.EXECUTING,), values
+            ):
+                return False
+            if status != ActionStatus.UNKNOWN:
+                await session.execute(
+                    delete(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
+                )
+            payload: dict[str, Any] = {
+                "action_id": action_id,
+                "fencing_token": action.fencing_token,
+            }
+            if isinstance((result or {}).get("error_code"), str):
+                payload["error_code"] = result["error_code"]  # type: ignore[index]
+            await self._audit(session, run, f"action.{status}", payload, now)
+        return True
+
+    async def recover_expired_action_leases(
+        self, run_id: str | None = None, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """Turn every executing action whose lease expired at or before ``now``
+        (default: the database clock) into ``unknown``. Never re-executes; the
+        targets stay blocked. Returns the actions it changed."""
+        if now is not None:
+            require_aware("now", now)
+        async with self._reader() as session:
+            cutoff = now or await database_now(session)
+            query = (
+                select(ActionLeaseRow.action_id)
+                .join(ActionRow, ActionRow.id == ActionLeaseRow.action_id)
+                .where(
+                    ActionRow.status == ActionStatus.EXECUTING,
+                    ActionLeaseRow.lease_expires_at <= cutoff,
+                )
+            )
+            if run_id is not None:
+                query = query.where(ActionLeaseRow.run_id == run_id)
+            candidates = list((await session.execute(query)).scalars())
+
+        recovered: list[dict[str, Any]] = []
+        for action_id in candidates:
+            async with self._transaction() as session:
+                run, action = await self._lock_action(session, action_id)
+                lease = await self._lease_of(session, action_id)
+                db_clock = await database_now(session)
+                if lease is None or lease.lease_expires_at > (now or db_clock):
+                    continue  # renewed meanwhile
+                if await self._mark_unknown(session, run, action, lease, db_clock):
+                    await session.flush()
+                    recovered.append(row_to_dict(await self._reload(session, action_id)))
+        return recovered
+
+    @staticmethod
+    async def _reload(session: AsyncSession, action_id: str) -> ActionRow:
+        return (
+            await session.execute(
+                select(ActionRow)
+                .where(ActionRow.id == action_id)
+                .execution_options(populate_existing=True)
+            )
+        ).scalar_one()
+
+    async def reconcile_action(
+        self, action_id: str, outcome: str, decided_by: str, note: str | None = None
+    ) -> dict[str, Any]:
+        """An operator settles an ``unknown`` action; its target is freed."""
+        if outcome not in RECONCILE_OUTCOMES:
+            raise InvalidInputError("outcome must be 'succeeded' or 'failed'")
+        require_text("decided_by", decided_by)
+        async with self._transaction() as session:
+            run, action = await self._lock_action(session, action_id)
+            if action.status != ActionStatus.UNKNOWN:
+                raise ConflictError(
+                    f"action {action_id!r} is {action.status}; only unknown actions reconcile"
+                )
+            now = await database_now(session)
+            result = {
+                **(action.result or {}),
+                "reconciled_outcome": outcome,
+                "reconciled_by": decided_by,
+                "reconciliation_note": note,
+            }
+            if not await self._compare_and_set(
+                session,
+                ActionRow,
+                action_id,
+                (ActionStatus.UNKNOWN,),
+                {"status": outcome, "result": result, "updated_at": now},
+            ):
+                raise ConflictError(f"action {action_id!r} is no longer unknown")
+            await session.execute(
+                delete(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
+            )
+            await self._audit(
+                session,
+                run,
+                "action.reconciled",
+                {
+                    "action_id": action_id,
+                    "outcome": outcome,
+                    "decided_by": decided_by,
+                    "note": note,
+                },
+                now,
+            )
+            await session.flush()
+            return row_to_dict(await self._reload(session, action_id))

@@ -1,0 +1,76 @@
+"""The state machines of DESIGN.md as enums; the store is the only writer."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ActionStatus(StrEnum):
+    WAITING_APPROVAL = "waiting_approval"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXECUTING = "executing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+# Where a new action may start: a write that needs a person waits for one,
+# a write the policy lets through starts approved.
+INITIAL_ACTION_STATUSES = frozenset({ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED})
+FINAL_ACTION_STATUSES = frozenset(
+    {ActionStatus.REJECTED, ActionStatus.SUCCEEDED, ActionStatus.FAILED}
+)
+TERMINAL_RESULT_STATUSES = frozenset(
+    {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.UNKNOWN}
+)
+RECONCILE_OUTCOMES = frozenset({ActionStatus.SUCCEEDED, ActionStatus.FAILED})
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+APPROVAL_DECISIONS = frozenset({ApprovalStatus.APPROVED, ApprovalStatus.REJECTED})
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING_INPUT = "waiting_input"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.PENDING: frozenset({RunStatus.RUNNING, RunStatus.FAILED, RunStatus.CANCELLED}),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.WAITING_INPUT, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+    ),
+    RunStatus.WAITING_INPUT: frozenset(
+        {RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+    ),
+    RunStatus.COMPLETED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+}
+
+
+class ClaimOutcome(StrEnum):
+    """The only answers ``claim_action_for_execution`` gives."""
+
+    CLAIMED = "claimed"
+    TARGET_BUSY = "target_busy"
+    IN_PROGRESS = "in_progress"
+    UNKNOWN = "unknown"
+    TARGET_RECONCILIATION_REQUIRED = "target_reconciliation_required"
+    NOT_APPROVED = "not_approved"
+    ALREADY_FINISHED = "already_finished"
+
+
+LEASE_EXPIRED_ERROR_CODE = "target_lease_expired_during_execution"
+APPROVAL_EXPIRED_REASON = "approval_expired"

@@ -1,0 +1,122 @@
+"""Shared fixtures: every store test runs on SQLite *and* PostgreSQL.
+
+PostgreSQL comes from ``ROUNDTABLE_TEST_DATABASE_URL`` when set (an existing
+server; each test gets a fresh database created on it), otherwise from a
+throwaway cluster this suite starts. With ``CI=true`` a PostgreSQL that cannot
+be reached fails the run instead of skipping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+from roundtable.store import Store, open_store
+from tests.pg_cluster import PgCluster, PostgresUnavailable, start_cluster
+
+TEST_SECRET = "test-only-action-secret-please-rotate"
+_PG_STATE: dict[str, object] = {}
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def _admin_url() -> str:
+    """A postgresql+asyncpg URL for a database we may CREATE DATABASE from."""
+    if "url" in _PG_STATE:
+        return str(_PG_STATE["url"])
+    if "error" in _PG_STATE:
+        raise PostgresUnavailable(str(_PG_STATE["error"]))
+    try:
+        external = os.environ.get("ROUNDTABLE_TEST_DATABASE_URL")
+        if external:
+            url = external
+        else:
+            cluster = start_cluster()
+            _PG_STATE["cluster"] = cluster
+            url = cluster.url()
+        _PG_STATE["version"] = asyncio.run(_server_version(url))
+        _PG_STATE["url"] = url
+        return url
+    except (PostgresUnavailable, OSError, asyncpg.PostgresError) as exc:
+        _PG_STATE["error"] = exc
+        raise PostgresUnavailable(str(exc)) from exc
+
+
+def _asyncpg_dsn(url: str, database: str | None = None) -> str:
+    parsed = make_url(url).set(drivername="postgresql")
+    if database is not None:
+        parsed = parsed.set(database=database)
+    return parsed.render_as_string(hide_password=False)
+
+
+async def _server_version(url: str) -> str:
+    conn = await asyncpg.connect(_asyncpg_dsn(url))
+    try:
+        return await conn.fetchval("SELECT version()")
+    finally:
+        await conn.close()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    try:
+        _admin_url()
+    except PostgresUnavailable as exc:
+        return [f"postgresql: UNAVAILABLE ({exc})"]
+    source = "ROUNDTABLE_TEST_DATABASE_URL" if "cluster" not in _PG_STATE else "throwaway cluster"
+    return [f"postgresql: {_PG_STATE['version']} ({source})"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cluster = _PG_STATE.get("cluster")
+    if isinstance(cluster, PgCluster):
+        cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def action_secret(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("ROUNDTABLE_ACTION_SECRET_KEY", TEST_SECRET)
+    return TEST_SECRET
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test."""
+    try:
+        admin = _admin_url()
+    except PostgresUnavailable as exc:
+        if _in_ci():
+            pytest.fail(f"PostgreSQL is required in CI and could not start: {exc}")
+        pytest.skip(f"PostgreSQL unavailable outside CI: {exc}")
+    name = f"rt_{uuid.uuid4().hex[:16]}"
+
+    async def admin_sql(sql: str) -> None:
+        conn = await asyncpg.connect(_asyncpg_dsn(admin))
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin_sql(f'CREATE DATABASE "{name}"'))
+    yield make_url(admin).set(database=name).render_as_string(hide_password=False)
+    asyncio.run(admin_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    async with open_store(database_url) as opened:
+        yield opened

@@ -1,0 +1,68 @@
+"""Small builders shared by the store tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from roundtable.security import derive_target_key
+from roundtable.store import Store
+
+WRITE_TOOL = "controlled_write"
+
+
+def snapshot(*agents: str) -> dict[str, Any]:
+    tool = {
+        "name": WRITE_TOOL,
+        "side_effect": "write",
+        "risk_level": "R3",
+        "target_key_fields": ["tenant_id", "object_id"],
+        "target_key_namespace": "lease-test",
+    }
+    return {
+        "tools": [tool],
+        "agents": [{"agent_id": agent, "tools": [tool]} for agent in (agents or ("seat-1",))],
+    }
+
+
+def target_for(object_id: str = "task-7", tenant_id: str = "tenant-a") -> str:
+    return derive_target_key(
+        WRITE_TOOL, {"tenant_id": tenant_id, "object_id": object_id}, snapshot(), "seat-1"
+    )
+
+
+async def new_run(store: Store, user_id: str = "u1") -> dict[str, Any]:
+    session = await store.create_session(user_id=user_id, task_text="test task")
+    return await store.create_run(session_id=session["id"], user_id=user_id)
+
+
+async def new_action(
+    store: Store,
+    run: dict[str, Any],
+    *,
+    key: str,
+    target_key: str,
+    status: str = "approved",
+    agent_id: str = "seat-1",
+    **extra: Any,
+) -> dict[str, Any]:
+    return await store.create_action(
+        {
+            "session_id": run["session_id"],
+            "run_id": run["id"],
+            "agent_id": agent_id,
+            "tool_name": WRITE_TOOL,
+            "idempotency_key": key,
+            "target_key": target_key,
+            "risk_level": "R3",
+            "status": status,
+            **extra,
+        }
+    )
+
+
+async def set_column(store: Store, model: Any, where: Any, **values: Any) -> None:
+    """Test-only surgery, e.g. to move a deadline into the past."""
+    from sqlalchemy import update
+
+    async with store.session_factory() as session, session.begin():
+        await session.execute(update(model).where(where).values(**values))
