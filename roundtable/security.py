@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 SECRET_ENV_VAR = "ROUNDTABLE_ACTION_SECRET_KEY"  # noqa: S105 (a variable name, not a secret)
 TARGET_KEY_PREFIX = "target:v1:"
+SCOPE_KEY_PREFIX = "scope:v1:"
 REDACTED = "[redacted]"
 
 _TARGET_KEY_LABEL = b"roundtable/target-key/v1"
@@ -38,10 +40,12 @@ __all__ = [
     "ActionSecretKeyError",
     "ArgumentsDecryptionError",
     "CapabilityError",
+    "Target",
     "ToolNotGrantedError",
     "ToolNotInSnapshotError",
     "action_to_public_dict",
     "decrypt_arguments",
+    "derive_target",
     "derive_target_key",
     "encrypt_arguments",
     "read_action_secret",
@@ -142,13 +146,27 @@ def _canonical_scalar(value: Any) -> str | None:
     return None
 
 
-def derive_target_key(
+@dataclass(frozen=True)
+class Target:
+    """Where a write lands, for the lease table.
+
+    ``key`` names the object (``target:v1:…``); ``scope`` names its namespace
+    (``scope:v1:…``). A ``namespace_wide`` target could be anything in the
+    scope, so it conflicts with every target of that scope, and they with it.
+    """
+
+    key: str
+    scope: str
+    namespace_wide: bool
+
+
+def derive_target(
     tool_name: str,
     arguments: Mapping[str, Any],
     capability_snapshot: Mapping[str, Any],
     agent_id: str,
-) -> str:
-    """The opaque lease key of the object a write would touch.
+) -> Target:
+    """The opaque lease key (and scope) of the object a write would touch.
 
     Only the tool's ``target_key_fields`` count; anything else in ``arguments``
     (a caller-supplied ``target_key`` included) is ignored. If any key field is
@@ -158,7 +176,7 @@ def derive_target_key(
     """
     tool = _find_tool(capability_snapshot, tool_name)
     _require_grant(capability_snapshot, tool_name, agent_id)
-    secret = read_action_secret()
+    hmac_key = _derive_subkey(read_action_secret(), _TARGET_KEY_LABEL)
     namespace = str(tool.get("target_key_namespace") or tool_name)
     fields = sorted({str(f) for f in tool.get("target_key_fields") or []})
 
@@ -169,11 +187,25 @@ def derive_target_key(
             pinned = []
             break
         pinned.append([field, text])
-    material: list[Any] = ["target", namespace, pinned if pinned else "*"]
 
-    key = _derive_subkey(secret, _TARGET_KEY_LABEL)
-    digest = hmac.new(key, _canonical_json(material), hashlib.sha256).hexdigest()
-    return TARGET_KEY_PREFIX + digest
+    def digest(material: list[Any]) -> str:
+        return hmac.new(hmac_key, _canonical_json(material), hashlib.sha256).hexdigest()
+
+    return Target(
+        key=TARGET_KEY_PREFIX + digest(["target", namespace, pinned if pinned else "*"]),
+        scope=SCOPE_KEY_PREFIX + digest(["scope", namespace]),
+        namespace_wide=not pinned,
+    )
+
+
+def derive_target_key(
+    tool_name: str,
+    arguments: Mapping[str, Any],
+    capability_snapshot: Mapping[str, Any],
+    agent_id: str,
+) -> str:
+    """Just the ``target:v1:…`` key of :func:`derive_target`."""
+    return derive_target(tool_name, arguments, capability_snapshot, agent_id).key
 
 
 def _canonical_json(value: Any) -> bytes:

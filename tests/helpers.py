@@ -66,3 +66,19 @@ async def set_column(store: Store, model: Any, where: Any, **values: Any) -> Non
 
     async with store.session_factory() as session, session.begin():
         await session.execute(update(model).where(where).values(**values))
+
+
+def target_fields(object_id: object = "task-7", namespace: str = "lease-test") -> dict[str, Any]:
+    """create_action fields for a target, scope included (as the intercept will pass them)."""
+    from roundtable.security import derive_target
+
+    snap = snapshot()
+    snap["tools"][0]["target_key_namespace"] = namespace
+    target = derive_target(
+        WRITE_TOOL, {"tenant_id": "tenant-a", "object_id": object_id}, snap, "seat-1"
+    )
+    return {
+        "target_key": target.key,
+        "target_scope": target.scope,
+        "target_namespace_wide": target.namespace_wide,
+    }

@@ -43,7 +43,7 @@ def test_cli_db_upgrade_is_idempotent(tmp_path) -> None:
             check=False,
         )
         assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout) == {"revision": "0001"}
+        assert json.loads(done.stdout) == {"revision": "0002"}
 
 
 def test_cli_db_upgrade_reports_bad_urls(tmp_path) -> None:

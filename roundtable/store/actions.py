@@ -26,7 +26,15 @@ _REQUIRED_FIELDS = (
     "risk_level",
     "status",
 )
-_OPTIONAL_FIELDS = ("id", "logical_action_id", "turn_index", "arguments", "safe_argument_fields")
+_OPTIONAL_FIELDS = (
+    "id",
+    "logical_action_id",
+    "turn_index",
+    "arguments",
+    "safe_argument_fields",
+    "target_scope",
+    "target_namespace_wide",
+)
 # What makes a repeated idempotency key "the same action" rather than a clash.
 _IDENTITY_FIELDS = ("run_id", "agent_id", "tool_name", "target_key")
 
@@ -51,10 +59,18 @@ def _validated_action_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     safe = fields.get("safe_argument_fields") or []
     if not isinstance(safe, list | tuple) or not all(isinstance(n, str) for n in safe):
         raise InvalidInputError("safe_argument_fields must be a list of field names")
+    scope = fields.get("target_scope")
+    if scope is not None:
+        require_text("target_scope", scope)
+    namespace_wide = fields.get("target_namespace_wide", False)
+    if not isinstance(namespace_wide, bool):
+        raise InvalidInputError("target_namespace_wide must be true or false")
+    if namespace_wide and scope is None:
+        raise InvalidInputError("a namespace-wide target needs its target_scope")
     turn_index = fields.get("turn_index")
     if turn_index is not None and (not isinstance(turn_index, int) or isinstance(turn_index, bool)):
         raise InvalidInputError("turn_index must be an integer")
-    return {**fields, "safe_argument_fields": list(safe)}
+    return {**fields, "safe_argument_fields": list(safe), "target_namespace_wide": namespace_wide}
 
 
 class ActionOps(StoreCore):
@@ -116,6 +132,8 @@ class ActionOps(StoreCore):
                 result=None,
                 attempt_count=0,
                 target_key=data["target_key"],
+                target_scope=data.get("target_scope"),
+                target_namespace_wide=data["target_namespace_wide"],
                 idempotency_key=data["idempotency_key"],
                 created_at=now,
                 updated_at=now,

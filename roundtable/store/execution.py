@@ -14,14 +14,20 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import and_, delete, false, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.store.approvals import ApprovalOps
 from roundtable.store.core import require_aware, require_text, row_to_dict
 from roundtable.store.engine import database_now, insert_for
 from roundtable.store.errors import ConflictError, InvalidInputError
-from roundtable.store.schema import ActionLeaseRow, ActionRow, RunRow, TargetFencingRow
+from roundtable.store.schema import (
+    ActionLeaseRow,
+    ActionRow,
+    RunRow,
+    TargetFencingRow,
+    TargetScopeRow,
+)
 from roundtable.store.states import (
     FINAL_ACTION_STATUSES,
     LEASE_EXPIRED_ERROR_CODE,
@@ -73,12 +79,25 @@ class ExecutionOps(ApprovalOps):
         await self._mark_unknown(session, run, action, lease, now)
         return ClaimOutcome.UNKNOWN
 
+    @staticmethod
+    def _overlaps(action: ActionRow, scope_column: Any, wide_column: Any) -> Any:
+        """SQL condition: a row of ``action``'s scope whose target may overlap it
+        (one of the two is namespace-wide)."""
+        if action.target_scope is None:
+            return false()
+        overlap = scope_column == action.target_scope
+        return overlap if action.target_namespace_wide else and_(overlap, wide_column.is_(True))
+
     async def _target_has_unknown(self, session: AsyncSession, action: ActionRow) -> bool:
+        same_or_overlapping = or_(
+            ActionRow.target_key == action.target_key,
+            self._overlaps(action, ActionRow.target_scope, ActionRow.target_namespace_wide),
+        )
         blocker = (
             await session.execute(
                 select(ActionRow.id)
                 .where(
-                    ActionRow.target_key == action.target_key,
+                    same_or_overlapping,
                     ActionRow.status == ActionStatus.UNKNOWN,
                     ActionRow.id != action.id,
                 )
@@ -95,6 +114,23 @@ class ExecutionOps(ApprovalOps):
         now: datetime,
         length: timedelta,
     ) -> ClaimOutcome:
+        if action.target_scope is not None:
+            # Hold the scope row until commit, so the overlap check below and
+            # the insert after it are one step for every claim in this scope.
+            await session.execute(
+                insert_for(session, TargetScopeRow)
+                .values(scope_key=action.target_scope, claims=1)
+                .on_conflict_do_update(
+                    index_elements=["scope_key"], set_={"claims": TargetScopeRow.claims + 1}
+                )
+            )
+            overlapping = self._overlaps(
+                action, ActionLeaseRow.scope_key, ActionLeaseRow.namespace_wide
+            )
+            outcome = await self._holder_outcome(session, overlapping)
+            if outcome is not None:
+                return outcome
+
         # The serialising statement: the target key is the primary key, and an
         # existing row (live, expired or blocked) is never taken over.
         inserted = (
@@ -107,13 +143,16 @@ class ExecutionOps(ApprovalOps):
                     fencing_token=0,
                     acquired_at=now,
                     lease_expires_at=now + length,
+                    scope_key=action.target_scope,
+                    namespace_wide=action.target_namespace_wide,
                 )
                 .on_conflict_do_nothing(index_elements=["target_key"])
                 .returning(ActionLeaseRow.target_key)
             )
         ).scalar_one_or_none()
         if inserted is None:
-            return await self._why_target_taken(session, action)
+            same_key = ActionLeaseRow.target_key == action.target_key
+            return await self._holder_outcome(session, same_key) or ClaimOutcome.TARGET_BUSY
 
         token = (
             await session.execute(
@@ -159,15 +198,21 @@ class ExecutionOps(ApprovalOps):
         )
         return ClaimOutcome.CLAIMED
 
-    async def _why_target_taken(self, session: AsyncSession, action: ActionRow) -> ClaimOutcome:
-        holder_status = (
-            await session.execute(
-                select(ActionRow.status)
-                .join(ActionLeaseRow, ActionLeaseRow.action_id == ActionRow.id)
-                .where(ActionLeaseRow.target_key == action.target_key)
-            )
-        ).scalar_one_or_none()
-        if holder_status == ActionStatus.UNKNOWN:
+    @staticmethod
+    async def _holder_outcome(session: AsyncSession, condition: Any) -> ClaimOutcome | None:
+        """Why the leases matching ``condition`` stand in the way, or None if none do."""
+        holders = set(
+            (
+                await session.execute(
+                    select(ActionRow.status)
+                    .join(ActionLeaseRow, ActionLeaseRow.action_id == ActionRow.id)
+                    .where(condition)
+                )
+            ).scalars()
+        )
+        if not holders:
+            return None
+        if ActionStatus.UNKNOWN in holders:
             return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
         return ClaimOutcome.TARGET_BUSY
 

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -18,6 +19,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -90,7 +92,10 @@ class RunRow(Base):
 
 class ActionRow(Base):
     __tablename__ = "actions"
-    __table_args__ = (Index("ix_actions_target_key_status", "target_key", "status"),)
+    __table_args__ = (
+        Index("ix_actions_target_key_status", "target_key", "status"),
+        Index("ix_actions_target_scope_status", "target_scope", "status"),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"))
@@ -109,6 +114,12 @@ class ActionRow(Base):
     approval_id: Mapped[str | None] = mapped_column(String(64))
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
     target_key: Mapped[str] = mapped_column(String(128))
+    # The key's namespace, when known; a namespace-wide key conflicts with
+    # every key of its scope (see execution.py).
+    target_scope: Mapped[str | None] = mapped_column(String(128))
+    target_namespace_wide: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=false()
+    )
     idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
     fencing_token: Mapped[int | None] = mapped_column(BigInteger)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -165,6 +176,18 @@ class ActionLeaseRow(Base):
     fencing_token: Mapped[int] = mapped_column(BigInteger)
     acquired_at: Mapped[datetime] = mapped_column(UTCDateTime())
     lease_expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    scope_key: Mapped[str | None] = mapped_column(String(128), index=True)
+    namespace_wide: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
+class TargetScopeRow(Base):
+    """One row per scope. Claims in a scope update it first, which serialises
+    the check "is anything in my scope in the way?" with the insert after it."""
+
+    __tablename__ = "target_scopes"
+
+    scope_key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    claims: Mapped[int] = mapped_column(BigInteger)
 
 
 class TargetFencingRow(Base):

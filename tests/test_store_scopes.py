@@ -1,0 +1,107 @@
+"""A namespace-wide write excludes every write in its namespace, and they it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from roundtable.store import InvalidInputError
+from tests.helpers import new_action, new_run, target_fields
+
+WIDE = None  # an unusable key field: the key covers the whole namespace
+
+
+async def claim(store, action) -> str:
+    return await store.claim_action_for_execution(action["id"], lease_seconds=30)
+
+
+async def test_wide_write_blocks_specific_writes_in_its_namespace_only(store) -> None:
+    run = await new_run(store)
+    wide = await new_action(store, run, key="wide", **target_fields(WIDE))
+    assert wide["target_namespace_wide"] is True
+    specific = await new_action(store, run, key="one", **target_fields("task-1"))
+    elsewhere = await new_action(
+        store, run, key="else", **target_fields("task-1", namespace="other")
+    )
+
+    assert await claim(store, wide) == "claimed"
+    assert await claim(store, specific) == "target_busy"
+    assert await claim(store, elsewhere) == "claimed"
+    assert await store.record_action_terminal_result(wide["id"], "succeeded", {})
+    assert await claim(store, specific) == "claimed"
+
+
+async def test_specific_writes_block_a_wide_write(store) -> None:
+    run = await new_run(store)
+    first = await new_action(store, run, key="one", **target_fields("task-1"))
+    second = await new_action(store, run, key="two", **target_fields("task-2"))
+    wide = await new_action(store, run, key="wide", **target_fields(WIDE))
+    assert await claim(store, first) == "claimed"
+    assert await claim(store, second) == "claimed"  # distinct objects run side by side
+    assert await claim(store, wide) == "target_busy"
+    await store.record_action_terminal_result(first["id"], "succeeded", {})
+    assert await claim(store, wide) == "target_busy"
+    await store.record_action_terminal_result(second["id"], "failed", {})
+    assert await claim(store, wide) == "claimed"
+
+
+async def test_unknown_wide_write_needs_reconciliation_for_the_namespace(store) -> None:
+    run = await new_run(store)
+    wide = await new_action(store, run, key="wide", **target_fields(WIDE))
+    assert await claim(store, wide) == "claimed"
+    assert await store.record_action_terminal_result(wide["id"], "unknown", {"error_code": "x"})
+    specific = await new_action(store, run, key="one", **target_fields("task-1"))
+    assert await claim(store, specific) == "target_reconciliation_required"
+    await store.reconcile_action(wide["id"], "succeeded", "op", "checked")
+    assert await claim(store, specific) == "claimed"
+
+
+async def test_unknown_specific_write_blocks_a_wide_write(store) -> None:
+    run = await new_run(store)
+    specific = await new_action(store, run, key="one", **target_fields("task-1"))
+    assert await claim(store, specific) == "claimed"
+    await store.record_action_terminal_result(specific["id"], "unknown", {})
+    wide = await new_action(store, run, key="wide", **target_fields(WIDE))
+    assert await claim(store, wide) == "target_reconciliation_required"
+    other = await new_action(store, run, key="two", **target_fields("task-2"))
+    assert await claim(store, other) == "claimed"
+
+
+@pytest.mark.parametrize("round_", range(3))
+async def test_wide_and_specific_claims_racing_never_overlap(store, round_: int) -> None:
+    """Different runs, so only the scope row can serialise them."""
+    runs = [await new_run(store) for _ in range(4)]
+    wide = await new_action(store, runs[0], key=f"wide-{round_}", **target_fields(WIDE))
+    specifics = [
+        await new_action(store, runs[i], key=f"s{i}-{round_}", **target_fields(f"task-{i}"))
+        for i in range(1, 4)
+    ]
+    order = [wide, *specifics] if round_ % 2 == 0 else [*specifics, wide]
+    outcomes = dict(
+        zip(
+            [a["id"] for a in order],
+            await asyncio.gather(*(claim(store, a) for a in order)),
+            strict=True,
+        )
+    )
+    executing = {
+        a["id"]
+        for a in [wide, *specifics]
+        if (await store.get_action(a["id"]))["status"] == "executing"
+    }
+    assert executing == {i for i, o in outcomes.items() if o == "claimed"}
+    if wide["id"] in executing:
+        assert executing == {wide["id"]}
+    else:
+        assert executing == {a["id"] for a in specifics}
+
+
+async def test_namespace_wide_needs_a_scope(store) -> None:
+    run = await new_run(store)
+    fields = target_fields(WIDE)
+    del fields["target_scope"]
+    with pytest.raises(InvalidInputError):
+        await new_action(store, run, key="w", **fields)
+    with pytest.raises(InvalidInputError):
+        await new_action(store, run, key="w", **{**target_fields(), "target_namespace_wide": 1})
