@@ -104,3 +104,15 @@ async def test_unsupported_database_url_is_a_clear_error() -> None:
     with pytest.raises(InvalidInputError, match="unsupported database URL"):
         async with open_store("mysql://localhost/x"):
             pass
+
+
+async def test_sessions_and_runs_are_listed_by_owner_and_status(store) -> None:
+    alice = await new_run(store, user_id="alice")
+    bob = await new_run(store, user_id="bob")
+    await store.set_run_status(bob["id"], "running")
+    assert [r["id"] for r in await store.list_runs(user_id="alice")] == [alice["id"]]
+    assert [r["id"] for r in await store.list_runs(status="running")] == [bob["id"]]
+    assert len(await store.list_runs()) == 2
+    assert [s["user_id"] for s in await store.list_sessions(user_id="bob")] == ["bob"]
+    with pytest.raises(InvalidInputError):
+        await store.list_runs(status="asleep")

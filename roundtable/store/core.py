@@ -176,6 +176,26 @@ class StoreCore:
                 raise NotFoundError(f"run {run_id!r} not found")
             return row_to_dict(row)
 
+    async def list_sessions(self, *, user_id: str | None = None) -> list[dict[str, Any]]:
+        query = select(SessionRow).order_by(SessionRow.created_at, SessionRow.id)
+        if user_id is not None:
+            query = query.where(SessionRow.user_id == user_id)
+        async with self._reader() as session:
+            return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
+
+    async def list_runs(
+        self, *, user_id: str | None = None, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        if status is not None and status not in set(RunStatus):
+            raise InvalidInputError(f"unknown run status {status!r}")
+        query = select(RunRow).order_by(RunRow.created_at, RunRow.id)
+        if user_id is not None:
+            query = query.where(RunRow.user_id == user_id)
+        if status is not None:
+            query = query.where(RunRow.status == status)
+        async with self._reader() as session:
+            return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
+
     async def set_run_status(self, run_id: str, status: str) -> dict[str, Any]:
         """Move a run along its state machine (and its session with it)."""
         try:
