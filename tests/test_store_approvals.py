@@ -183,3 +183,28 @@ async def test_approval_input_errors(store) -> None:
     # Nothing above changed anything.
     assert (await store.get_approval(approval["id"]))["status"] == "pending"
     assert [a["id"] for a in await store.list_approvals(status="pending")] == [approval["id"]]
+
+
+async def test_action_and_its_approval_are_created_together_once(store) -> None:
+    run = await new_run(store)
+    deadline = datetime.now(UTC) + timedelta(minutes=5)
+    fields = {"approval_expires_at": deadline, "status": "waiting_approval"}
+    first = await new_action(store, run, key="call-1", target_key=target_for(), **fields)
+    again = await new_action(store, run, key="call-1", target_key=target_for(), **fields)
+    assert again["id"] == first["id"] and first["approval_id"] is not None
+    approvals = await store.list_approvals(run_id=run["id"])
+    assert [a["id"] for a in approvals] == [first["approval_id"]]
+    assert approvals[0]["expires_at"] == deadline
+    with pytest.raises(InvalidInputError):  # only waiting actions ask
+        await new_action(store, run, key="call-2", target_key=target_for("x"),
+                         approval_expires_at=deadline)
+
+
+async def test_a_write_the_policy_refuses_is_recorded_rejected(store) -> None:
+    run = await new_run(store)
+    denied = await new_action(store, run, key="deny", target_key=target_for(), status="rejected")
+    assert denied["status"] == "rejected"
+    assert denied["result"] == {"error_code": "denied_by_policy"}
+    assert await store.claim_action_for_execution(denied["id"], 30) == "already_finished"
+    created = [e for e in await store.list_events(run["id"]) if e["event_type"] == "action.created"]
+    assert created[0]["payload"]["status"] == "rejected"

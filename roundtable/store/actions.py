@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.security import decrypt_arguments, encrypt_arguments, redact_arguments
-from roundtable.store.core import StoreCore, new_id, require_text, row_to_dict
+from roundtable.store.core import StoreCore, new_id, require_aware, require_text, row_to_dict
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
-from roundtable.store.schema import ActionRow, ActionSecretRow, RunRow
-from roundtable.store.states import INITIAL_ACTION_STATUSES
+from roundtable.store.schema import ActionRow, ActionSecretRow, ApprovalRow, RunRow
+from roundtable.store.states import (
+    DENIED_BY_POLICY,
+    INITIAL_ACTION_STATUSES,
+    ActionStatus,
+    ApprovalStatus,
+)
 
 RISK_LEVELS = ("R0", "R1", "R2", "R3")
 _REQUIRED_FIELDS = (
@@ -34,6 +41,7 @@ _OPTIONAL_FIELDS = (
     "safe_argument_fields",
     "target_scope",
     "target_namespace_wide",
+    "approval_expires_at",
 )
 # What makes a repeated idempotency key "the same action" rather than a clash.
 _IDENTITY_FIELDS = ("run_id", "agent_id", "tool_name", "target_key")
@@ -67,6 +75,11 @@ def _validated_action_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidInputError("target_namespace_wide must be true or false")
     if namespace_wide and scope is None:
         raise InvalidInputError("a namespace-wide target needs its target_scope")
+    expires_at = fields.get("approval_expires_at")
+    if expires_at is not None:
+        require_aware("approval_expires_at", expires_at)
+        if fields["status"] != ActionStatus.WAITING_APPROVAL:
+            raise InvalidInputError("only a waiting_approval action asks for approval")
     turn_index = fields.get("turn_index")
     if turn_index is not None and (not isinstance(turn_index, int) or isinstance(turn_index, bool)):
         raise InvalidInputError("turn_index must be an integer")
@@ -129,7 +142,12 @@ class ActionOps(StoreCore):
                 status=data["status"],
                 arguments=redact_arguments(arguments, data["safe_argument_fields"]),
                 safe_argument_fields=data["safe_argument_fields"],
-                result=None,
+                result=(
+                    {"error_code": DENIED_BY_POLICY}
+                    if data["status"] == ActionStatus.REJECTED
+                    else None
+                ),
+                finished_at=now if data["status"] == ActionStatus.REJECTED else None,
                 attempt_count=0,
                 target_key=data["target_key"],
                 target_scope=data.get("target_scope"),
@@ -158,7 +176,45 @@ class ActionOps(StoreCore):
                 },
                 now,
             )
+            if data.get("approval_expires_at") is not None:
+                await self._add_approval(session, run, row, data["approval_expires_at"], now)
         return row_to_dict(row)
+
+    async def _add_approval(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        action: ActionRow,
+        expires_at: datetime,
+        now: datetime,
+    ) -> ApprovalRow:
+        """Open the approval of a waiting action (caller holds the run lock)."""
+        if expires_at <= now:
+            raise InvalidInputError("expires_at must be in the future")
+        approval = ApprovalRow(
+            id=new_id(),
+            action_id=action.id,
+            run_id=run.id,
+            status=ApprovalStatus.PENDING,
+            expires_at=expires_at,
+            created_at=now,
+            updated_at=now,
+        )
+        session.add(approval)
+        action.approval_id = approval.id
+        action.updated_at = now
+        await self._audit(
+            session,
+            run,
+            "approval.requested",
+            {
+                "approval_id": approval.id,
+                "action_id": action.id,
+                "expires_at": expires_at.isoformat(),
+            },
+            now,
+        )
+        return approval
 
     async def get_action(self, action_id: str) -> dict[str, Any]:
         async with self._reader() as session:

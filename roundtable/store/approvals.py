@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.store.actions import ActionOps
-from roundtable.store.core import new_id, require_aware, require_text, row_to_dict
+from roundtable.store.core import require_aware, require_text, row_to_dict
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.schema import ActionRow, ApprovalRow, RunRow
@@ -41,31 +41,8 @@ class ApprovalOps(ActionOps):
             ).scalar_one_or_none()
             if open_approval is not None:
                 raise ConflictError(f"action {action_id!r} already has pending approval")
-            now = await database_now(session)
-            if expires_at <= now:
-                raise InvalidInputError("expires_at must be in the future")
-            approval = ApprovalRow(
-                id=new_id(),
-                action_id=action_id,
-                run_id=run.id,
-                status=ApprovalStatus.PENDING,
-                expires_at=expires_at,
-                created_at=now,
-                updated_at=now,
-            )
-            session.add(approval)
-            action.approval_id = approval.id
-            action.updated_at = now
-            await self._audit(
-                session,
-                run,
-                "approval.requested",
-                {
-                    "approval_id": approval.id,
-                    "action_id": action_id,
-                    "expires_at": expires_at.isoformat(),
-                },
-                now,
+            approval = await self._add_approval(
+                session, run, action, expires_at, await database_now(session)
             )
         return row_to_dict(approval)
 

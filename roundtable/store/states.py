@@ -16,8 +16,12 @@ class ActionStatus(StrEnum):
 
 
 # Where a new action may start: a write that needs a person waits for one,
-# a write the policy lets through starts approved.
-INITIAL_ACTION_STATUSES = frozenset({ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED})
+# a write the policy lets through starts approved, a write it refuses starts
+# rejected (recorded all the same, so every attempt is audited).
+INITIAL_ACTION_STATUSES = frozenset(
+    {ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED, ActionStatus.REJECTED}
+)
+DENIED_BY_POLICY = "denied_by_policy"
 FINAL_ACTION_STATUSES = frozenset(
     {ActionStatus.REJECTED, ActionStatus.SUCCEEDED, ActionStatus.FAILED}
 )

@@ -1,0 +1,321 @@
+"""Pydantic models crossing the workflow boundary (inputs, outputs, messages).
+
+Everything here is plain data: the workflow sandbox imports it, activities and
+clients build it, the pydantic data converter carries it through Temporal.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+RiskLevel = Literal["R0", "R1", "R2", "R3"]
+SideEffect = Literal["read", "write"]
+RunMode = Literal["structured", "parallel"]
+_POLICY = re.compile(r"^(confirm_all_writes|deny_writes|auto_approve_up_to:R[0-3])$")
+_SEAT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ----------------------------------------------------------------- scripted model
+
+
+class ScriptedToolCall(Model):
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = None
+
+
+class ScriptedTurn(Model):
+    seat: str
+    round: int = Field(ge=1)
+    text: str = ""
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+
+
+class ScriptDocument(Model):
+    """``{"turns": [{"seat", "round", "text", "tool_calls": [{"name", "args"}]}], "final"}``"""
+
+    turns: list[ScriptedTurn] = Field(default_factory=list)
+    final: str | None = None
+
+    @model_validator(mode="after")
+    def _one_entry_per_seat_and_round(self) -> ScriptDocument:
+        seen: set[tuple[str, int]] = set()
+        for turn in self.turns:
+            if (turn.seat, turn.round) in seen:
+                raise ValueError(f"two script entries for {turn.seat} in round {turn.round}")
+            seen.add((turn.seat, turn.round))
+        return self
+
+
+# ----------------------------------------------------------------- run input
+
+
+class RunInput(Model):
+    """What a caller asks for. Validated at the door, so a run never starts
+    with input it cannot finish."""
+
+    task_text: str = Field(min_length=1, max_length=20_000)
+    seats: list[str] = Field(default_factory=lambda: ["seat-1", "seat-2"], min_length=1)
+    manager: str | None = "manager"
+    max_rounds: int = Field(default=1, ge=1, le=50)
+    mode: RunMode = "structured"
+    write_policy: str = "confirm_all_writes"
+    model: str = "scripted"
+    script: ScriptDocument | None = None
+    approval_timeout_seconds: int = Field(default=3600, ge=1, le=30 * 24 * 3600)
+    user_id: str = "local-user"
+    tools: list[str] | None = None
+    run_id: str | None = None
+    # Execution knobs; defaults suit production, tests shorten them.
+    lease_seconds: int = Field(default=30, ge=2, le=3600)
+    heartbeat_timeout_seconds: int = Field(default=20, ge=1, le=3600)
+
+    @field_validator("seats")
+    @classmethod
+    def _valid_seats(cls, seats: list[str]) -> list[str]:
+        for seat in seats:
+            if not _SEAT_ID.match(seat):
+                raise ValueError(f"seat id {seat!r} must be 1-64 letters, digits, '-', '_' or '.'")
+        if len(set(seats)) != len(seats):
+            raise ValueError("seat ids must be unique")
+        return seats
+
+    @field_validator("write_policy")
+    @classmethod
+    def _valid_policy(cls, policy: str) -> str:
+        if not _POLICY.match(policy):
+            raise ValueError(
+                "write_policy must be confirm_all_writes, deny_writes or auto_approve_up_to:R0..R3"
+            )
+        return policy
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunInput:
+        if self.manager is not None and self.manager in self.seats:
+            raise ValueError("the manager cannot also be a seat")
+        if self.model == "scripted" and self.script is None:
+            self.script = ScriptDocument()
+        if self.heartbeat_timeout_seconds >= self.lease_seconds:
+            raise ValueError("heartbeat_timeout_seconds must be shorter than lease_seconds")
+        return self
+
+
+# ----------------------------------------------------------------- tools and agents
+
+
+class ToolSpec(Model):
+    """A tool as the run's capability snapshot records it (no code, just facts)."""
+
+    name: str
+    description: str
+    side_effect: SideEffect
+    risk_level: RiskLevel
+    target_key_fields: list[str] = Field(default_factory=list)
+    target_key_namespace: str | None = None
+    safe_argument_fields: list[str] = Field(default_factory=list)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class SeatGrant(Model):
+    agent_id: str
+    tools: list[str]
+
+
+class CapabilitySnapshot(Model):
+    tools: list[ToolSpec]
+    agents: list[SeatGrant]
+
+    def tool(self, name: str) -> ToolSpec | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    def granted(self, agent_id: str, tool_name: str) -> bool:
+        return any(a.agent_id == agent_id and tool_name in a.tools for a in self.agents)
+
+    def tools_for(self, agent_id: str) -> list[ToolSpec]:
+        names = next((a.tools for a in self.agents if a.agent_id == agent_id), [])
+        return [t for t in self.tools if t.name in names]
+
+
+class ToolCall(Model):
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ChatMessage(Model):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    name: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+
+
+class TokenUsage(Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def plus(self, other: TokenUsage | None) -> TokenUsage:
+        if other is None:
+            return self
+        return TokenUsage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class TurnRequest(Model):
+    run_id: str
+    seat: str
+    round: int
+    role: Literal["seat", "manager"]
+    model: str
+    messages: list[ChatMessage]
+    tools: list[ToolSpec] = Field(default_factory=list)
+    script: ScriptDocument | None = None
+
+
+class TurnResponse(Model):
+    text: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: TokenUsage | None = None
+
+
+# ----------------------------------------------------------------- activities I/O
+
+
+class EnsureRunInput(Model):
+    run_id: str
+    user_id: str
+    task_text: str
+    seats: list[str]
+    tools: list[str] | None = None
+
+
+class EnsureRunOutput(Model):
+    run_id: str
+    session_id: str
+    snapshot: CapabilitySnapshot
+
+
+class ReadToolInput(Model):
+    run_id: str
+    seat: str
+    call: ToolCall
+    snapshot: CapabilitySnapshot
+
+
+class ToolOutcome(Model):
+    """What a seat is told about one of its tool calls."""
+
+    call_id: str
+    tool_name: str
+    status: str
+    content: dict[str, Any] = Field(default_factory=dict)
+
+
+class InterceptInput(Model):
+    run_id: str
+    session_id: str
+    seat: str
+    round: int
+    call: ToolCall
+    snapshot: CapabilitySnapshot
+    write_policy: str
+    approval_deadline: datetime
+
+
+class PendingWrite(Model):
+    """A write the workflow is steering to its end."""
+
+    action_id: str
+    call_id: str
+    seat: str
+    tool_name: str
+    status: str
+    approval_id: str | None = None
+    approval_deadline: datetime | None = None
+    rejection: ToolOutcome | None = None  # set when intercept refused the call
+
+
+class ExecuteWriteInput(Model):
+    action_id: str
+    seat: str
+    lease_seconds: int
+    heartbeat_interval_seconds: float
+
+
+class ExecuteWriteOutput(Model):
+    claim: str
+    status: str
+    result: dict[str, Any] | None = None
+
+
+class DecisionInput(Model):
+    approval_id: str
+    decision: Literal["approved", "rejected"]
+    decided_by: str = Field(min_length=1, max_length=255)
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class DecisionOutput(Model):
+    approval_id: str
+    action_id: str
+    status: str
+
+
+class ReconcileInput(Model):
+    action_id: str
+    outcome: Literal["succeeded", "failed"]
+    decided_by: str = Field(min_length=1, max_length=255)
+    note: str | None = Field(default=None, max_length=2000)
+
+
+class ReconcileOutput(Model):
+    action_id: str
+    status: str
+
+
+class RunStatusInput(Model):
+    run_id: str
+    status: str
+
+
+class RunState(Model):
+    """The workflow's own view, served by the ``state`` query and carried
+    through continue-as-new."""
+
+    run_id: str = ""
+    session_id: str = ""
+    status: str = "pending"
+    round: int = 0
+    snapshot: CapabilitySnapshot | None = None
+    threads: dict[str, list[ChatMessage]] = Field(default_factory=dict)
+    transcript: list[ChatMessage] = Field(default_factory=list)
+    pending_approvals: dict[str, PendingWrite] = Field(default_factory=dict)
+    unknown_actions: dict[str, PendingWrite] = Field(default_factory=dict)
+    final_answer: str | None = None
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    blocked_reason: str | None = None
+
+
+class WorkflowArgs(Model):
+    """The workflow's single argument: the request plus, after
+    continue-as-new, the state it carries."""
+
+    request: RunInput
+    carried: RunState | None = None
+
+
+class RunResult(Model):
+    run_id: str
+    status: str
+    final_answer: str | None
+    usage: TokenUsage

@@ -1,0 +1,1 @@
+"""Tools: the registry, write policies and the demo ticket system."""

@@ -1,0 +1,295 @@
+"""A demo ticket system: the "outside world" our write tools act on.
+
+It behaves like a well-built customer API should, and it is the ground truth
+tests and the chaos harness compare against:
+- every write is logged with the idempotency key and fencing token it got,
+  with the time it started and finished;
+- a repeated idempotency key gets the first answer, nothing is written again;
+- a fencing token lower than one already seen for the ticket is refused (a
+  writer whose lease expired cannot clobber its successor).
+Its tables live beside Roundtable's (same database by default) but belong to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, select
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from roundtable.store.engine import create_engine_for
+from roundtable.tools.registry import (
+    ToolContext,
+    ToolDefiniteFailure,
+    ToolDefinition,
+    ToolRegistry,
+)
+
+NAMESPACE = "demo-tickets"
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class TicketRow(_Base):
+    __tablename__ = "demo_tickets"
+
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    ticket_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    status: Mapped[str] = mapped_column(String(32), default="open")
+    fields: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    comments: Mapped[list[str]] = mapped_column(JSON, default=list)
+    highest_fencing_token: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class TicketWriteRow(_Base):
+    __tablename__ = "demo_ticket_writes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
+    fencing_token: Mapped[int] = mapped_column(BigInteger)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    ticket_id: Mapped[str] = mapped_column(String(128))
+    operation: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    outcome: Mapped[str] = mapped_column(String(32))
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class TicketRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tenant_id: str = Field(min_length=1, max_length=128)
+    ticket_id: str = Field(min_length=1, max_length=128)
+
+
+class TicketUpdateArgs(TicketRef):
+    fields: dict[str, Any] = Field(min_length=1)
+
+
+class TicketCommentArgs(TicketRef):
+    body: str = Field(min_length=1, max_length=10_000)
+
+
+class TicketCloseArgs(TicketRef):
+    resolution: str | None = Field(default=None, max_length=2_000)
+
+
+def _utc(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+
+
+class TicketSystem:
+    """The demo system. ``write_delay_seconds`` makes writes take time, so a
+    test can see whether two of them ever overlapped."""
+
+    def __init__(self, engine: AsyncEngine, write_delay_seconds: float = 0.0) -> None:
+        self.engine = engine
+        self.write_delay_seconds = write_delay_seconds
+        self._sessions = async_sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    async def open(cls, database_url: str, write_delay_seconds: float = 0.0) -> TicketSystem:
+        system = cls(create_engine_for(database_url), write_delay_seconds)
+        async with system.engine.begin() as conn:
+            await conn.run_sync(_Base.metadata.create_all)
+        return system
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    # ----------------------------------------------------------------- reads
+
+    async def get(self, args: TicketRef, ctx: ToolContext) -> dict[str, Any]:
+        async with self._sessions() as session:
+            row = await session.get(TicketRow, (args.tenant_id, args.ticket_id))
+            if row is None:
+                return {"found": False, "tenant_id": args.tenant_id, "ticket_id": args.ticket_id}
+            return {
+                "found": True,
+                "tenant_id": row.tenant_id,
+                "ticket_id": row.ticket_id,
+                "status": row.status,
+                "fields": row.fields,
+                "comments": row.comments,
+            }
+
+    async def write_log(self) -> list[dict[str, Any]]:
+        async with self._sessions() as session:
+            rows = (
+                await session.execute(select(TicketWriteRow).order_by(TicketWriteRow.id))
+            ).scalars()
+            return [
+                {
+                    "idempotency_key": r.idempotency_key,
+                    "fencing_token": r.fencing_token,
+                    "tenant_id": r.tenant_id,
+                    "ticket_id": r.ticket_id,
+                    "operation": r.operation,
+                    "started_at": _utc(r.started_at),
+                    "finished_at": _utc(r.finished_at),
+                    "outcome": r.outcome,
+                }
+                for r in rows
+            ]
+
+    # ----------------------------------------------------------------- writes
+
+    async def update(self, args: TicketUpdateArgs, ctx: ToolContext) -> dict[str, Any]:
+        return await self._write("update", args, ctx, lambda row: row.fields.update(args.fields))
+
+    async def comment(self, args: TicketCommentArgs, ctx: ToolContext) -> dict[str, Any]:
+        return await self._write("comment", args, ctx, lambda row: row.comments.append(args.body))
+
+    async def close_ticket(self, args: TicketCloseArgs, ctx: ToolContext) -> dict[str, Any]:
+        def apply(row: TicketRow) -> None:
+            row.status = "closed"
+            if args.resolution:
+                row.fields["resolution"] = args.resolution
+
+        return await self._write("close", args, ctx, apply)
+
+    async def _write(self, operation: str, args: TicketRef, ctx: ToolContext, apply: Any) -> dict:
+        if not ctx.idempotency_key or ctx.fencing_token is None:
+            raise ToolDefiniteFailure(
+                "missing_write_credentials",
+                "ticket writes need an idempotency key and fencing token",
+            )
+        first = await self._start(operation, args, ctx)
+        if first is not None:
+            return first
+        if self.write_delay_seconds:
+            await asyncio.sleep(self.write_delay_seconds)
+        return await self._finish(args, ctx, apply)
+
+    async def _start(self, operation: str, args: TicketRef, ctx: ToolContext) -> dict | None:
+        async with self._sessions() as session, session.begin():
+            seen = (
+                await session.execute(
+                    select(TicketWriteRow).where(
+                        TicketWriteRow.idempotency_key == ctx.idempotency_key
+                    )
+                )
+            ).scalar_one_or_none()
+            if seen is not None:
+                return {**(seen.result or {}), "replayed": True}
+            ticket = await self._ticket(session, args)
+            if ctx.fencing_token < ticket.highest_fencing_token:
+                raise ToolDefiniteFailure(
+                    "stale_fencing_token",
+                    f"fencing token {ctx.fencing_token} is older than "
+                    f"{ticket.highest_fencing_token} for this ticket",
+                )
+            ticket.highest_fencing_token = ctx.fencing_token
+            session.add(
+                TicketWriteRow(
+                    idempotency_key=ctx.idempotency_key,
+                    fencing_token=ctx.fencing_token,
+                    tenant_id=args.tenant_id,
+                    ticket_id=args.ticket_id,
+                    operation=operation,
+                    started_at=datetime.now(UTC),
+                    outcome="started",
+                )
+            )
+        return None
+
+    async def _finish(self, args: TicketRef, ctx: ToolContext, apply: Any) -> dict[str, Any]:
+        async with self._sessions() as session, session.begin():
+            ticket = await self._ticket(session, args)
+            log = (
+                await session.execute(
+                    select(TicketWriteRow).where(
+                        TicketWriteRow.idempotency_key == ctx.idempotency_key
+                    )
+                )
+            ).scalar_one()
+            if ctx.fencing_token < ticket.highest_fencing_token:
+                log.outcome, log.finished_at = "rejected_stale", datetime.now(UTC)
+                raise ToolDefiniteFailure("stale_fencing_token", "a newer writer took over")
+            # JSON columns track reassignment, not in-place edits: copy, change, assign.
+            ticket.fields, ticket.comments = dict(ticket.fields), list(ticket.comments)
+            apply(ticket)
+            result = {
+                "ticket_id": ticket.ticket_id,
+                "status": ticket.status,
+                "external_object_id": f"{ticket.tenant_id}/{ticket.ticket_id}",
+            }
+            log.outcome, log.finished_at, log.result = "applied", datetime.now(UTC), result
+            return result
+
+    @staticmethod
+    async def _ticket(session: Any, args: TicketRef) -> TicketRow:
+        ticket = await session.get(TicketRow, (args.tenant_id, args.ticket_id))
+        if ticket is None:
+            ticket = TicketRow(
+                tenant_id=args.tenant_id,
+                ticket_id=args.ticket_id,
+                status="open",
+                fields={},
+                comments=[],
+                highest_fencing_token=0,
+            )
+            session.add(ticket)
+            await session.flush()
+        return ticket
+
+
+def register_ticket_tools(registry: ToolRegistry, system: TicketSystem) -> None:
+    keyed = {"target_key_fields": ("tenant_id", "ticket_id"), "target_key_namespace": NAMESPACE}
+    safe = ("tenant_id", "ticket_id", "fields")
+    registry.register(
+        ToolDefinition(
+            name="ticket_get",
+            description="Read a ticket: status, fields and comments.",
+            args_model=TicketRef,
+            side_effect="read",
+            risk_level="R0",
+            handler=system.get,
+            safe_argument_fields=safe,
+            **keyed,
+        )
+    )
+    registry.register(
+        ToolDefinition(
+            name="ticket_comment",
+            description="Add a comment to a ticket.",
+            args_model=TicketCommentArgs,
+            side_effect="write",
+            risk_level="R1",
+            handler=system.comment,
+            safe_argument_fields=safe,
+            **keyed,
+        )
+    )
+    registry.register(
+        ToolDefinition(
+            name="ticket_update",
+            description="Set fields on a ticket.",
+            args_model=TicketUpdateArgs,
+            side_effect="write",
+            risk_level="R2",
+            handler=system.update,
+            safe_argument_fields=safe,
+            **keyed,
+        )
+    )
+    registry.register(
+        ToolDefinition(
+            name="ticket_close",
+            description="Close a ticket, optionally with a resolution.",
+            args_model=TicketCloseArgs,
+            side_effect="write",
+            risk_level="R3",
+            handler=system.close_ticket,
+            safe_argument_fields=safe,
+            **keyed,
+        )
+    )
