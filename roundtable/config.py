@@ -27,6 +27,12 @@ class Settings(BaseSettings):
     )
     target_lease_seconds: int = Field(default=30, gt=0, le=3600)
     approval_timeout_seconds: int = Field(default=3600, gt=0)
+    temporal_address: str = "localhost:7233"
+    temporal_namespace: str = "default"
+    task_queue: str = "roundtable"
+    sweep_enabled: bool = True
+    sweep_interval_seconds: int = Field(default=60, ge=5)
+    demo_ticket_write_delay_seconds: float = Field(default=0.5, ge=0)
 
 
 def load_settings() -> Settings:

@@ -205,6 +205,24 @@ class EnsureRunOutput(Model):
     snapshot: CapabilitySnapshot
 
 
+class TakeTurnInput(Model):
+    run_id: str
+    seat: str
+    round: int
+    role: Literal["seat", "manager"]
+    model: str
+    task_text: str
+    thread: list[ChatMessage] = Field(default_factory=list)
+    others: list[ChatMessage] = Field(default_factory=list)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    script: ScriptDocument | None = None
+
+
+class TakeTurnOutput(Model):
+    response: TurnResponse
+    new_messages: list[ChatMessage]
+
+
 class ReadToolInput(Model):
     run_id: str
     seat: str
@@ -268,7 +286,9 @@ class DecisionInput(Model):
 class DecisionOutput(Model):
     approval_id: str
     action_id: str
-    status: str
+    status: str  # the action's status
+    approval_status: str
+    conflict: str | None = None
 
 
 class ReconcileInput(Model):
@@ -281,6 +301,7 @@ class ReconcileInput(Model):
 class ReconcileOutput(Model):
     action_id: str
     status: str
+    conflict: str | None = None
 
 
 class RunStatusInput(Model):

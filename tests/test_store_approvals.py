@@ -196,8 +196,9 @@ async def test_action_and_its_approval_are_created_together_once(store) -> None:
     assert [a["id"] for a in approvals] == [first["approval_id"]]
     assert approvals[0]["expires_at"] == deadline
     with pytest.raises(InvalidInputError):  # only waiting actions ask
-        await new_action(store, run, key="call-2", target_key=target_for("x"),
-                         approval_expires_at=deadline)
+        await new_action(
+            store, run, key="call-2", target_key=target_for("x"), approval_expires_at=deadline
+        )
 
 
 async def test_a_write_the_policy_refuses_is_recorded_rejected(store) -> None:

@@ -1,0 +1,1 @@
+"""Every side effect of a run: database, model calls, tool calls."""

@@ -1,0 +1,117 @@
+"""Activities of a run that have no external side effects: retrying them is safe."""
+
+from __future__ import annotations
+
+import json
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.errors import typed_store_errors
+from roundtable.agents import UnknownModelError, resolve_model
+from roundtable.agents.prompts import manager_messages, round_prompt, seat_system_prompt
+from roundtable.models import (
+    ChatMessage,
+    EnsureRunInput,
+    EnsureRunOutput,
+    ReadToolInput,
+    RunStatusInput,
+    TakeTurnInput,
+    TakeTurnOutput,
+    ToolOutcome,
+    TurnRequest,
+)
+from roundtable.store import NotFoundError, Store
+from roundtable.tools.registry import ToolArgumentsError, ToolContext, ToolRegistry
+
+
+class RunActivities:
+    def __init__(self, store: Store, registry: ToolRegistry) -> None:
+        self.store = store
+        self.registry = registry
+
+    @activity.defn(name="ensure_run")
+    @typed_store_errors
+    async def ensure_run(self, inp: EnsureRunInput) -> EnsureRunOutput:
+        """Create the run's rows (once) and pin its capability snapshot."""
+        try:
+            snapshot = self.registry.snapshot(inp.seats, inp.tools)
+        except ValueError as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+        try:
+            run = await self.store.get_run(inp.run_id)
+        except NotFoundError:
+            session = await self.store.create_session(user_id=inp.user_id, task_text=inp.task_text)
+            run = await self.store.create_run(
+                session_id=session["id"], user_id=inp.user_id, run_id=inp.run_id
+            )
+        return EnsureRunOutput(run_id=run["id"], session_id=run["session_id"], snapshot=snapshot)
+
+    @activity.defn(name="take_turn")
+    async def take_turn(self, inp: TakeTurnInput) -> TakeTurnOutput:
+        """One model call. No side effects, so Temporal may retry it freely."""
+        try:
+            adapter = resolve_model(inp.model)
+        except UnknownModelError as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+        if inp.role == "manager":
+            messages = manager_messages(inp.task_text, inp.others)
+            new_messages: list[ChatMessage] = []
+        else:
+            history = inp.thread or [seat_system_prompt(inp.seat, inp.task_text)]
+            prompt = round_prompt(inp.round, inp.others)
+            messages = [*history, prompt]
+            new_messages = ([] if inp.thread else history) + [prompt]
+        response = await adapter.respond(
+            TurnRequest(
+                run_id=inp.run_id,
+                seat=inp.seat,
+                round=inp.round,
+                role=inp.role,
+                model=inp.model,
+                messages=messages,
+                tools=inp.tools,
+                script=inp.script,
+            )
+        )
+        reply = ChatMessage(
+            role="assistant", name=inp.seat, content=response.text, tool_calls=response.tool_calls
+        )
+        return TakeTurnOutput(response=response, new_messages=[*new_messages, reply])
+
+    @activity.defn(name="run_read_tool")
+    async def run_read_tool(self, inp: ReadToolInput) -> ToolOutcome:
+        """A read tool call. Bad arguments are the seat's mistake, told back to it."""
+        tool = self.registry.get(inp.call.name)
+        if tool is None or tool.side_effect != "read":
+            return _error(
+                inp.call.id,
+                inp.call.name,
+                "tool_unavailable",
+                f"{inp.call.name} is not a read tool on this worker",
+            )
+        try:
+            parsed = tool.parse(inp.call.arguments)
+        except ToolArgumentsError as exc:
+            return _error(inp.call.id, inp.call.name, "invalid_arguments", str(exc))
+        result = await tool.handler(parsed, ToolContext(run_id=inp.run_id, seat=inp.seat))
+        return ToolOutcome(
+            call_id=inp.call.id,
+            tool_name=tool.name,
+            status="succeeded",
+            content=json.loads(json.dumps(result, default=str)),
+        )
+
+    @activity.defn(name="set_run_status")
+    @typed_store_errors
+    async def set_run_status(self, inp: RunStatusInput) -> str:
+        return (await self.store.set_run_status(inp.run_id, inp.status))["status"]
+
+
+def _error(call_id: str, tool_name: str, code: str, message: str) -> ToolOutcome:
+    return ToolOutcome(
+        call_id=call_id,
+        tool_name=tool_name,
+        status="error",
+        content={"error_code": code, "message": message},
+    )

@@ -1,0 +1,205 @@
+"""The non-retrying write path: leases, serialization, unknown outcomes, reconciliation."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from datetime import datetime
+
+import pytest
+from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError
+
+from roundtable.models import ReconcileInput
+from roundtable.security import derive_target
+from roundtable.tools.registry import ToolRegistry
+from tests.workflow_harness import Harness, harness, script, ticket_call
+from workflows.roundtable import RoundtableWorkflow
+
+AUTO = "auto_approve_up_to:R3"
+
+
+def wrap_tool(registry: ToolRegistry, name: str, wrapper) -> None:  # type: ignore[no-untyped-def]
+    original = registry.tools[name]
+    registry.tools[name] = dataclasses.replace(original, handler=wrapper(original.handler))
+
+
+async def reconcile(handle, action_id: str, outcome: str) -> str:  # type: ignore[no-untyped-def]
+    return await handle.execute_update(
+        RoundtableWorkflow.reconcile_action,
+        ReconcileInput(action_id=action_id, outcome=outcome, decided_by="op-1", note="checked"),
+    )
+
+
+async def test_two_seats_on_one_ticket_are_serialized(tmp_path) -> None:
+    both = script(
+        ("seat-1", 1, [ticket_call("ticket_update", fields={"owner": "a"})]),
+        ("seat-2", 1, [ticket_call("ticket_close")]),
+    )
+    async with harness(tmp_path, write_delay=0.3) as h:
+        handle = await h.start(task_text="t", script=both, mode="parallel", write_policy=AUTO)
+        assert (await handle.result()).status == "completed"
+        log = await h.tickets.write_log()
+        assert sorted(w["operation"] for w in log) == ["close", "update"]
+        assert all(w["outcome"] == "applied" for w in log)
+        first, second = sorted(log, key=lambda w: w["started_at"])
+        assert datetime.fromisoformat(first["finished_at"]) <= datetime.fromisoformat(
+            second["started_at"]
+        ), "two writes to one ticket overlapped"
+        assert [first["fencing_token"], second["fencing_token"]] == [1, 2]
+        statuses = {a["status"] for a in await h.store.list_actions(handle.id)}
+        assert statuses == {"succeeded"}
+
+
+async def test_tool_error_after_acting_is_unknown_and_never_repeated(tmp_path) -> None:
+    calls = []
+
+    def acts_then_raises(handler):  # type: ignore[no-untyped-def]
+        async def handle(args, ctx):  # type: ignore[no-untyped-def]
+            calls.append(ctx.idempotency_key)
+            await handler(args, ctx)
+            raise ConnectionResetError("connection reset after the write")
+
+        return handle
+
+    async with harness(
+        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_update", acts_then_raises)
+    ) as h:
+        handle = await h.start(
+            task_text="t",
+            script=script(("seat-1", 1, [ticket_call("ticket_update")])),
+            write_policy=AUTO,
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+        assert state.status == "waiting_input"
+        (action_id,) = state.unknown_actions
+        action = await h.store.get_action(action_id)
+        assert action["status"] == "unknown"
+        assert action["result"] == {
+            "error_code": "tool_error",
+            "error_type": "ConnectionResetError",
+        }
+        assert (await h.store.get_run(handle.id))["status"] == "waiting_input"
+        assert len(calls) == 1
+        assert [w["outcome"] for w in await h.tickets.write_log()] == ["applied"]
+
+        assert await reconcile(handle, action_id, "succeeded") == "succeeded"
+        assert (await handle.result()).status == "completed"
+        assert len(calls) == 1
+        assert (await h.store.get_action(action_id))["status"] == "succeeded"
+        told = [
+            json.loads(m.content)
+            for m in (await h.state(handle)).threads["seat-1"]
+            if m.role == "tool"
+        ]
+        assert told[0]["outcome"] == "succeeded" and told[0]["result"]["reconciled"] is True
+
+
+async def test_lost_heartbeat_is_unknown_and_the_tool_is_not_called_again(
+    tmp_path, monkeypatch
+) -> None:
+    """A worker that dies mid-write stops heartbeating: the server times the
+    activity out, the workflow settles the action as unknown, nothing retries."""
+    calls = []
+    never = asyncio.Event()
+
+    def hangs(handler):  # type: ignore[no-untyped-def]
+        async def handle(args, ctx):  # type: ignore[no-untyped-def]
+            calls.append(ctx.idempotency_key)
+            await never.wait()
+
+        return handle
+
+    monkeypatch.setattr(activity, "heartbeat", lambda *details: None)  # the worker is "dead"
+    async with harness(
+        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_update", hangs)
+    ) as h:
+        handle = await h.start(
+            task_text="t",
+            script=script(("seat-1", 1, [ticket_call("ticket_update")])),
+            write_policy=AUTO,
+            heartbeat_timeout_seconds=2,
+            lease_seconds=30,
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions), timeout=30)
+        (action_id,) = state.unknown_actions
+        action = await h.store.get_action(action_id)
+        assert action["status"] == "unknown"
+        assert action["result"] == {"error_code": "execution_interrupted"}
+        assert calls == [action["idempotency_key"]]
+        await reconcile(handle, action_id, "failed")
+        assert (await handle.result()).status == "completed"
+        assert len(calls) == 1
+
+
+async def hold_target(h: Harness, ticket: str) -> str:
+    """Another run claims the ticket first, through the store like any worker."""
+    snapshot = h.registry.snapshot(["seat-9"]).model_dump()
+    target = derive_target(
+        "ticket_update", {"tenant_id": "acme", "ticket_id": ticket}, snapshot, "seat-9"
+    )
+    session = await h.store.create_session(user_id="other", task_text="other run")
+    run = await h.store.create_run(session_id=session["id"], user_id="other")
+    holder = await h.store.create_action(
+        {
+            "session_id": session["id"],
+            "run_id": run["id"],
+            "agent_id": "seat-9",
+            "tool_name": "ticket_update",
+            "idempotency_key": f"holder-{ticket}",
+            "target_key": target.key,
+            "target_scope": target.scope,
+            "risk_level": "R2",
+            "status": "approved",
+        }
+    )
+    assert await h.store.claim_action_for_execution(holder["id"], 300) == "claimed"
+    return holder["id"]
+
+
+async def test_busy_target_waits_on_timers_then_proceeds(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        holder = await hold_target(h, "T-1")
+        handle = await h.start(
+            task_text="t",
+            script=script(("seat-1", 1, [ticket_call("ticket_update")])),
+            write_policy=AUTO,
+        )
+        await asyncio.sleep(1.5)  # real time: the workflow keeps finding the target busy
+        (action,) = await h.store.list_actions(handle.id)
+        assert action["status"] == "approved" and action["attempt_count"] == 0
+        history = await handle.fetch_history()
+        assert any(e.HasField("timer_started_event_attributes") for e in history.events)
+
+        await h.store.record_action_terminal_result(holder, "succeeded", {})
+        assert (await handle.result()).status == "completed"
+        assert (await h.store.get_action(action["id"]))["status"] == "succeeded"
+
+
+async def test_target_blocked_by_unknown_waits_for_reconciliation(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        holder = await hold_target(h, "T-1")
+        await h.store.record_action_terminal_result(holder, "unknown", {"error_code": "x"})
+        handle = await h.start(
+            task_text="t",
+            script=script(("seat-1", 1, [ticket_call("ticket_update")])),
+            write_policy=AUTO,
+        )
+        state = await h.wait_for(handle, lambda s: s.blocked_reason is not None)
+        assert state.status == "waiting_input"
+        assert (await h.store.get_run(handle.id))["status"] == "waiting_input"
+        await h.store.reconcile_action(holder, "failed", "op", "did not happen")
+        assert (await handle.result()).status == "completed"
+        assert len(await h.tickets.write_log()) == 1
+
+
+async def test_reconcile_validator_refuses_actions_not_awaiting_it(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, [ticket_call("ticket_update")]))
+        )
+        await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        with pytest.raises(WorkflowUpdateFailedError):
+            await reconcile(handle, "not-an-action", "failed")
+        await handle.terminate()

@@ -1,0 +1,131 @@
+"""A real Temporal time-skipping server, a real worker and a real SQLite store."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from roundtable.models import RunInput, RunState, WorkflowArgs
+from roundtable.store import Store, open_store
+from roundtable.temporal import register_search_attributes
+from roundtable.tools.registry import ToolRegistry
+from roundtable.tools.tickets import TicketSystem, register_ticket_tools
+from worker import build_worker
+from workflows.roundtable import RoundtableWorkflow
+
+
+def venv_binary(name: str) -> str:
+    """Offline: the SDK must never try to download a server."""
+    import sys
+
+    candidate = Path(sys.executable).parent / name
+    found = str(candidate) if candidate.exists() else shutil.which(name)
+    assert found is not None, f"{name} not found; install the dev extras (make test does)"
+    return found
+
+
+@dataclass
+class Harness:
+    env: WorkflowEnvironment
+    client: Client
+    store: Store
+    tickets: TicketSystem
+    registry: ToolRegistry
+    task_queue: str
+    handles: list[WorkflowHandle] = field(default_factory=list)
+
+    async def start(self, **fields: Any) -> WorkflowHandle:
+        run_id = fields.pop("run_id", None) or f"run-{uuid.uuid4().hex[:12]}"
+        request = RunInput(run_id=run_id, **fields)
+        handle = await self.client.start_workflow(
+            RoundtableWorkflow.run,
+            WorkflowArgs(request=request),
+            id=run_id,
+            task_queue=self.task_queue,
+            static_summary=f"test: {request.task_text[:60]}",
+        )
+        self.handles.append(handle)
+        return handle
+
+    async def state(self, handle: WorkflowHandle) -> RunState:
+        return await handle.query(RoundtableWorkflow.state)
+
+    async def wait_for(
+        self, handle: WorkflowHandle, check: Callable[[RunState], bool], timeout: float = 20
+    ) -> RunState:
+        """Poll the query without awaiting the result, so time does not skip."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            state = await self.state(handle)
+            if check(state):
+                return state
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"condition not reached; state is {state.status}")
+            await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def harness(
+    tmp_path: Path,
+    *,
+    write_delay: float = 0.0,
+    customize: Callable[[ToolRegistry, TicketSystem], None] | None = None,
+    worker_factory: Callable[..., Worker] | None = None,
+) -> AsyncIterator[Harness]:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=venv_binary("temporal-test-server"),
+        data_converter=pydantic_data_converter,
+    )
+    try:
+        await register_search_attributes(env.client)
+        async with open_store(url) as store:
+            tickets = await TicketSystem.open(url, write_delay_seconds=write_delay)
+            registry = ToolRegistry()
+            register_ticket_tools(registry, tickets)
+            if customize is not None:
+                customize(registry, tickets)
+            queue = f"rt-test-{uuid.uuid4().hex[:8]}"
+            make = worker_factory or build_worker
+            try:
+                async with make(env.client, queue, store, registry):
+                    yield Harness(env, env.client, store, tickets, registry, queue)
+            finally:
+                await tickets.close()
+    finally:
+        await env.shutdown()
+
+
+def ticket_call(name: str, ticket: str = "T-1", **args: Any) -> dict[str, Any]:
+    base = {"tenant_id": "acme", "ticket_id": ticket}
+    if name == "ticket_update":
+        base["fields"] = args.pop("fields", {"priority": "high"})
+    if name == "ticket_comment":
+        base["body"] = args.pop("body", "looking into it")
+    return {"name": name, "args": {**base, **args}}
+
+
+def script(*turns: tuple[str, int, list[dict[str, Any]]], final: str = "done") -> dict:
+    return {
+        "turns": [
+            {
+                "seat": seat,
+                "round": rnd,
+                "text": f"{seat} speaks in round {rnd}",
+                "tool_calls": calls,
+            }
+            for seat, rnd, calls in turns
+        ],
+        "final": final,
+    }

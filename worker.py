@@ -1,0 +1,133 @@
+"""The Roundtable worker: wires the store, tools and activities to Temporal.
+
+Run it as ``roundtable worker`` (or ``python worker.py``). It registers the
+workflows and activities on the task queue and makes sure the sweep schedule
+exists when the sweep is enabled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+)
+from temporalio.worker import Worker
+
+from activities.run_activities import RunActivities
+from activities.sweep_activities import SweepActivities
+from activities.write_activities import WriteActivities
+from roundtable.config import Settings, load_settings
+from roundtable.store import Store, open_store
+from roundtable.temporal import SWEEP_SCHEDULE_ID, connect
+from roundtable.tools.registry import ToolRegistry
+from roundtable.tools.tickets import TicketSystem, register_ticket_tools
+from workflows.roundtable import RoundtableWorkflow
+from workflows.sweep import SweepWorkflow
+
+log = logging.getLogger("roundtable.worker")
+
+
+@dataclass
+class WorkerParts:
+    store: Store
+    registry: ToolRegistry
+    tickets: TicketSystem
+
+
+def build_worker(client: Client, task_queue: str, store: Store, registry: ToolRegistry) -> Worker:
+    runs, writes, sweep = (
+        RunActivities(store, registry),
+        WriteActivities(store, registry),
+        (SweepActivities(store)),
+    )
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[RoundtableWorkflow, SweepWorkflow],
+        activities=[
+            runs.ensure_run,
+            runs.take_turn,
+            runs.run_read_tool,
+            runs.set_run_status,
+            writes.intercept_write,
+            writes.decide_approval,
+            writes.expire_approval,
+            writes.approval_status,
+            writes.execute_write,
+            writes.settle_write,
+            writes.reconcile_action,
+            sweep.sweep_store,
+        ],
+    )
+
+
+@asynccontextmanager
+async def worker_parts(settings: Settings) -> AsyncIterator[WorkerParts]:
+    """The store, the demo ticket system and a registry holding its tools."""
+    async with open_store(settings.database_url) as store:
+        tickets = await TicketSystem.open(
+            settings.database_url, settings.demo_ticket_write_delay_seconds
+        )
+        registry = ToolRegistry()
+        register_ticket_tools(registry, tickets)
+        try:
+            yield WorkerParts(store=store, registry=registry, tickets=tickets)
+        finally:
+            await tickets.close()
+
+
+async def ensure_sweep_schedule(client: Client, settings: Settings) -> bool:
+    """Create the sweep schedule once; an existing one is left as it is."""
+    try:
+        await client.create_schedule(
+            SWEEP_SCHEDULE_ID,
+            Schedule(
+                action=ScheduleActionStartWorkflow(
+                    SweepWorkflow.run, id="roundtable-sweep-run", task_queue=settings.task_queue
+                ),
+                spec=ScheduleSpec(
+                    intervals=[
+                        ScheduleIntervalSpec(
+                            every=timedelta(seconds=settings.sweep_interval_seconds)
+                        )
+                    ]
+                ),
+                policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+            ),
+        )
+        return True
+    except ScheduleAlreadyRunningError:
+        return False
+
+
+async def run_worker(settings: Settings | None = None, ready: asyncio.Event | None = None) -> None:
+    settings = settings or load_settings()
+    client = await connect(settings.temporal_address, settings.temporal_namespace)
+    async with worker_parts(settings) as parts:
+        if settings.sweep_enabled:
+            created = await ensure_sweep_schedule(client, settings)
+            log.info("sweep schedule %s", "created" if created else "already present")
+        worker = build_worker(client, settings.task_queue, parts.store, parts.registry)
+        log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
+        async with worker:
+            if ready is not None:
+                ready.set()
+            await asyncio.Event().wait()  # until cancelled (Ctrl-C)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(run_worker())

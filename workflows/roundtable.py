@@ -1,0 +1,476 @@
+"""RoundtableWorkflow: rounds of seats, their tool calls, and the write path.
+
+The database is the ledger; this workflow is the conductor. It never writes a
+status itself: every transition is an activity against the store, and when an
+activity's fate is unclear the store, not the error, decides what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.run_activities import RunActivities
+    from activities.write_activities import WriteActivities
+    from roundtable.models import (
+        ChatMessage,
+        DecisionInput,
+        EnsureRunInput,
+        ExecuteWriteInput,
+        ExecuteWriteOutput,
+        InterceptInput,
+        PendingWrite,
+        ReadToolInput,
+        ReconcileInput,
+        RunInput,
+        RunResult,
+        RunState,
+        RunStatusInput,
+        TakeTurnInput,
+        ToolCall,
+        ToolOutcome,
+        WorkflowArgs,
+    )
+    from workflows import search_attributes as sa
+
+BOOKKEEPING = timedelta(seconds=30)
+MODEL_CALL = timedelta(minutes=5)
+TOOL_CALL = timedelta(minutes=10)
+RETRY_BUSY_FIRST, RETRY_BUSY_MAX = timedelta(seconds=1), timedelta(minutes=1)
+RETRY_BLOCKED_MAX = timedelta(minutes=5)
+ONCE = RetryPolicy(maximum_attempts=1)
+CONFLICT = "Conflict"
+
+
+@workflow.defn(name="RoundtableWorkflow")
+class RoundtableWorkflow:
+    @workflow.init
+    def __init__(self, args: WorkflowArgs) -> None:
+        self.request: RunInput = args.request
+        self.state: RunState = args.carried or RunState(run_id=args.request.run_id or "")
+        self._decided: dict[str, str] = {}  # approval id → action status after the decision
+        self._reconciled: dict[str, str] = {}  # action id → status after reconciliation
+        self._status_lock = asyncio.Lock()
+        self._published: tuple[str, int, int] | None = None
+        self._refreshes = 0
+
+    # ================================================================= the process
+
+    @workflow.run
+    async def run(self, args: WorkflowArgs) -> RunResult:
+        try:
+            if args.carried is None:
+                await self._open_run()
+            await self._publish_status()
+            while self.state.round < self.request.max_rounds:
+                await self._play_round(self.state.round + 1)
+                self.state.round += 1
+                if workflow.info().is_continue_as_new_suggested():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(WorkflowArgs(request=self.request, carried=self.state))
+            await self._conclude()
+        except ActivityError:
+            await self._finish("failed")
+            raise
+        except asyncio.CancelledError:
+            await self._finish("cancelled")
+            raise
+        return RunResult(
+            run_id=self.state.run_id,
+            status=self.state.status,
+            final_answer=self.state.final_answer,
+            usage=self.state.usage,
+        )
+
+    async def _open_run(self) -> None:
+        opened = await workflow.execute_activity_method(
+            RunActivities.ensure_run,
+            EnsureRunInput(
+                run_id=self.state.run_id,
+                user_id=self.request.user_id,
+                task_text=self.request.task_text,
+                seats=self.request.seats,
+                tools=self.request.tools,
+            ),
+            start_to_close_timeout=BOOKKEEPING,
+            summary="open run",
+        )
+        self.state.session_id, self.state.snapshot = opened.session_id, opened.snapshot
+        self.state.threads = {seat: [] for seat in self.request.seats}
+        self.state.status = "running"
+
+    async def _play_round(self, round_number: int) -> None:
+        if self.request.mode == "parallel":
+            # Everyone speaks at once, seeing only what was said before the round.
+            heard = list(self.state.transcript)
+            await asyncio.gather(
+                *(self._seat_turn(seat, round_number, heard) for seat in self.request.seats)
+            )
+        else:
+            for seat in self.request.seats:
+                await self._seat_turn(seat, round_number, None)
+
+    async def _seat_turn(self, seat: str, round_number: int, heard: list | None) -> None:
+        thread = self.state.threads.setdefault(seat, [])
+        transcript = self.state.transcript if heard is None else heard
+        turn = await workflow.execute_activity_method(
+            RunActivities.take_turn,
+            TakeTurnInput(
+                run_id=self.state.run_id,
+                seat=seat,
+                round=round_number,
+                role="seat",
+                model=self.request.model,
+                task_text=self.request.task_text,
+                thread=thread,
+                others=_since_last_turn(transcript, seat),
+                tools=self.state.snapshot.tools_for(seat) if self.state.snapshot else [],
+                script=self.request.script,
+            ),
+            start_to_close_timeout=MODEL_CALL,
+            summary=f"turn of {seat} in round {round_number}",
+        )
+        self.state.usage = self.state.usage.plus(turn.response.usage)
+        thread.extend(turn.new_messages)
+        self.state.transcript.append(
+            ChatMessage(role="user", name=seat, content=turn.response.text)
+        )
+        outcomes = await self._run_tool_calls(seat, round_number, turn.response.tool_calls)
+        thread.extend(
+            ChatMessage(
+                role="tool",
+                tool_call_id=o.call_id,
+                name=o.tool_name,
+                content=json.dumps({"outcome": o.status, "result": o.content}, default=str),
+            )
+            for o in outcomes
+        )
+
+    async def _run_tool_calls(
+        self, seat: str, round_number: int, calls: list[ToolCall]
+    ) -> list[ToolOutcome]:
+        return list(await asyncio.gather(*(self._tool_call(seat, round_number, c) for c in calls)))
+
+    async def _tool_call(self, seat: str, round_number: int, call: ToolCall) -> ToolOutcome:
+        spec = self.state.snapshot.tool(call.name) if self.state.snapshot else None
+        if (
+            spec is not None
+            and spec.side_effect == "read"
+            and self.state.snapshot.granted(seat, call.name)
+        ):
+            return await workflow.execute_activity_method(
+                RunActivities.run_read_tool,
+                ReadToolInput(
+                    run_id=self.state.run_id, seat=seat, call=call, snapshot=self.state.snapshot
+                ),
+                start_to_close_timeout=TOOL_CALL,
+                summary=f"read {call.name} for {seat}",
+            )
+        pending = await workflow.execute_local_activity_method(
+            WriteActivities.intercept_write,
+            InterceptInput(
+                run_id=self.state.run_id,
+                session_id=self.state.session_id,
+                seat=seat,
+                round=round_number,
+                call=call,
+                snapshot=self.state.snapshot,
+                write_policy=self.request.write_policy,
+                approval_deadline=workflow.now()
+                + timedelta(seconds=self.request.approval_timeout_seconds),
+            ),
+            start_to_close_timeout=BOOKKEEPING,
+            summary=f"intercept {call.name} from {seat}",
+        )
+        return await self._see_write_through(pending)
+
+    # ================================================================= the write path
+
+    async def _see_write_through(self, write: PendingWrite) -> ToolOutcome:
+        if write.rejection is not None:
+            return write.rejection
+        status = write.status
+        if status == "waiting_approval":
+            status = await self._await_decision(write)
+        if status == "approved":
+            return await self._execute(write)
+        return _outcome(write, status, {"error_code": "not_approved"})
+
+    async def _await_decision(self, write: PendingWrite) -> str:
+        approval_id = write.approval_id
+        self.state.pending_approvals[approval_id] = write
+        await self._publish_status()
+        remaining = write.approval_deadline - workflow.now()
+        seen_refreshes = self._refreshes
+        try:
+            while approval_id not in self._decided:
+                await workflow.wait_condition(
+                    lambda seen=seen_refreshes: (
+                        approval_id in self._decided or self._refreshes != seen
+                    ),
+                    timeout=max(remaining, timedelta(0)),
+                    timeout_summary=f"approval expiry {approval_id}",
+                )
+                if approval_id not in self._decided:  # the sweep nudged us: look again
+                    seen_refreshes = self._refreshes
+                    await self._check_approval(approval_id)
+                remaining = write.approval_deadline - workflow.now()
+        except TimeoutError:
+            expired = await workflow.execute_local_activity_method(
+                WriteActivities.expire_approval,
+                approval_id,
+                start_to_close_timeout=BOOKKEEPING,
+                summary="expire approval",
+            )
+            self._decided.setdefault(approval_id, expired.status)
+        self.state.pending_approvals.pop(approval_id, None)
+        await self._publish_status()
+        return self._decided[approval_id]
+
+    async def _check_approval(self, approval_id: str) -> None:
+        seen = await workflow.execute_local_activity_method(
+            WriteActivities.approval_status,
+            approval_id,
+            start_to_close_timeout=BOOKKEEPING,
+            summary="check approval",
+        )
+        if seen.approval_status != "pending":
+            self._decided.setdefault(approval_id, seen.status)
+
+    async def _execute(self, write: PendingWrite) -> ToolOutcome:
+        """Claim and run the write; back off on a busy target; never re-run an
+        attempt whose fate is unclear."""
+        wait = RETRY_BUSY_FIRST
+        while True:
+            done = await self._attempt(write)
+            if done.status in ("succeeded", "failed"):
+                self.state.blocked_reason = None
+                await self._publish_status()
+                return _outcome(write, done.status, done.result or {})
+            if done.status == "unknown":
+                return await self._await_reconciliation(write, done)
+            # Still approved: the target is busy or blocked, or the attempt
+            # failed before it claimed. Wait on a durable timer and try again.
+            blocked = done.claim == "target_reconciliation_required"
+            self.state.blocked_reason = (
+                f"{write.tool_name} for {write.seat} waits: another action on its target "
+                "is unknown and must be reconciled"
+                if blocked
+                else None
+            )
+            await self._publish_status()
+            await workflow.sleep(wait, summary=f"target busy, retry {write.tool_name}")
+            wait = min(wait * 2, RETRY_BLOCKED_MAX if blocked else RETRY_BUSY_MAX)
+
+    async def _attempt(self, write: PendingWrite) -> ExecuteWriteOutput:
+        heartbeat = timedelta(seconds=self.request.heartbeat_timeout_seconds)
+        try:
+            return await workflow.execute_activity_method(
+                WriteActivities.execute_write,
+                ExecuteWriteInput(
+                    action_id=write.action_id,
+                    seat=write.seat,
+                    lease_seconds=self.request.lease_seconds,
+                    heartbeat_interval_seconds=heartbeat.total_seconds() / 3,
+                ),
+                start_to_close_timeout=TOOL_CALL,
+                heartbeat_timeout=heartbeat,
+                retry_policy=ONCE,
+                summary=f"execute {write.tool_name} for {write.seat}",
+            )
+        except ActivityError:
+            return await workflow.execute_local_activity_method(
+                WriteActivities.settle_write,
+                write.action_id,
+                start_to_close_timeout=BOOKKEEPING,
+                summary="settle interrupted write",
+            )
+
+    async def _await_reconciliation(
+        self, write: PendingWrite, done: ExecuteWriteOutput
+    ) -> ToolOutcome:
+        self.state.unknown_actions[write.action_id] = write
+        await self._publish_status()
+        await workflow.wait_condition(lambda: write.action_id in self._reconciled)
+        self.state.unknown_actions.pop(write.action_id, None)
+        await self._publish_status()
+        status = self._reconciled[write.action_id]
+        return _outcome(write, status, {"reconciled": True, **(done.result or {})})
+
+    # ================================================================= ending
+
+    async def _conclude(self) -> None:
+        if self.request.manager:
+            turn = await workflow.execute_activity_method(
+                RunActivities.take_turn,
+                TakeTurnInput(
+                    run_id=self.state.run_id,
+                    seat=self.request.manager,
+                    round=self.state.round,
+                    role="manager",
+                    model=self.request.model,
+                    task_text=self.request.task_text,
+                    others=self.state.transcript,
+                    script=self.request.script,
+                ),
+                start_to_close_timeout=MODEL_CALL,
+                summary="manager writes the final answer",
+            )
+            self.state.usage = self.state.usage.plus(turn.response.usage)
+            self.state.final_answer = turn.response.text
+        elif self.state.transcript:
+            self.state.final_answer = self.state.transcript[-1].content
+        await self._finish("completed")
+
+    async def _finish(self, status: str) -> None:
+        self.state.status = status
+        await self._publish_status(force=True)
+
+    # ================================================================= status
+
+    def _wanted_status(self) -> str:
+        if self.state.status in ("completed", "failed", "cancelled"):
+            return self.state.status
+        if self.state.pending_approvals or self.state.unknown_actions or self.state.blocked_reason:
+            return "waiting_input"
+        return "running"
+
+    async def _publish_status(self, force: bool = False) -> None:
+        """Mirror the status to the store, search attributes and UI details.
+        Serialised, so concurrent seats cannot publish out of order."""
+        async with self._status_lock:
+            status = self._wanted_status()
+            published = (status, len(self.state.pending_approvals), len(self.state.unknown_actions))
+            if published == self._published and not force:
+                return
+            self.state.status = status
+            await workflow.execute_local_activity_method(
+                RunActivities.set_run_status,
+                RunStatusInput(run_id=self.state.run_id, status=status),
+                start_to_close_timeout=BOOKKEEPING,
+                summary=f"run is {status}",
+            )
+            workflow.upsert_search_attributes(
+                [
+                    sa.STATUS.value_set(status),
+                    sa.USER_ID.value_set(self.request.user_id),
+                    sa.PENDING_APPROVALS.value_set(published[1]),
+                    sa.UNKNOWN_ACTIONS.value_set(published[2]),
+                ]
+            )
+            workflow.set_current_details(self._details())
+            self._published = published
+
+    def _details(self) -> str:
+        lines = [f"**{self.state.status}** · round {self.state.round}/{self.request.max_rounds}"]
+        for approval_id, write in self.state.pending_approvals.items():
+            lines.append(
+                f"- waiting for approval of {write.tool_name} by {write.seat}: "
+                f"`roundtable approve {approval_id}`"
+            )
+        for action_id, write in self.state.unknown_actions.items():
+            lines.append(
+                f"- outcome unknown for {write.tool_name} by {write.seat}: "
+                f"`roundtable reconcile {action_id} --outcome succeeded|failed`"
+            )
+        if self.state.blocked_reason:
+            lines.append(f"- {self.state.blocked_reason}")
+        return "\n".join(lines)
+
+    # ================================================================= messages
+
+    @workflow.query
+    def state(self) -> RunState:
+        return self.state
+
+    @workflow.update
+    async def decide_approval(self, decision: DecisionInput) -> str:
+        return await self._decide(decision)
+
+    @decide_approval.validator
+    def _validate_decision(self, decision: DecisionInput) -> None:
+        if decision.approval_id not in self.state.pending_approvals:
+            raise ValueError(f"approval {decision.approval_id!r} is not pending in this run")
+        if decision.approval_id in self._decided:
+            raise ValueError(f"approval {decision.approval_id!r} is already decided")
+
+    @workflow.signal
+    async def approval_decision(self, decision: DecisionInput) -> None:
+        try:
+            await self._decide(decision)
+        except ApplicationError as exc:
+            workflow.logger.warning("approval decision refused: %s", exc)
+
+    async def _decide(self, decision: DecisionInput) -> str:
+        if decision.approval_id not in self.state.pending_approvals:
+            raise ApplicationError(
+                f"approval {decision.approval_id!r} is not pending in this run", type=CONFLICT
+            )
+        out = await workflow.execute_local_activity_method(
+            WriteActivities.decide_approval,
+            decision,
+            start_to_close_timeout=BOOKKEEPING,
+            summary=f"record {decision.decision}",
+        )
+        # The database's answer stands, whichever decision won.
+        self._decided.setdefault(out.approval_id, out.status)
+        if out.conflict:
+            raise ApplicationError(out.conflict, type=CONFLICT)
+        return out.approval_status
+
+    @workflow.update
+    async def reconcile_action(self, request: ReconcileInput) -> str:
+        return await self._reconcile(request)
+
+    @reconcile_action.validator
+    def _validate_reconcile(self, request: ReconcileInput) -> None:
+        if request.action_id not in self.state.unknown_actions:
+            raise ValueError(f"action {request.action_id!r} is not awaiting reconciliation")
+
+    @workflow.signal(name="reconcile_action_signal")
+    async def reconcile_action_signal(self, request: ReconcileInput) -> None:
+        try:
+            await self._reconcile(request)
+        except ApplicationError as exc:
+            workflow.logger.warning("reconciliation refused: %s", exc)
+
+    async def _reconcile(self, request: ReconcileInput) -> str:
+        if request.action_id not in self.state.unknown_actions:
+            raise ApplicationError(
+                f"action {request.action_id!r} is not awaiting reconciliation", type=CONFLICT
+            )
+        out = await workflow.execute_local_activity_method(
+            WriteActivities.reconcile_action,
+            request,
+            start_to_close_timeout=BOOKKEEPING,
+            summary=f"reconcile as {request.outcome}",
+        )
+        if out.status in ("succeeded", "failed"):
+            self._reconciled.setdefault(out.action_id, out.status)
+        if out.conflict:
+            raise ApplicationError(out.conflict, type=CONFLICT)
+        return out.status
+
+    @workflow.signal
+    def refresh(self) -> None:
+        """The sweep changed something in the store: re-read what we wait on."""
+        self._refreshes += 1
+
+
+def _since_last_turn(transcript: list[ChatMessage], seat: str) -> list[ChatMessage]:
+    for index in range(len(transcript) - 1, -1, -1):
+        if transcript[index].name == seat:
+            return transcript[index + 1 :]
+    return list(transcript)
+
+
+def _outcome(write: PendingWrite, status: str, content: dict) -> ToolOutcome:
+    return ToolOutcome(
+        call_id=write.call_id, tool_name=write.tool_name, status=status, content=content
+    )
