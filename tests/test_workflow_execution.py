@@ -122,7 +122,7 @@ async def test_lost_heartbeat_is_unknown_and_the_tool_is_not_called_again(
             heartbeat_timeout_seconds=2,
             lease_seconds=30,
         )
-        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions), timeout=30)
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions), within=30)
         (action_id,) = state.unknown_actions
         action = await h.store.get_action(action_id)
         assert action["status"] == "unknown"

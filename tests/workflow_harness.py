@@ -62,10 +62,10 @@ class Harness:
         return await handle.query(RoundtableWorkflow.state)
 
     async def wait_for(
-        self, handle: WorkflowHandle, check: Callable[[RunState], bool], timeout: float = 20
+        self, handle: WorkflowHandle, check: Callable[[RunState], bool], within: float = 20
     ) -> RunState:
         """Poll the query without awaiting the result, so time does not skip."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = asyncio.get_running_loop().time() + within
         while True:
             state = await self.state(handle)
             if check(state):
