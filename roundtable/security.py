@@ -302,3 +302,31 @@ def action_to_public_dict(row: Mapping[str, Any]) -> dict[str, Any]:
     public = {name: _public_value(row.get(name)) for name in PUBLIC_ACTION_FIELDS}
     public["arguments"] = redact_arguments(row.get("arguments"), row.get("safe_argument_fields"))
     return public
+
+
+PUBLIC_APPROVAL_FIELDS: tuple[str, ...] = (
+    "id",
+    "run_id",
+    "action_id",
+    "status",
+    "expires_at",
+    "decided_by",
+    "decision_reason",
+    "decided_at",
+    "created_at",
+    "updated_at",
+)
+
+
+def approval_to_public_dict(
+    row: Mapping[str, Any], action: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An approval as operators see it; with its action, also what they approve
+    (tool, seat and the redacted arguments)."""
+    public = {name: _public_value(row.get(name)) for name in PUBLIC_APPROVAL_FIELDS}
+    if action is not None:
+        shown = action_to_public_dict(action)
+        public.update(
+            tool_name=shown["tool_name"], agent_id=shown["agent_id"], arguments=shown["arguments"]
+        )
+    return public

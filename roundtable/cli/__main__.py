@@ -1,0 +1,3 @@
+from roundtable.cli import main
+
+main()

@@ -1,0 +1,84 @@
+"""Printing and failing, the same way for every command.
+
+Exit codes (stable; scripts depend on them): 0 done, 1 error, 2 usage,
+3 conflict, 4 not found. With ``--json`` stdout carries exactly one JSON
+document, errors included; human messages go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NoReturn
+
+import typer
+from sqlalchemy.engine import make_url
+
+from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: str = "error", exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+        self.exit_code = exit_code
+
+
+def usage_error(message: str) -> CliError:
+    return CliError(message, "usage", EXIT_USAGE)
+
+
+def conflict(message: str) -> CliError:
+    return CliError(message, "conflict", EXIT_CONFLICT)
+
+
+def as_cli_error(error: Exception) -> CliError:
+    if isinstance(error, CliError):
+        return error
+    if isinstance(error, NotFoundError):
+        return CliError(str(error), "not_found", EXIT_NOT_FOUND)
+    if isinstance(error, ConflictError):
+        return conflict(str(error))
+    if isinstance(error, InvalidInputError):
+        return usage_error(str(error))
+    return CliError(str(error) or type(error).__name__)
+
+
+def fail(error: Exception, as_json: bool) -> NoReturn:
+    problem = as_cli_error(error)
+    if as_json:
+        typer.echo(json.dumps({"error": {"code": problem.code, "message": str(problem)}}))
+    else:
+        typer.echo(f"error: {problem}", err=True)
+    raise typer.Exit(problem.exit_code)
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def emit(document: Any, as_json: bool, human: str | None = None) -> None:
+    if as_json:
+        typer.echo(json.dumps(document, default=_plain))
+    elif human is not None:
+        typer.echo(human)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [
+        [str(_plain(row.get(c)) if row.get(c) is not None else "-") for c in columns]
+        for row in rows
+    ]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def safe_url(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)

@@ -1,0 +1,149 @@
+"""``roundtable start`` and ``roundtable show``."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from roundtable.agents.scripted import ScriptError, load_script
+from roundtable.cli.output import CliError, emit, fail, table, usage_error
+from roundtable.cli.shared import JsonFlag, settings, store_from, temporal
+from roundtable.models import RunInput, RunResult, WorkflowArgs
+from roundtable.security import action_to_public_dict, approval_to_public_dict
+from roundtable.temporal import WORKFLOW_NAME
+
+
+def build_request(**fields: Any) -> RunInput:
+    try:
+        return RunInput(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
+        )
+        raise usage_error(problems) from exc
+
+
+async def start_run(request: RunInput, wait: bool) -> dict[str, Any]:
+    config = settings()
+    client = await temporal(config)
+    run_id = request.run_id or f"run-{uuid.uuid4().hex[:16]}"
+    request = request.model_copy(update={"run_id": run_id})
+    handle = await client.start_workflow(
+        WORKFLOW_NAME,
+        WorkflowArgs(request=request),
+        id=run_id,
+        task_queue=config.task_queue,
+        result_type=RunResult,
+        static_summary=f"Roundtable: {request.task_text[:100]}",
+        static_details=(
+            f"seats {', '.join(request.seats)} · {request.max_rounds} round(s) · "
+            f"{request.mode} · policy {request.write_policy} · user {request.user_id}"
+        ),
+    )
+    started: dict[str, Any] = {"run_id": run_id, "workflow_id": handle.id}
+    if wait:
+        result = await handle.result()
+        started.update(status=result.status, final_answer=result.final_answer)
+    return started
+
+
+def start(
+    task: Annotated[str, typer.Option("--task", help="What the roundtable should do.")],
+    seats: Annotated[str, typer.Option(help="Comma-separated seat ids.")] = "seat-1,seat-2",
+    manager: Annotated[str, typer.Option(help="Manager name; 'none' for no manager.")] = "manager",
+    rounds: Annotated[int, typer.Option(help="Rounds to play.")] = 1,
+    mode: Annotated[str, typer.Option(help="structured or parallel.")] = "structured",
+    policy: Annotated[str, typer.Option(help="Write policy.")] = "confirm_all_writes",
+    script: Annotated[Path | None, typer.Option(help="Scripted-model file (JSON/YAML).")] = None,
+    approval_timeout: Annotated[int, typer.Option(help="Seconds an approval stays open.")] = 3600,
+    tools: Annotated[str | None, typer.Option(help="Comma-separated tools to grant.")] = None,
+    user: Annotated[str, typer.Option(help="The run's owner.")] = "local-user",
+    model: Annotated[str, typer.Option(help="Model for every seat.")] = "scripted",
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the run finishes.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a run."""
+    try:
+        document = load_script(script) if script else None
+        request = build_request(
+            task_text=task,
+            seats=[s.strip() for s in seats.split(",") if s.strip()],
+            manager=None if manager.lower() == "none" else manager,
+            max_rounds=rounds,
+            mode=mode,
+            write_policy=policy,
+            script=document,
+            approval_timeout_seconds=approval_timeout,
+            tools=[t.strip() for t in tools.split(",")] if tools else None,
+            user_id=user,
+            model=model,
+        )
+        started = asyncio.run(start_run(request, wait))
+    except ScriptError as exc:
+        fail(usage_error(str(exc)), as_json)
+    except Exception as exc:
+        fail(exc, as_json)
+    human = f"started run {started['run_id']}"
+    if wait:
+        human += f"\nstatus: {started['status']}\nfinal answer: {started['final_answer']}"
+    emit(started, as_json, human)
+
+
+async def run_view(run_id: str) -> dict[str, Any]:
+    async with store_from(settings()) as store:
+        run = await store.get_run(run_id)
+        actions = await store.list_actions(run_id)
+        by_id = {a["id"]: a for a in actions}
+        approvals = await store.list_approvals(run_id=run_id)
+    return {
+        "run_id": run["id"],
+        "user_id": run["user_id"],
+        "status": run["status"],
+        "created_at": run["created_at"],
+        "updated_at": run["updated_at"],
+        "actions": [action_to_public_dict(a) for a in actions],
+        "approvals": [approval_to_public_dict(a, by_id.get(a["action_id"])) for a in approvals],
+        "final_answer": await _final_answer(run_id, run["status"]),
+    }
+
+
+async def _final_answer(run_id: str, status: str) -> str | None:
+    if status != "completed":
+        return None
+    try:
+        client = await temporal(settings())
+        result = await asyncio.wait_for(
+            client.get_workflow_handle(run_id, result_type=RunResult).result(), 5
+        )
+        return result.final_answer
+    except (CliError, Exception):
+        return None  # the store is the record; the answer is a convenience
+
+
+def show(run_id: Annotated[str, typer.Argument(help="Run id.")], as_json: JsonFlag = False) -> None:
+    """Show a run with its actions and approvals."""
+    try:
+        view = asyncio.run(run_view(run_id))
+    except Exception as exc:
+        fail(exc, as_json)
+    human = "\n".join(
+        [
+            f"run {view['run_id']}  status {view['status']}  user {view['user_id']}",
+            "",
+            "actions:",
+            table(
+                view["actions"],
+                ["id", "agent_id", "tool_name", "status", "risk_level", "arguments"],
+            ),
+            "",
+            "approvals:",
+            table(view["approvals"], ["id", "action_id", "status", "expires_at", "decided_by"]),
+        ]
+        + ([f"\nfinal answer: {view['final_answer']}"] if view["final_answer"] else [])
+    )
+    emit(view, as_json, human)

