@@ -63,8 +63,8 @@ def test_cli_db_upgrade_reports_bad_urls(tmp_path) -> None:
         timeout=60,
         check=False,
     )
-    assert done.returncode == 1
-    assert json.loads(done.stdout)["error"]["code"] == "invalid_input"
+    assert done.returncode == 2  # a malformed option is a usage error
+    assert json.loads(done.stdout)["error"]["code"] == "usage"
     unreachable = subprocess.run(
         [
             sys.executable,
