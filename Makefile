@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint venv postgres clean
+.PHONY: run test lint venv postgres clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,6 +12,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The embedded stack in the foreground (Temporal dev server + UI, worker) and
+# the demo run; Ctrl-C stops all of it.
+run: venv
+	$(VENV)/bin/roundtable dev --demo
 
 # Server binaries for the throwaway PostgreSQL cluster the tests start.
 postgres:

@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     sweep_enabled: bool = True
     sweep_interval_seconds: int = Field(default=60, ge=5)
     demo_ticket_write_delay_seconds: float = Field(default=0.5, ge=0)
+    # Chaos for demos and tests: writes to these demo ticket ids apply, then fail.
+    demo_ticket_drop_after_write: list[str] = Field(default_factory=list)
 
 
 def load_settings() -> Settings:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -100,7 +101,9 @@ async def harness(
             make = worker_factory or build_worker
             try:
                 async with make(env.client, queue, store, registry):
-                    yield Harness(env, env.client, store, tickets, registry, queue)
+                    made = Harness(env, env.client, store, tickets, registry, queue)
+                    yield made
+                    await _record_histories(made)
             finally:
                 await tickets.close()
     finally:
@@ -129,3 +132,17 @@ def script(*turns: tuple[str, int, list[dict[str, Any]]], final: str = "done") -
         ],
         "final": final,
     }
+
+
+async def _record_histories(made: Harness) -> None:
+    """With ROUNDTABLE_RECORD_HISTORIES=DIR, keep each finished workflow's
+    history for the replay test (tests/test_replay.py)."""
+    target = os.environ.get("ROUNDTABLE_RECORD_HISTORIES")
+    if not target:
+        return
+    test_name = os.environ.get("PYTEST_CURRENT_TEST", "run").split("::")[-1].split(" ")[0]
+    for index, handle in enumerate(made.handles):
+        history = await handle.fetch_history()
+        suffix = f"-{index}" if index else ""
+        path = Path(target) / f"{test_name}{suffix}.json"
+        path.write_text(history.to_json())

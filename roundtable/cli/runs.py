@@ -64,6 +64,11 @@ def start(
     tools: Annotated[str | None, typer.Option(help="Comma-separated tools to grant.")] = None,
     user: Annotated[str, typer.Option(help="The run's owner.")] = "local-user",
     model: Annotated[str, typer.Option(help="Model for every seat.")] = "scripted",
+    heartbeat_timeout: Annotated[
+        int | None,
+        typer.Option(help="Seconds without a heartbeat before a write is presumed lost."),
+    ] = None,
+    lease_seconds: Annotated[int | None, typer.Option(help="Target lease length, seconds.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the run finishes.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -82,6 +87,8 @@ def start(
             tools=[t.strip() for t in tools.split(",")] if tools else None,
             user_id=user,
             model=model,
+            heartbeat_timeout_seconds=heartbeat_timeout,
+            lease_seconds=lease_seconds,
         )
         started = asyncio.run(start_run(request, wait))
     except ScriptError as exc:

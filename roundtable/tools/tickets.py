@@ -90,14 +90,27 @@ class TicketSystem:
     """The demo system. ``write_delay_seconds`` makes writes take time, so a
     test can see whether two of them ever overlapped."""
 
-    def __init__(self, engine: AsyncEngine, write_delay_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        write_delay_seconds: float = 0.0,
+        drop_after_write: frozenset[str] = frozenset(),
+    ) -> None:
         self.engine = engine
         self.write_delay_seconds = write_delay_seconds
+        # Chaos: writes to these ticket ids are applied, then the connection
+        # "drops" before the answer arrives: the caller cannot know.
+        self.drop_after_write = drop_after_write
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
 
     @classmethod
-    async def open(cls, database_url: str, write_delay_seconds: float = 0.0) -> TicketSystem:
-        system = cls(create_engine_for(database_url), write_delay_seconds)
+    async def open(
+        cls,
+        database_url: str,
+        write_delay_seconds: float = 0.0,
+        drop_after_write: frozenset[str] = frozenset(),
+    ) -> TicketSystem:
+        system = cls(create_engine_for(database_url), write_delay_seconds, drop_after_write)
         async with system.engine.begin() as conn:
             await conn.run_sync(_Base.metadata.create_all)
         return system
@@ -167,7 +180,10 @@ class TicketSystem:
             return first
         if self.write_delay_seconds:
             await asyncio.sleep(self.write_delay_seconds)
-        return await self._finish(args, ctx, apply)
+        result = await self._finish(args, ctx, apply)
+        if args.ticket_id in self.drop_after_write:
+            raise ConnectionResetError("connection dropped after the ticket was written")
+        return result
 
     async def _start(self, operation: str, args: TicketRef, ctx: ToolContext) -> dict | None:
         async with self._sessions() as session, session.begin():

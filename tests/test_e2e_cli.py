@@ -1,0 +1,135 @@
+"""End to end on the real Temporal dev server, through the CLI, with the worker
+as its own process: what an operator actually types."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from roundtable.temporal import SWEEP_SCHEDULE_ID
+from tests.e2e_stack import Stack, running_stack
+from tests.workflow_harness import script, ticket_call
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    async with running_stack(tmp_path) as made:
+        yield made
+
+
+def write_script(path: Path, ticket: str) -> str:
+    path.write_text(
+        json.dumps(script(("seat-1", 1, [ticket_call("ticket_update", ticket)]), final="all done"))
+    )
+    return str(path)
+
+
+async def test_operator_flow_through_the_cli(stack: Stack) -> None:
+    run_script = write_script(stack.workdir / "script.json", "T-1")
+    code, started = await asyncio.to_thread(
+        stack.cli, "start", "--task", "raise T-1", "--script", run_script, "--user", "alice"
+    )
+    assert code == 0, started
+    run_id = started["run_id"]
+    assert started["workflow_id"] == run_id
+
+    pending = await asyncio.to_thread(
+        stack.until,
+        lambda: stack.cli("approvals", "--run", run_id, "--status", "pending")[1],
+        "a pending approval",
+    )
+    (approval,) = pending
+    assert approval["tool_name"] == "ticket_update" and approval["agent_id"] == "seat-1"
+    assert approval["arguments"]["ticket_id"] == "T-1"
+
+    code, shown = await asyncio.to_thread(stack.cli, "show", run_id)
+    assert code == 0 and shown["status"] == "waiting_input"
+    assert shown["actions"][0]["status"] == "waiting_approval"
+    assert "target_key" not in shown["actions"][0]
+
+    code, done = await asyncio.to_thread(stack.cli, "approve", approval["id"], "--by", "op-7")
+    assert (code, done["status"]) == (0, "approved")
+    code, again = await asyncio.to_thread(stack.cli, "approve", approval["id"])
+    assert code == 3 and again["error"]["code"] == "conflict"
+    code, missing = await asyncio.to_thread(stack.cli, "approve", "no-such-approval")
+    assert code == 4 and missing["error"]["code"] == "not_found"
+
+    final = await asyncio.to_thread(
+        stack.until,
+        lambda: (lambda v: v if v["status"] == "completed" else None)(stack.cli("show", run_id)[1]),
+        "the run to complete",
+    )
+    assert final["actions"][0]["status"] == "succeeded"
+    assert final["approvals"][0]["decided_by"] == "op-7"
+    assert final["final_answer"] == "all done"
+    code, log = await asyncio.to_thread(stack.cli, "tickets")
+    assert code == 0 and [(w["ticket_id"], w["outcome"]) for w in log] == [("T-1", "applied")]
+
+    # The worker put the sweep on a schedule.
+    description = await stack.env.client.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
+    assert description.id == SWEEP_SCHEDULE_ID
+
+
+async def test_unknown_outcome_is_reconciled_through_the_cli(stack: Stack) -> None:
+    run_script = write_script(stack.workdir / "chaos.json", "T-13")
+    code, started = await asyncio.to_thread(
+        stack.cli,
+        "start",
+        "--task",
+        "t",
+        "--script",
+        run_script,
+        "--policy",
+        "auto_approve_up_to:R3",
+    )
+    assert code == 0
+    run_id = started["run_id"]
+    view = await asyncio.to_thread(
+        stack.until,
+        lambda: (lambda v: v if v["status"] == "waiting_input" else None)(
+            stack.cli("show", run_id)[1]
+        ),
+        "the run to wait for an operator",
+    )
+    (action,) = view["actions"]
+    assert action["status"] == "unknown"
+
+    code, refused = await asyncio.to_thread(
+        stack.cli, "reconcile", action["id"], "--outcome", "maybe", "--note", "x"
+    )
+    assert code == 2 and "--outcome" in refused["error"]["message"]
+    code, settled = await asyncio.to_thread(
+        stack.cli,
+        "reconcile",
+        action["id"],
+        "--outcome",
+        "succeeded",
+        "--note",
+        "the ticket shows the change",
+    )
+    assert (code, settled["status"]) == (0, "succeeded")
+    await asyncio.to_thread(
+        stack.until,
+        lambda: stack.cli("show", run_id)[1]["status"] == "completed",
+        "completion after reconciliation",
+    )
+    code, log = await asyncio.to_thread(stack.cli, "tickets")
+    assert [w["ticket_id"] for w in log] == ["T-13"]  # written once, never replayed
+
+
+async def test_cli_errors_are_clear(stack: Stack) -> None:
+    code, bad = await asyncio.to_thread(stack.cli, "start", "--task", "t", "--policy", "yolo")
+    assert code == 2 and "write_policy" in bad["error"]["message"]
+    missing = stack.workdir / "nope.json"
+    code, bad = await asyncio.to_thread(stack.cli, "start", "--task", "t", "--script", str(missing))
+    assert code == 2 and "cannot read script" in bad["error"]["message"]
+    code, down = await asyncio.to_thread(
+        stack.cli, "start", "--task", "t", env={"ROUNDTABLE_TEMPORAL_ADDRESS": "127.0.0.1:1"}
+    )
+    assert code == 1 and "cannot reach Temporal" in down["error"]["message"]
+    code, gone = await asyncio.to_thread(stack.cli, "show", "no-such-run")
+    assert code == 4 and gone["error"]["code"] == "not_found"
