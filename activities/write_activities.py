@@ -110,38 +110,26 @@ class WriteActivities:
         """Compare-and-set the decision. A conflict is reported with the
         approval's real status, so the workflow follows the database."""
         try:
-            approval = await self.store.decide_approval(
+            await self.store.decide_approval(
                 inp.approval_id, inp.decision, inp.decided_by, inp.reason
             )
-            conflict = None
+            return await self._decision_view(inp.approval_id)
         except ConflictError as exc:
-            approval, conflict = await self.store.get_approval(inp.approval_id), str(exc)
-        action = await self.store.get_action(approval["action_id"])
-        return DecisionOutput(
-            approval_id=approval["id"],
-            action_id=action["id"],
-            status=action["status"],
-            approval_status=approval["status"],
-            conflict=conflict,
-        )
+            return await self._decision_view(inp.approval_id, conflict=str(exc))
 
     @activity.defn(name="expire_approval")
     @typed_store_errors
     async def expire_approval(self, approval_id: str) -> DecisionOutput:
         """The workflow's deadline timer fired: expire unless a decision won."""
         await self.store.expire_approval(approval_id)
-        approval = await self.store.get_approval(approval_id)
-        action = await self.store.get_action(approval["action_id"])
-        return DecisionOutput(
-            approval_id=approval_id,
-            action_id=action["id"],
-            status=action["status"],
-            approval_status=approval["status"],
-        )
+        return await self._decision_view(approval_id)
 
     @activity.defn(name="approval_status")
     @typed_store_errors
     async def approval_status(self, approval_id: str) -> DecisionOutput:
+        return await self._decision_view(approval_id)
+
+    async def _decision_view(self, approval_id: str, conflict: str | None = None) -> DecisionOutput:
         approval = await self.store.get_approval(approval_id)
         action = await self.store.get_action(approval["action_id"])
         return DecisionOutput(
@@ -149,6 +137,7 @@ class WriteActivities:
             action_id=action["id"],
             status=action["status"],
             approval_status=approval["status"],
+            conflict=conflict,
         )
 
     # ----------------------------------------------------------------- execution

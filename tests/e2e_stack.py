@@ -63,6 +63,10 @@ class Stack:
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}")
 
+    def run_with_status(self, run_id: str, wanted: str):  # type: ignore[no-untyped-def]
+        """A probe for until(): the run's view once it has ``wanted`` status."""
+        return lambda: (lambda v: v if v["status"] == wanted else None)(self.cli("show", run_id)[1])
+
     def start_worker(self) -> subprocess.Popen:  # type: ignore[type-arg]
         log = (self.workdir / "worker.log").open("a")
         worker = subprocess.Popen(

@@ -60,7 +60,7 @@ async def test_operator_flow_through_the_cli(stack: Stack) -> None:
 
     final = await asyncio.to_thread(
         stack.until,
-        lambda: (lambda v: v if v["status"] == "completed" else None)(stack.cli("show", run_id)[1]),
+        stack.run_with_status(run_id, "completed"),
         "the run to complete",
     )
     assert final["actions"][0]["status"] == "succeeded"
@@ -90,9 +90,7 @@ async def test_unknown_outcome_is_reconciled_through_the_cli(stack: Stack) -> No
     run_id = started["run_id"]
     view = await asyncio.to_thread(
         stack.until,
-        lambda: (lambda v: v if v["status"] == "waiting_input" else None)(
-            stack.cli("show", run_id)[1]
-        ),
+        stack.run_with_status(run_id, "waiting_input"),
         "the run to wait for an operator",
     )
     (action,) = view["actions"]

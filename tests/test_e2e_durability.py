@@ -24,10 +24,6 @@ def one_write(path: Path, ticket: str = "T-1") -> str:
     return str(path)
 
 
-def status_is(stack: Stack, run_id: str, wanted: str):  # type: ignore[no-untyped-def]
-    return lambda: (lambda v: v if v["status"] == wanted else None)(stack.cli("show", run_id)[1])
-
-
 async def test_a_restarted_worker_resumes_waiting_runs(tmp_path: Path) -> None:
     async with running_stack(tmp_path) as stack:
         code, started = await asyncio.to_thread(
@@ -43,7 +39,9 @@ async def test_a_restarted_worker_resumes_waiting_runs(tmp_path: Path) -> None:
         stack.start_worker()
         code, _ = await asyncio.to_thread(stack.cli, "approve", approval["id"])
         assert code == 0
-        await asyncio.to_thread(stack.until, status_is(stack, run_id, "completed"), "completion")
+        await asyncio.to_thread(
+            stack.until, stack.run_with_status(run_id, "completed"), "completion"
+        )
         _, log = await asyncio.to_thread(stack.cli, "tickets")
         assert [w["outcome"] for w in log] == ["applied"]
 
@@ -71,7 +69,7 @@ async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path
         stack.start_worker()
 
         view = await asyncio.to_thread(
-            stack.until, status_is(stack, run_id, "waiting_input"), "unknown", within=90
+            stack.until, stack.run_with_status(run_id, "waiting_input"), "unknown", within=90
         )
         (action,) = view["actions"]
         assert action["status"] == "unknown"
@@ -89,7 +87,9 @@ async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path
             "ticket shows no change",
         )
         assert code == 0
-        await asyncio.to_thread(stack.until, status_is(stack, run_id, "completed"), "completion")
+        await asyncio.to_thread(
+            stack.until, stack.run_with_status(run_id, "completed"), "completion"
+        )
         _, log = await asyncio.to_thread(stack.cli, "tickets")
         assert len(log) == 1  # no second attempt, ever
 
@@ -169,7 +169,9 @@ async def test_long_runs_continue_as_new_and_keep_their_state(tmp_path: Path) ->
         )
         assert code == 0
         run_id = started["run_id"]
-        await asyncio.to_thread(stack.until, status_is(stack, run_id, "completed"), "completion")
+        await asyncio.to_thread(
+            stack.until, stack.run_with_status(run_id, "completed"), "completion"
+        )
 
         handle = stack.env.client.get_workflow_handle(run_id)
         state = await handle.query("state", result_type=RunState)

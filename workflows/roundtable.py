@@ -395,10 +395,16 @@ class RoundtableWorkflow:
 
     @decide_approval.validator
     def _validate_decision(self, decision: DecisionInput) -> None:
-        if decision.approval_id not in self.state.pending_approvals:
-            raise ValueError(f"approval {decision.approval_id!r} is not pending in this run")
-        if decision.approval_id in self._decided:
-            raise ValueError(f"approval {decision.approval_id!r} is already decided")
+        refusal = self._decision_refusal(decision.approval_id)
+        if refusal:
+            raise ValueError(refusal)
+
+    def _decision_refusal(self, approval_id: str) -> str | None:
+        if approval_id not in self.state.pending_approvals:
+            return f"approval {approval_id!r} is not pending in this run"
+        if approval_id in self._decided:
+            return f"approval {approval_id!r} is already decided"
+        return None
 
     @workflow.signal
     async def approval_decision(self, decision: DecisionInput) -> None:
@@ -408,10 +414,9 @@ class RoundtableWorkflow:
             workflow.logger.warning("approval decision refused: %s", exc)
 
     async def _decide(self, decision: DecisionInput) -> str:
-        if decision.approval_id not in self.state.pending_approvals:
-            raise ApplicationError(
-                f"approval {decision.approval_id!r} is not pending in this run", type=CONFLICT
-            )
+        refusal = self._decision_refusal(decision.approval_id)
+        if refusal:
+            raise ApplicationError(refusal, type=CONFLICT)
         out = await workflow.execute_local_activity_method(
             WriteActivities.decide_approval,
             decision,
@@ -430,8 +435,14 @@ class RoundtableWorkflow:
 
     @reconcile_action.validator
     def _validate_reconcile(self, request: ReconcileInput) -> None:
-        if request.action_id not in self.state.unknown_actions:
-            raise ValueError(f"action {request.action_id!r} is not awaiting reconciliation")
+        refusal = self._reconcile_refusal(request.action_id)
+        if refusal:
+            raise ValueError(refusal)
+
+    def _reconcile_refusal(self, action_id: str) -> str | None:
+        if action_id not in self.state.unknown_actions:
+            return f"action {action_id!r} is not awaiting reconciliation"
+        return None
 
     @workflow.signal(name="reconcile_action_signal")
     async def reconcile_action_signal(self, request: ReconcileInput) -> None:
@@ -441,10 +452,9 @@ class RoundtableWorkflow:
             workflow.logger.warning("reconciliation refused: %s", exc)
 
     async def _reconcile(self, request: ReconcileInput) -> str:
-        if request.action_id not in self.state.unknown_actions:
-            raise ApplicationError(
-                f"action {request.action_id!r} is not awaiting reconciliation", type=CONFLICT
-            )
+        refusal = self._reconcile_refusal(request.action_id)
+        if refusal:
+            raise ApplicationError(refusal, type=CONFLICT)
         out = await workflow.execute_local_activity_method(
             WriteActivities.reconcile_action,
             request,

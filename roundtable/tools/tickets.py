@@ -259,53 +259,53 @@ class TicketSystem:
 
 
 def register_ticket_tools(registry: ToolRegistry, system: TicketSystem) -> None:
-    keyed = {"target_key_fields": ("tenant_id", "ticket_id"), "target_key_namespace": NAMESPACE}
-    safe = ("tenant_id", "ticket_id", "fields")
-    registry.register(
-        ToolDefinition(
-            name="ticket_get",
-            description="Read a ticket: status, fields and comments.",
-            args_model=TicketRef,
-            side_effect="read",
-            risk_level="R0",
-            handler=system.get,
-            safe_argument_fields=safe,
-            **keyed,
-        )
+    tools = (
+        (
+            "ticket_get",
+            "Read a ticket: status, fields and comments.",
+            TicketRef,
+            "read",
+            "R0",
+            system.get,
+        ),
+        (
+            "ticket_comment",
+            "Add a comment to a ticket.",
+            TicketCommentArgs,
+            "write",
+            "R1",
+            system.comment,
+        ),
+        (
+            "ticket_update",
+            "Set fields on a ticket.",
+            TicketUpdateArgs,
+            "write",
+            "R2",
+            system.update,
+        ),
+        (
+            "ticket_close",
+            "Close a ticket, optionally with a resolution.",
+            TicketCloseArgs,
+            "write",
+            "R3",
+            system.close_ticket,
+        ),
     )
-    registry.register(
-        ToolDefinition(
-            name="ticket_comment",
-            description="Add a comment to a ticket.",
-            args_model=TicketCommentArgs,
-            side_effect="write",
-            risk_level="R1",
-            handler=system.comment,
-            safe_argument_fields=safe,
-            **keyed,
+    for name, description, args_model, side_effect, risk_level, handler in tools:
+        registry.register(
+            ToolDefinition(
+                name=name,
+                description=description,
+                args_model=args_model,
+                side_effect=side_effect,
+                risk_level=risk_level,
+                handler=handler,
+                # Every tool names the ticket the same way, so writes to one
+                # ticket share a lease whichever tool makes them.
+                target_key_fields=("tenant_id", "ticket_id"),
+                target_key_namespace=NAMESPACE,
+                safe_argument_fields=("tenant_id", "ticket_id", "fields"),
+            )
         )
-    )
-    registry.register(
-        ToolDefinition(
-            name="ticket_update",
-            description="Set fields on a ticket.",
-            args_model=TicketUpdateArgs,
-            side_effect="write",
-            risk_level="R2",
-            handler=system.update,
-            safe_argument_fields=safe,
-            **keyed,
-        )
-    )
-    registry.register(
-        ToolDefinition(
-            name="ticket_close",
-            description="Close a ticket, optionally with a resolution.",
-            args_model=TicketCloseArgs,
-            side_effect="write",
-            risk_level="R3",
-            handler=system.close_ticket,
-            safe_argument_fields=safe,
-            **keyed,
-        )
-    )
