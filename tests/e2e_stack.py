@@ -19,7 +19,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import TEST_SECRET
-from tests.workflow_harness import venv_binary
+from tests.workflow_harness import script, ticket_call, venv_binary
 from workflows import search_attributes
 
 CLI = str(Path(sys.executable).parent / "roundtable")
@@ -116,3 +116,11 @@ async def running_stack(
         codes = stack.stop_workers()
         await env.shutdown()
     assert all(code == 0 for code in codes), (workdir / "worker.log").read_text()[-2000:]
+
+
+def one_write_script(path: Path, ticket: str = "T-1") -> str:
+    """A scripted run whose one seat updates one ticket; returns the file's path."""
+    path.write_text(
+        json.dumps(script(("seat-1", 1, [ticket_call("ticket_update", ticket)]), final="all done"))
+    )
+    return str(path)

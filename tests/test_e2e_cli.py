@@ -4,15 +4,13 @@ as its own process: what an operator actually types."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from roundtable.temporal import SWEEP_SCHEDULE_ID
-from tests.e2e_stack import Stack, running_stack
-from tests.workflow_harness import script, ticket_call
+from tests.e2e_stack import Stack, one_write_script, running_stack
 
 
 @pytest.fixture
@@ -21,15 +19,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         yield made
 
 
-def write_script(path: Path, ticket: str) -> str:
-    path.write_text(
-        json.dumps(script(("seat-1", 1, [ticket_call("ticket_update", ticket)]), final="all done"))
-    )
-    return str(path)
-
-
 async def test_operator_flow_through_the_cli(stack: Stack) -> None:
-    run_script = write_script(stack.workdir / "script.json", "T-1")
+    run_script = one_write_script(stack.workdir / "script.json", "T-1")
     code, started = await asyncio.to_thread(
         stack.cli, "start", "--task", "raise T-1", "--script", run_script, "--user", "alice"
     )
@@ -75,7 +66,7 @@ async def test_operator_flow_through_the_cli(stack: Stack) -> None:
 
 
 async def test_unknown_outcome_is_reconciled_through_the_cli(stack: Stack) -> None:
-    run_script = write_script(stack.workdir / "chaos.json", "T-13")
+    run_script = one_write_script(stack.workdir / "chaos.json", "T-13")
     code, started = await asyncio.to_thread(
         stack.cli,
         "start",

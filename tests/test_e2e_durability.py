@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,21 +12,15 @@ from roundtable.security import derive_target
 from roundtable.store import open_store
 from roundtable.store.schema import ApprovalRow
 from roundtable.temporal import SWEEP_SCHEDULE_ID
-from tests.e2e_stack import Stack, running_stack
+from tests.e2e_stack import Stack, one_write_script, running_stack
 from tests.helpers import set_column
-from tests.workflow_harness import script, ticket_call
 from worker import ensure_sweep_schedule
-
-
-def one_write(path: Path, ticket: str = "T-1") -> str:
-    path.write_text(json.dumps(script(("seat-1", 1, [ticket_call("ticket_update", ticket)]))))
-    return str(path)
 
 
 async def test_a_restarted_worker_resumes_waiting_runs(tmp_path: Path) -> None:
     async with running_stack(tmp_path) as stack:
         code, started = await asyncio.to_thread(
-            stack.cli, "start", "--task", "t", "--script", one_write(tmp_path / "s.json")
+            stack.cli, "start", "--task", "t", "--script", one_write_script(tmp_path / "s.json")
         )
         run_id = started["run_id"]
         (approval,) = await asyncio.to_thread(
@@ -54,7 +47,7 @@ async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path
             "--task",
             "t",
             "--script",
-            one_write(tmp_path / "s.json"),
+            one_write_script(tmp_path / "s.json"),
             "--policy",
             "auto_approve_up_to:R3",
             "--heartbeat-timeout",
