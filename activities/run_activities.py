@@ -16,6 +16,7 @@ from roundtable.models import (
     EnsureRunOutput,
     ReadToolInput,
     RunStatusInput,
+    RunStatusOutput,
     TakeTurnInput,
     TakeTurnOutput,
     ToolOutcome,
@@ -104,8 +105,9 @@ class RunActivities:
 
     @activity.defn(name="set_run_status")
     @typed_store_errors
-    async def set_run_status(self, inp: RunStatusInput) -> str:
-        return (await self.store.set_run_status(inp.run_id, inp.status))["status"]
+    async def set_run_status(self, inp: RunStatusInput) -> RunStatusOutput:
+        run = await self.store.set_run_status(inp.run_id, inp.status)
+        return RunStatusOutput(run_id=run["id"], status=run["status"])
 
 
 def _error(call_id: str, tool_name: str, code: str, message: str) -> ToolOutcome:

@@ -16,6 +16,8 @@ from temporalio import activity
 
 from activities.errors import typed_store_errors
 from roundtable.models import (
+    ActionRef,
+    ApprovalRef,
     DecisionInput,
     DecisionOutput,
     ExecuteWriteInput,
@@ -119,15 +121,15 @@ class WriteActivities:
 
     @activity.defn(name="expire_approval")
     @typed_store_errors
-    async def expire_approval(self, approval_id: str) -> DecisionOutput:
+    async def expire_approval(self, ref: ApprovalRef) -> DecisionOutput:
         """The workflow's deadline timer fired: expire unless a decision won."""
-        await self.store.expire_approval(approval_id)
-        return await self._decision_view(approval_id)
+        await self.store.expire_approval(ref.approval_id)
+        return await self._decision_view(ref.approval_id)
 
     @activity.defn(name="approval_status")
     @typed_store_errors
-    async def approval_status(self, approval_id: str) -> DecisionOutput:
-        return await self._decision_view(approval_id)
+    async def approval_status(self, ref: ApprovalRef) -> DecisionOutput:
+        return await self._decision_view(ref.approval_id)
 
     async def _decision_view(self, approval_id: str, conflict: str | None = None) -> DecisionOutput:
         approval = await self.store.get_approval(approval_id)
@@ -222,10 +224,11 @@ class WriteActivities:
 
     @activity.defn(name="settle_write")
     @typed_store_errors
-    async def settle_write(self, action_id: str) -> ExecuteWriteOutput:
+    async def settle_write(self, ref: ActionRef) -> ExecuteWriteOutput:
         """After execute_write failed (crash, timeout, lost heartbeat): the
         database decides. Still approved → never claimed, may run later.
         Executing → the tool may have run: unknown."""
+        action_id = ref.action_id
         action = await self.store.get_action(action_id)
         if action["status"] == ActionStatus.EXECUTING:
             await self.store.record_action_terminal_result(

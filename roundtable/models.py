@@ -309,6 +309,19 @@ class RunStatusInput(Model):
     status: str
 
 
+class RunStatusOutput(Model):
+    run_id: str
+    status: str
+
+
+class ApprovalRef(Model):
+    approval_id: str
+
+
+class ActionRef(Model):
+    action_id: str
+
+
 class RunState(Model):
     """The workflow's own view, served by the ``state`` query and carried
     through continue-as-new."""

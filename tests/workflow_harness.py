@@ -144,5 +144,9 @@ async def _record_histories(made: Harness) -> None:
     for index, handle in enumerate(made.handles):
         history = await handle.fetch_history()
         suffix = f"-{index}" if index else ""
-        path = Path(target) / f"{test_name}{suffix}.json"
-        path.write_text(history.to_json())
+        await asyncio.to_thread(_save, Path(target), f"{test_name}{suffix}.json", history.to_json())
+
+
+def _save(directory: Path, name: str, text: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text(text)

@@ -19,6 +19,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.run_activities import RunActivities
     from activities.write_activities import WriteActivities
     from roundtable.models import (
+        ActionRef,
+        ApprovalRef,
         ChatMessage,
         DecisionInput,
         EnsureRunInput,
@@ -224,7 +226,7 @@ class RoundtableWorkflow:
         except TimeoutError:
             expired = await workflow.execute_local_activity_method(
                 WriteActivities.expire_approval,
-                approval_id,
+                ApprovalRef(approval_id=approval_id),
                 start_to_close_timeout=BOOKKEEPING,
                 summary="expire approval",
             )
@@ -236,7 +238,7 @@ class RoundtableWorkflow:
     async def _check_approval(self, approval_id: str) -> None:
         seen = await workflow.execute_local_activity_method(
             WriteActivities.approval_status,
-            approval_id,
+            ApprovalRef(approval_id=approval_id),
             start_to_close_timeout=BOOKKEEPING,
             summary="check approval",
         )
@@ -287,7 +289,7 @@ class RoundtableWorkflow:
         except ActivityError:
             return await workflow.execute_local_activity_method(
                 WriteActivities.settle_write,
-                write.action_id,
+                ActionRef(action_id=write.action_id),
                 start_to_close_timeout=BOOKKEEPING,
                 summary="settle interrupted write",
             )
