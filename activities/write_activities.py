@@ -113,7 +113,7 @@ class WriteActivities:
         approval's real status, so the workflow follows the database."""
         try:
             await self.store.decide_approval(
-                inp.approval_id, inp.decision, inp.decided_by, inp.reason
+                inp.approval_id, inp.decision, inp.decided_by, inp.reason, inp.arguments_digest
             )
             return await self._decision_view(inp.approval_id)
         except ConflictError as exc:

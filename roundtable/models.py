@@ -281,6 +281,7 @@ class DecisionInput(Model):
     decision: Literal["approved", "rejected"]
     decided_by: str = Field(min_length=1, max_length=255)
     reason: str | None = Field(default=None, max_length=2000)
+    arguments_digest: str | None = Field(default=None, max_length=80)
 
 
 class DecisionOutput(Model):

@@ -44,6 +44,7 @@ __all__ = [
     "ToolNotGrantedError",
     "ToolNotInSnapshotError",
     "action_to_public_dict",
+    "arguments_digest",
     "decrypt_arguments",
     "derive_target",
     "derive_target_key",
@@ -210,6 +211,19 @@ def derive_target_key(
 
 def _canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# --------------------------------------------------------------------------- digests
+
+_DIGEST_LABEL = b"roundtable/arguments-digest/v1"
+
+
+def arguments_digest(action_id: str, tool_name: str, arguments: Mapping[str, Any]) -> str:
+    """Binds an approval to the exact full arguments, without revealing them:
+    a decision carrying another digest was made about other arguments."""
+    key = _derive_subkey(read_action_secret(), _DIGEST_LABEL)
+    material = _canonical_json(["digest", action_id, tool_name, dict(arguments)])
+    return "sha256:" + hmac.new(key, material, hashlib.sha256).hexdigest()
 
 
 # --------------------------------------------------------------------------- encryption

@@ -12,10 +12,11 @@ import sys
 
 import typer
 
-from roundtable.cli import db, operators, runs, stack
+from roundtable.cli import db, operators, runs, stack, tokens
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(db.app, name="db")
+app.add_typer(tokens.app, name="tokens")
 app.command()(runs.start)
 app.command()(runs.show)
 app.command()(operators.approvals)

@@ -12,16 +12,12 @@ import asyncio
 from typing import Annotated, Any
 
 import typer
-from temporalio.client import WorkflowUpdateFailedError
-from temporalio.service import RPCError, RPCStatusCode
 
-from roundtable.cli.output import CliError, conflict, emit, fail, table
+from roundtable import operations
+from roundtable.cli.output import conflict, emit, fail, table, usage_error
 from roundtable.cli.shared import Actor, JsonFlag, actor, settings, store_from, temporal
-from roundtable.models import DecisionInput, ReconcileInput
 from roundtable.security import approval_to_public_dict
 from roundtable.tools.tickets import TicketSystem
-
-DECIDE, RECONCILE = "decide_approval", "reconcile_action"
 
 
 def approvals(
@@ -51,38 +47,11 @@ def approvals(
     )
 
 
-async def _update(run_id: str, update: str, payload: Any) -> str:
-    client = await temporal(settings())
-    try:
-        return await client.get_workflow_handle(run_id).execute_update(
-            update, payload, result_type=str
-        )
-    except WorkflowUpdateFailedError as exc:
-        raise conflict(str(exc.cause or exc)) from exc
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            raise conflict(
-                f"run {run_id} has no live workflow to take this ({exc.message})"
-            ) from exc
-        raise CliError(f"Temporal refused the request: {exc.message}") from exc
-
-
 async def _decide(approval_id: str, decision: str, by: str, reason: str | None) -> dict:
-    async with store_from(settings()) as store:
-        approval = await store.get_approval(approval_id)
-    if approval["status"] != "pending":
-        raise conflict(f"approval {approval_id} is already {approval['status']}")
-    status = await _update(
-        approval["run_id"],
-        DECIDE,
-        DecisionInput(approval_id=approval_id, decision=decision, decided_by=by, reason=reason),
-    )
-    return {
-        "approval_id": approval_id,
-        "run_id": approval["run_id"],
-        "action_id": approval["action_id"],
-        "status": status,
-    }
+    config = settings()
+    client = await temporal(config)
+    async with store_from(config) as store:
+        return await operations.decide(client, store, approval_id, decision, by, reason)
 
 
 def approve(
@@ -126,17 +95,14 @@ def reconcile(
 
     async def settle() -> dict:
         if outcome not in ("succeeded", "failed"):
-            raise CliError("--outcome must be succeeded or failed", "usage", 2)
-        async with store_from(settings()) as store:
+            raise usage_error("--outcome must be succeeded or failed")
+        config = settings()
+        async with store_from(config) as store:
             action = await store.get_action(action_id)
-        if action["status"] != "unknown":
-            raise conflict(f"action {action_id} is {action['status']}, not unknown")
-        status = await _update(
-            action["run_id"],
-            RECONCILE,
-            ReconcileInput(action_id=action_id, outcome=outcome, decided_by=actor(by), note=note),
-        )
-        return {"action_id": action_id, "run_id": action["run_id"], "status": status}
+            if action["status"] != "unknown":
+                raise conflict(f"action {action_id} is {action['status']}, not unknown")
+            client = await temporal(config)
+            return await operations.reconcile(client, store, action_id, outcome, actor(by), note)
 
     try:
         done = asyncio.run(settle())

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import typer
 from sqlalchemy.engine import make_url
 
+from roundtable.operations import TemporalUnavailableError
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
@@ -44,6 +45,8 @@ def as_cli_error(error: Exception) -> CliError:
         return conflict(str(error))
     if isinstance(error, InvalidInputError):
         return usage_error(str(error))
+    if isinstance(error, TemporalUnavailableError):
+        return CliError(str(error), "unreachable")
     return CliError(str(error) or type(error).__name__)
 
 

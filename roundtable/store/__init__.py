@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from roundtable.config import load_settings
 from roundtable.store.engine import create_engine_for
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError, StoreError
-from roundtable.store.execution import ExecutionOps
 from roundtable.store.migrate import upgrade_database
 from roundtable.store.states import (
     ActionStatus,
@@ -19,6 +18,7 @@ from roundtable.store.states import (
     ClaimOutcome,
     RunStatus,
 )
+from roundtable.store.tokens import TokenOps
 
 __all__ = [
     "ActionStatus",
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-class Store(ExecutionOps):
+class Store(TokenOps):
     """Sessions, runs, actions, approvals, leases and audit; every method is one
     or more atomic transactions and returns plain dicts or outcome strings."""
 

@@ -10,7 +10,12 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from roundtable.security import decrypt_arguments, encrypt_arguments, redact_arguments
+from roundtable.security import (
+    arguments_digest,
+    decrypt_arguments,
+    encrypt_arguments,
+    redact_arguments,
+)
 from roundtable.store.core import StoreCore, new_id, require_aware, require_text, row_to_dict
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
@@ -125,6 +130,11 @@ class ActionOps(StoreCore):
             if arguments is not None
             else None
         )
+        digest = (
+            arguments_digest(action_id, data["tool_name"], arguments)
+            if arguments is not None
+            else None
+        )
         async with self._transaction() as session:
             run = await self._lock_run(session, data["run_id"])
             if run.session_id != data["session_id"]:
@@ -142,6 +152,7 @@ class ActionOps(StoreCore):
                 status=data["status"],
                 arguments=redact_arguments(arguments, data["safe_argument_fields"]),
                 safe_argument_fields=data["safe_argument_fields"],
+                arguments_digest=digest,
                 result=(
                     {"error_code": DENIED_BY_POLICY}
                     if data["status"] == ActionStatus.REJECTED

@@ -74,12 +74,15 @@ class ApprovalOps(ActionOps):
         decision: str,
         decided_by: str,
         reason: str | None = None,
+        arguments_digest: str | None = None,
     ) -> dict[str, Any]:
         """Approve or reject a pending approval, exactly once.
 
         A non-pending approval is a :class:`ConflictError`. So is one whose
         deadline has passed by the database clock: it is expired on the spot
         (and stays expired), so a late click can never approve a stale write.
+        With ``arguments_digest``, a decision about other arguments than the
+        action now holds is a conflict too (checked under the run lock).
         """
         if decision not in APPROVAL_DECISIONS:
             raise InvalidInputError("decision must be 'approved' or 'rejected'")
@@ -89,6 +92,13 @@ class ApprovalOps(ActionOps):
             run, approval = await self._lock_approval(session, approval_id)
             if approval.status != ApprovalStatus.PENDING:
                 raise ConflictError(f"approval {approval_id!r} is already {approval.status}")
+            if arguments_digest is not None:
+                action = await session.get(ActionRow, approval.action_id)
+                if action is None or action.arguments_digest != arguments_digest:
+                    raise ConflictError(
+                        "arguments_digest does not match the action's arguments; "
+                        "re-read the approval before deciding"
+                    )
             now = await database_now(session)
             if now >= approval.expires_at:
                 expired_late = await self._expire_locked(session, run, approval, now)

@@ -109,6 +109,8 @@ class ActionRow(Base):
     # Redacted view only; the full arguments live encrypted in action_secrets.
     arguments: Mapped[dict[str, Any]] = mapped_column(JSONValue)
     safe_argument_fields: Mapped[list[str]] = mapped_column(JSONValue)
+    # HMAC of the full arguments: what an approver's decision is bound to.
+    arguments_digest: Mapped[str | None] = mapped_column(String(80))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONValue)
     external_object_id: Mapped[str | None] = mapped_column(String(255))
     approval_id: Mapped[str | None] = mapped_column(String(64))
@@ -213,3 +215,19 @@ class AuditEventRow(Base):
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ApiTokenRow(Base):
+    """A bearer token, stored only as its SHA-256 (tokens are 256-bit random,
+    so a fast hash is enough); the prefix lets people tell tokens apart."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    token_prefix: Mapped[str] = mapped_column(String(16))
+    user_id: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16))
+    label: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

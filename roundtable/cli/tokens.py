@@ -1,0 +1,74 @@
+"""``roundtable tokens``: API bearer tokens. A new token is printed once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+from roundtable.cli.output import emit, fail, table
+from roundtable.cli.shared import JsonFlag, settings, store_from
+
+app = typer.Typer(no_args_is_help=True, help="API bearer tokens.")
+
+
+@app.command("create")
+def create(
+    user: Annotated[str, typer.Option("--user", help="Whose token.")],
+    role: Annotated[str, typer.Option("--role", help="user, operator or service.")],
+    label: Annotated[str | None, typer.Option(help="A note to tell tokens apart.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a token; it is shown now and never again (only its hash is kept)."""
+
+    async def make() -> tuple[str, dict]:
+        async with store_from(settings()) as store:
+            return await store.create_token(user_id=user, role=role, label=label)
+
+    try:
+        token, record = asyncio.run(make())
+    except Exception as exc:
+        fail(exc, as_json)
+    emit(
+        {"token": token, "id": record["id"], "user_id": user, "role": role},
+        as_json,
+        f"{token}\n(id {record['id']}; store it now: it cannot be shown again)",
+    )
+
+
+@app.command("list")
+def list_tokens(as_json: JsonFlag = False) -> None:
+    """List tokens (without their secrets)."""
+
+    async def read() -> list[dict]:
+        async with store_from(settings()) as store:
+            return await store.list_tokens()
+
+    try:
+        rows = asyncio.run(read())
+    except Exception as exc:
+        fail(exc, as_json)
+    emit(
+        rows,
+        as_json,
+        table(rows, ["id", "token_prefix", "user_id", "role", "label", "created_at", "revoked_at"]),
+    )
+
+
+@app.command("revoke")
+def revoke(
+    token_id: Annotated[str, typer.Argument(help="Token id (from tokens list).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Revoke a token for good."""
+
+    async def drop() -> dict:
+        async with store_from(settings()) as store:
+            return await store.revoke_token(token_id)
+
+    try:
+        record = asyncio.run(drop())
+    except Exception as exc:
+        fail(exc, as_json)
+    emit(record, as_json, f"token {token_id} revoked")

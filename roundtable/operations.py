@@ -1,0 +1,89 @@
+"""Operator actions every interface shares (CLI, HTTP API, typed client).
+
+Decisions and reconciliations go through the run's workflow updates, so all
+interfaces and a plain ``temporal workflow update`` meet one truth; Temporal's
+refusals come back as the store's typed errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from roundtable.models import DecisionInput, ReconcileInput
+from roundtable.store import ConflictError, Store
+
+DECIDE_UPDATE, RECONCILE_UPDATE = "decide_approval", "reconcile_action"
+
+
+class TemporalUnavailableError(RuntimeError):
+    code = "temporal_unavailable"
+
+
+async def send_update(client: Client, run_id: str, update: str, payload: Any) -> str:
+    try:
+        return await client.get_workflow_handle(run_id).execute_update(
+            update, payload, result_type=str
+        )
+    except WorkflowUpdateFailedError as exc:
+        raise ConflictError(str(exc.cause or exc)) from exc
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise ConflictError(f"run {run_id} has no live workflow ({exc.message})") from exc
+        if exc.status == RPCStatusCode.UNAVAILABLE:
+            raise TemporalUnavailableError(f"Temporal is unavailable: {exc.message}") from exc
+        raise
+
+
+async def decide(
+    client: Client,
+    store: Store,
+    approval_id: str,
+    decision: str,
+    decided_by: str,
+    reason: str | None = None,
+    arguments_digest: str | None = None,
+) -> dict[str, Any]:
+    """Decide a pending approval. NotFoundError / ConflictError as the store raises them."""
+    approval = await store.get_approval(approval_id)
+    if approval["status"] != "pending":
+        raise ConflictError(f"approval {approval_id} is already {approval['status']}")
+    if arguments_digest is not None:
+        action = await store.get_action(approval["action_id"])
+        if action["arguments_digest"] != arguments_digest:
+            raise ConflictError("arguments_digest does not match the arguments awaiting approval")
+    status = await send_update(
+        client,
+        approval["run_id"],
+        DECIDE_UPDATE,
+        DecisionInput(
+            approval_id=approval_id,
+            decision=decision,
+            decided_by=decided_by,
+            reason=reason,
+            arguments_digest=arguments_digest,
+        ),
+    )
+    return {
+        "approval_id": approval_id,
+        "run_id": approval["run_id"],
+        "action_id": approval["action_id"],
+        "status": status,
+    }
+
+
+async def reconcile(
+    client: Client, store: Store, action_id: str, outcome: str, decided_by: str, note: str | None
+) -> dict[str, Any]:
+    action = await store.get_action(action_id)
+    if action["status"] != "unknown":
+        raise ConflictError(f"action {action_id} is {action['status']}, not unknown")
+    status = await send_update(
+        client,
+        action["run_id"],
+        RECONCILE_UPDATE,
+        ReconcileInput(action_id=action_id, outcome=outcome, decided_by=decided_by, note=note),
+    )
+    return {"action_id": action_id, "run_id": action["run_id"], "status": status}
