@@ -22,7 +22,7 @@ from roundtable.models import (
     ToolOutcome,
     TurnRequest,
 )
-from roundtable.store import NotFoundError, Store
+from roundtable.store import Store
 from roundtable.tools.registry import ToolArgumentsError, ToolContext, ToolRegistry
 
 
@@ -39,13 +39,9 @@ class RunActivities:
             snapshot = self.registry.snapshot(inp.seats, inp.tools)
         except ValueError as exc:
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
-        try:
-            run = await self.store.get_run(inp.run_id)
-        except NotFoundError:
-            session = await self.store.create_session(user_id=inp.user_id, task_text=inp.task_text)
-            run = await self.store.create_run(
-                session_id=session["id"], user_id=inp.user_id, run_id=inp.run_id
-            )
+        run = await self.store.ensure_run(
+            run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
+        )
         return EnsureRunOutput(run_id=run["id"], session_id=run["session_id"], snapshot=snapshot)
 
     @activity.defn(name="take_turn")

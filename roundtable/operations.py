@@ -7,15 +7,21 @@ refusals come back as the store's typed errors.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import uuid
 from typing import Any
 
 from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from roundtable.models import DecisionInput, ReconcileInput
+from roundtable.models import DecisionInput, ReconcileInput, RunInput, WorkflowArgs
 from roundtable.store import ConflictError, Store
+from roundtable.temporal import WORKFLOW_NAME
 
 DECIDE_UPDATE, RECONCILE_UPDATE = "decide_approval", "reconcile_action"
+FINGERPRINT_MEMO = "request_fingerprint"
 
 
 class TemporalUnavailableError(RuntimeError):
@@ -87,3 +93,50 @@ async def reconcile(
         ReconcileInput(action_id=action_id, outcome=outcome, decided_by=decided_by, note=note),
     )
     return {"action_id": action_id, "run_id": action["run_id"], "status": status}
+
+
+def request_fingerprint(request: RunInput) -> str:
+    body = json.dumps(request.model_dump(mode="json", exclude={"run_id"}), sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def idempotent_run_id(user_id: str, idempotency_key: str) -> str:
+    return "run-" + hashlib.sha256(f"{user_id}\n{idempotency_key}".encode()).hexdigest()[:24]
+
+
+async def start_run(
+    client: Client, store: Store, request: RunInput, task_queue: str
+) -> tuple[dict[str, Any], bool]:
+    """Create the run's rows, then its workflow. Returns ``(run, created)``;
+    an existing workflow with this id is reused if it was asked the same."""
+    run_id = request.run_id or f"run-{uuid.uuid4().hex[:16]}"
+    request = request.model_copy(update={"run_id": run_id})
+    fingerprint = request_fingerprint(request)
+    await store.ensure_run(run_id=run_id, user_id=request.user_id, task_text=request.task_text)
+    try:
+        await client.start_workflow(
+            WORKFLOW_NAME,
+            WorkflowArgs(request=request),
+            id=run_id,
+            task_queue=task_queue,
+            memo={FINGERPRINT_MEMO: fingerprint},
+            static_summary=f"Roundtable: {request.task_text[:100]}",
+            static_details=(
+                f"seats {', '.join(request.seats)} · {request.max_rounds} round(s) · "
+                f"{request.mode} · policy {request.write_policy} · user {request.user_id}"
+            ),
+        )
+        created = True
+    except WorkflowAlreadyStartedError:
+        described = await client.get_workflow_handle(run_id).describe()
+        if await described.memo_value(FINGERPRINT_MEMO, None, type_hint=str) != fingerprint:
+            raise ConflictError(
+                "this Idempotency-Key was already used for a different request"
+            ) from None
+        created = False
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.UNAVAILABLE:
+            raise TemporalUnavailableError(f"Temporal is unavailable: {exc.message}") from exc
+        raise
+    run = await store.get_run(run_id)
+    return {"run_id": run_id, "workflow_id": run_id, "status": run["status"]}, created

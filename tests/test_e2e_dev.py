@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+
 CLI = str(Path(sys.executable).parent / "roundtable")
 
 
@@ -28,11 +30,21 @@ def listening(port: int) -> bool:
 
 
 def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
-    port, ui_port = free_port(), free_port()
+    port, ui_port, api_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
     env["ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS"] = "0.2"
     stack = subprocess.Popen(
-        [CLI, "dev", "--demo", "--temporal-port", str(port), "--ui-port", str(ui_port)],
+        [
+            CLI,
+            "dev",
+            "--demo",
+            "--temporal-port",
+            str(port),
+            "--ui-port",
+            str(ui_port),
+            "--api-port",
+            str(api_port),
+        ],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -55,6 +67,13 @@ def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
 
     try:
         wait_for(rf"Temporal UI: http://127\.0\.0\.1:{ui_port}/")
+        (token,) = wait_for(r"operator token \(shown once\): (rt_\S+)")
+        runs = httpx.get(
+            f"http://127.0.0.1:{api_port}/v1/runs",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        assert runs.status_code == 200, runs.text
         commands = wait_for(r"approve: (.+ approve \S+)", count=2)
         for command in commands:
             variables, argv = command.split(" ", 1)
@@ -77,4 +96,4 @@ def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
         stack.wait(timeout=60)
         reader.join(timeout=10)
     assert "stack stopped" in "".join(lines)
-    assert not listening(port) and not listening(ui_port), "the stack left a server running"
+    assert not any(listening(p) for p in (port, ui_port, api_port)), "a server was left running"

@@ -26,6 +26,7 @@ app.command()(operators.reconcile)
 app.command()(operators.tickets)
 app.command()(stack.worker)
 app.command()(stack.dev)
+app.command()(stack.api)
 
 
 def _exit_code(exc: SystemExit) -> int:

@@ -16,8 +16,8 @@ import typer
 from roundtable import operations
 from roundtable.cli.output import conflict, emit, fail, table, usage_error
 from roundtable.cli.shared import Actor, JsonFlag, actor, settings, store_from, temporal
-from roundtable.security import approval_to_public_dict
 from roundtable.tools.tickets import TicketSystem
+from roundtable.views import approval_view
 
 
 def approvals(
@@ -32,9 +32,7 @@ def approvals(
     async def listing() -> list[dict[str, Any]]:
         async with store_from(settings()) as store:
             rows = await store.list_approvals(run_id=run, status=status)
-            return [
-                approval_to_public_dict(r, await store.get_action(r["action_id"])) for r in rows
-            ]
+            return [await approval_view(store, row) for row in rows]
 
     try:
         rows = asyncio.run(listing())

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
+from roundtable import operations
 from roundtable.agents.scripted import ScriptError, load_script
 from roundtable.cli.output import CliError, emit, fail, table, usage_error
 from roundtable.cli.shared import JsonFlag, settings, store_from, temporal
-from roundtable.models import RunInput, RunResult, WorkflowArgs
-from roundtable.security import action_to_public_dict, approval_to_public_dict
-from roundtable.temporal import WORKFLOW_NAME
+from roundtable.models import RunInput, RunResult
+from roundtable.views import run_view
 
 
 def build_request(**fields: Any) -> RunInput:
@@ -31,22 +30,10 @@ def build_request(**fields: Any) -> RunInput:
 async def start_run(request: RunInput, wait: bool) -> dict[str, Any]:
     config = settings()
     client = await temporal(config)
-    run_id = request.run_id or f"run-{uuid.uuid4().hex[:16]}"
-    request = request.model_copy(update={"run_id": run_id})
-    handle = await client.start_workflow(
-        WORKFLOW_NAME,
-        WorkflowArgs(request=request),
-        id=run_id,
-        task_queue=config.task_queue,
-        result_type=RunResult,
-        static_summary=f"Roundtable: {request.task_text[:100]}",
-        static_details=(
-            f"seats {', '.join(request.seats)} · {request.max_rounds} round(s) · "
-            f"{request.mode} · policy {request.write_policy} · user {request.user_id}"
-        ),
-    )
-    started: dict[str, Any] = {"run_id": run_id, "workflow_id": handle.id}
+    async with store_from(config) as store:
+        started, _ = await operations.start_run(client, store, request, config.task_queue)
     if wait:
+        handle = client.get_workflow_handle(started["run_id"], result_type=RunResult)
         result = await handle.result()
         started.update(status=result.status, final_answer=result.final_answer)
     return started
@@ -101,22 +88,11 @@ def start(
     emit(started, as_json, human)
 
 
-async def run_view(run_id: str) -> dict[str, Any]:
+async def _run_view(run_id: str) -> dict[str, Any]:
     async with store_from(settings()) as store:
-        run = await store.get_run(run_id)
-        actions = await store.list_actions(run_id)
-        by_id = {a["id"]: a for a in actions}
-        approvals = await store.list_approvals(run_id=run_id)
-    return {
-        "run_id": run["id"],
-        "user_id": run["user_id"],
-        "status": run["status"],
-        "created_at": run["created_at"],
-        "updated_at": run["updated_at"],
-        "actions": [action_to_public_dict(a) for a in actions],
-        "approvals": [approval_to_public_dict(a, by_id.get(a["action_id"])) for a in approvals],
-        "final_answer": await _final_answer(run_id, run["status"]),
-    }
+        view = await run_view(store, run_id)
+    view["final_answer"] = await _final_answer(run_id, view["status"])
+    return view
 
 
 async def _final_answer(run_id: str, status: str) -> str | None:
@@ -135,7 +111,7 @@ async def _final_answer(run_id: str, status: str) -> str | None:
 def show(run_id: Annotated[str, typer.Argument(help="Run id.")], as_json: JsonFlag = False) -> None:
     """Show a run with its actions and approvals."""
     try:
-        view = asyncio.run(run_view(run_id))
+        view = asyncio.run(_run_view(run_id))
     except Exception as exc:
         fail(exc, as_json)
     human = "\n".join(

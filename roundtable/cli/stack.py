@@ -18,12 +18,13 @@ from typing import Annotated, Any
 
 import typer
 
+from roundtable import operations
 from roundtable.cli.db import upgrade
 from roundtable.cli.output import CliError, fail
 from roundtable.config import DEFAULT_STATE_DIR, Settings, load_settings
 from roundtable.security import SECRET_ENV_VAR
 from roundtable.store import open_store
-from roundtable.temporal import SEARCH_ATTRIBUTE_FLAGS, WORKFLOW_NAME, connect
+from roundtable.temporal import SEARCH_ATTRIBUTE_FLAGS, connect
 
 
 def _run_until_stopped(coro: Coroutine[Any, Any, None]) -> None:
@@ -55,6 +56,36 @@ def worker() -> None:
         _run_until_stopped(run_worker())
     except Exception as exc:
         fail(CliError(f"worker stopped: {exc}"), False)
+
+
+def api(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Serve the HTTP API (OpenAPI docs at /docs)."""
+    import uvicorn
+
+    from api.app import create_app
+
+    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+
+
+async def _serve_api(port: int) -> None:
+    import uvicorn
+
+    from api.app import create_app
+
+    config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+    await uvicorn.Server(config).serve()
+
+
+async def _dev_operator_token(settings: Settings) -> str:
+    """A fresh operator token for this dev session, printed once."""
+    async with open_store(settings.database_url) as store:
+        token, _ = await store.create_token(
+            user_id="dev-operator", role="operator", label="roundtable dev"
+        )
+    return token
 
 
 def _dev_secret(state_dir: Path) -> None:
@@ -178,47 +209,49 @@ async def _watch_demo(settings: Settings, run_id: str, env_prefix: str) -> None:
             await asyncio.sleep(0.5)
 
 
-async def _dev(settings: Settings, port: int, ui_port: int, demo: bool, state_dir: Path) -> None:
+async def _dev(
+    settings: Settings, port: int, ui_port: int, api_port: int, demo: bool, state_dir: Path
+) -> None:
     from roundtable.demo import demo_request
     from worker import run_worker
 
     await upgrade(settings.database_url)
     server = await _start_server(settings, port, ui_port, state_dir)
-    worker_task: asyncio.Task | None = None
+    background: list[asyncio.Task] = []
     try:
         ready = asyncio.Event()
         worker_task = asyncio.create_task(run_worker(settings, ready))
+        background.append(worker_task)
         await asyncio.wait(
             {worker_task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED
         )
         if worker_task.done():
             worker_task.result()  # raises the worker's start-up error
+        background.append(asyncio.create_task(_serve_api(api_port)))
+        token = await _dev_operator_token(settings)
         env_prefix = "" if port == 7233 else f"ROUNDTABLE_TEMPORAL_ADDRESS=127.0.0.1:{port} "
         typer.echo(
             f"Temporal UI: http://127.0.0.1:{ui_port}/namespaces/{settings.temporal_namespace}"
-            f"/workflows   (server 127.0.0.1:{port}, worker on '{settings.task_queue}')"
+            f"/workflows   (server 127.0.0.1:{port}, worker on '{settings.task_queue}')\n"
+            f"API: http://127.0.0.1:{api_port}/docs   operator token (shown once): {token}"
         )
         if demo:
             client = await connect(settings.temporal_address, settings.temporal_namespace)
-            run_id = f"demo-{uuid.uuid4().hex[:8]}"
-            request = demo_request(run_id)
-            from roundtable.models import WorkflowArgs
-
-            await client.start_workflow(
-                WORKFLOW_NAME,
-                WorkflowArgs(request=request),
-                id=run_id,
-                task_queue=settings.task_queue,
-                static_summary=f"Demo: {request.task_text}",
-            )
-            typer.echo(f"demo run started: {run_id}")
-            await _watch_demo(settings, run_id, env_prefix)
+            async with open_store(settings.database_url) as store:
+                started, _ = await operations.start_run(
+                    client,
+                    store,
+                    demo_request(f"demo-{uuid.uuid4().hex[:8]}"),
+                    settings.task_queue,
+                )
+            typer.echo(f"demo run started: {started['run_id']}")
+            await _watch_demo(settings, started["run_id"], env_prefix)
         await worker_task
     finally:
-        if worker_task is not None and not worker_task.done():
-            worker_task.cancel()
+        for task in reversed(background):
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await worker_task
+                await task
         _stop_server(server)
         typer.echo("stack stopped")
 
@@ -227,6 +260,7 @@ def dev(
     demo: Annotated[bool, typer.Option("--demo", help="Start the demo run once up.")] = False,
     temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
     ui_port: Annotated[int, typer.Option(help="Temporal UI port.")] = 8233,
+    api_port: Annotated[int, typer.Option(help="HTTP API port.")] = 8000,
 ) -> None:
     """Run the embedded stack in the foreground: Temporal dev server, migrations, worker."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -236,6 +270,6 @@ def dev(
     os.environ["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{temporal_port}"
     settings = load_settings()
     try:
-        _run_until_stopped(_dev(settings, temporal_port, ui_port, demo, state_dir))
+        _run_until_stopped(_dev(settings, temporal_port, ui_port, api_port, demo, state_dir))
     except CliError as exc:
         fail(exc, False)

@@ -17,7 +17,8 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from roundtable.store.audit import GENESIS_HASH, append_event, verify_chain
@@ -169,6 +170,23 @@ class StoreCore:
             await self._audit(session, run, "run.created", {"session_id": session_id}, now)
         return row_to_dict(run)
 
+    async def ensure_run(self, *, run_id: str, user_id: str, task_text: str) -> dict[str, Any]:
+        """The run with this id, created (with its session) if it does not exist yet.
+        Callers that start a workflow create the run first, so it is readable at once."""
+        try:
+            run = await self.get_run(run_id)
+        except NotFoundError:
+            session = await self.create_session(user_id=user_id, task_text=task_text)
+            try:
+                return await self.create_run(
+                    session_id=session["id"], user_id=user_id, run_id=run_id
+                )
+            except IntegrityError:  # created concurrently; theirs stands
+                run = await self.get_run(run_id)
+        if run["user_id"] != user_id:
+            raise ConflictError(f"run {run_id!r} belongs to another user")
+        return run
+
     async def get_run(self, run_id: str) -> dict[str, Any]:
         async with self._reader() as session:
             row = await session.get(RunRow, run_id)
@@ -184,8 +202,14 @@ class StoreCore:
             return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
 
     async def list_runs(
-        self, *, user_id: str | None = None, status: str | None = None
+        self,
+        *,
+        user_id: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+        after: tuple[datetime, str] | None = None,
     ) -> list[dict[str, Any]]:
+        """Oldest first; ``after`` is the (created_at, id) of the last row seen."""
         if status is not None and status not in set(RunStatus):
             raise InvalidInputError(f"unknown run status {status!r}")
         query = select(RunRow).order_by(RunRow.created_at, RunRow.id)
@@ -193,6 +217,16 @@ class StoreCore:
             query = query.where(RunRow.user_id == user_id)
         if status is not None:
             query = query.where(RunRow.status == status)
+        if after is not None:
+            created, last_id = after
+            query = query.where(
+                or_(
+                    RunRow.created_at > created,
+                    and_(RunRow.created_at == created, RunRow.id > last_id),
+                )
+            )
+        if limit is not None:
+            query = query.limit(limit)
         async with self._reader() as session:
             return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
 

@@ -1,0 +1,1 @@
+"""The HTTP API: runs, approvals, actions, events, health."""

@@ -1,0 +1,103 @@
+"""The FastAPI application (OpenAPI docs at /docs)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from temporalio.client import Client
+
+from api import problems
+from api.context import ApiContext
+from api.routes import actions, approvals, health, runs
+from roundtable.config import Settings, load_settings
+from roundtable.store import Store, open_store
+
+MAX_BODY_BYTES = 256 * 1024
+
+
+class BodyLimit:
+    """Refuse request bodies over the limit (413) without reading them whole."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await _too_large(self.limit, send)
+            return
+        seen, answered = 0, False
+
+        async def counted() -> Message:
+            # Over the limit: answer 413 ourselves and tell the app the client
+            # left (FastAPI turns any error raised while reading into a 400).
+            nonlocal seen, answered
+            if answered:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                answered = True
+                await _too_large(self.limit, send)
+                return {"type": "http.disconnect"}
+            return message
+
+        async def unless_answered(message: Message) -> None:
+            if not answered:
+                await send(message)
+
+        await self.app(scope, counted, unless_answered)
+
+
+async def _too_large(limit: int, send: Send) -> None:
+    response = problems.problem_response(
+        413, "payload_too_large", f"request bodies are limited to {limit} bytes"
+    )
+    await response({"type": "http"}, _nothing, send)
+
+
+async def _nothing() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def create_app(
+    settings: Settings | None = None,
+    store: Store | None = None,
+    client: Client | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    """The app. Tests hand in a store and a client; ``roundtable api`` opens its own."""
+    settings = settings or load_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if store is not None:
+            app.state.context = ApiContext(settings=settings, store=store, client=client)
+            yield
+            return
+        async with open_store(settings.database_url) as opened:
+            app.state.context = ApiContext(settings=settings, store=opened, client=client)
+            yield
+
+    app = FastAPI(
+        title="Roundtable API",
+        version="1",
+        description="Runs of LLM agents whose writes are approved, leased and audited.",
+        lifespan=lifespan,
+    )
+    problems.install(app)
+    for module in (runs, approvals, actions, health):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    return app
+
+
+def app_factory() -> Any:  # for `uvicorn --factory api.app:app_factory`
+    return create_app()

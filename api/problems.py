@@ -1,0 +1,74 @@
+"""Errors as RFC 9457 problem documents with a stable ``code``, mapped once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from roundtable.operations import TemporalUnavailableError
+from roundtable.store import ConflictError, InvalidInputError, NotFoundError
+
+PROBLEM = "application/problem+json"
+
+
+class Problem(Exception):
+    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.extra = status, code, detail, extra
+
+
+def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
+    body = {
+        "type": f"https://roundtable.dev/problems/{code}",
+        "title": code.replace("_", " "),
+        "status": status,
+        "code": code,
+        "detail": detail,
+        **extra,
+    }
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def _field(location: tuple) -> str:
+    parts = [str(p) for p in location if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(_: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc.status, exc.code, exc.detail, **exc.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"field": _field(e["loc"]), "message": e["msg"]} for e in exc.errors()]
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        return problem_response(422, "validation_error", detail, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            exc.status_code, "http_error"
+        )
+        return problem_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(NotFoundError)
+    async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
+        return problem_response(404, "not_found", str(exc))
+
+    @app.exception_handler(ConflictError)
+    async def _conflict(_: Request, exc: ConflictError) -> JSONResponse:
+        return problem_response(409, "conflict", str(exc))
+
+    @app.exception_handler(InvalidInputError)
+    async def _bad_input(_: Request, exc: InvalidInputError) -> JSONResponse:
+        return problem_response(422, "invalid_input", str(exc))
+
+    @app.exception_handler(TemporalUnavailableError)
+    async def _unavailable(_: Request, exc: TemporalUnavailableError) -> JSONResponse:
+        return problem_response(503, "temporal_unavailable", str(exc))

@@ -1,0 +1,83 @@
+"""/v1/approvals: what waits for a person, and their decision."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.auth import Caller, Context, Principal
+from api.context import ApiContext
+from api.problems import Problem
+from roundtable import operations
+from roundtable.store import NotFoundError
+from roundtable.views import approval_view
+
+router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
+
+
+class DecisionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["approved", "rejected"]
+    reason: str | None = Field(default=None, max_length=2000)
+    arguments_digest: str = Field(
+        min_length=1,
+        max_length=80,
+        description="The arguments_digest of the approval as you read it.",
+    )
+
+
+async def _visible(
+    ctx: ApiContext, caller: Principal, approval_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        approval = await ctx.store.get_approval(approval_id)
+        run = await ctx.store.get_run(approval["run_id"])
+    except NotFoundError:
+        approval = run = None
+    if approval is None or not caller.may_see(run["user_id"]):
+        raise Problem(404, "not_found", f"approval {approval_id!r} not found")
+    return approval, run
+
+
+@router.get("")
+async def list_approvals(
+    caller: Caller,
+    ctx: Context,
+    status: Annotated[str | None, Query(max_length=32)] = None,
+) -> list[dict[str, Any]]:
+    rows = await ctx.store.list_approvals(status=status)
+    visible = []
+    for row in rows:
+        if caller.sees_everything or (await ctx.store.get_run(row["run_id"]))["user_id"] == (
+            caller.user_id
+        ):
+            visible.append(await approval_view(ctx.store, row))
+    return visible
+
+
+@router.get("/{approval_id}")
+async def get_approval(approval_id: str, caller: Caller, ctx: Context) -> dict[str, Any]:
+    approval, _ = await _visible(ctx, caller, approval_id)
+    return await approval_view(ctx.store, approval)
+
+
+@router.post("/{approval_id}/decision")
+async def decide(
+    approval_id: str, body: DecisionBody, caller: Caller, ctx: Context
+) -> dict[str, Any]:
+    """Approve or reject, bound to the arguments you saw. 409 when the approval
+    is no longer pending or the arguments changed; the decider is the token's owner."""
+    _, run = await _visible(ctx, caller, approval_id)
+    if not caller.may_decide(run["user_id"]):
+        raise Problem(403, "forbidden", f"a {caller.role} token cannot decide approvals")
+    return await operations.decide(
+        await ctx.temporal(),
+        ctx.store,
+        approval_id,
+        body.decision,
+        caller.user_id,
+        body.reason,
+        body.arguments_digest,
+    )

@@ -1,0 +1,186 @@
+"""/v1/runs: start runs, read them, follow their audit log (JSON or live SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from api.auth import Caller, Context, Principal
+from api.context import ApiContext
+from api.problems import Problem
+from roundtable import operations
+from roundtable.models import RunInput
+from roundtable.store import NotFoundError
+from roundtable.views import approval_view, event_view, run_view
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+FINAL = ("completed", "failed", "cancelled")
+SSE_POLL_SECONDS = 0.5
+SSE_KEEPALIVE_SECONDS = 15.0
+
+
+async def visible_run(ctx: ApiContext, caller: Principal, run_id: str) -> dict[str, Any]:
+    try:
+        run = await ctx.store.get_run(run_id)
+    except NotFoundError:
+        run = None
+    if run is None or not caller.may_see(run["user_id"]):
+        raise Problem(404, "not_found", f"run {run_id!r} not found")
+    return run
+
+
+@router.post("", status_code=201)
+async def start_run(
+    request: RunInput,
+    caller: Caller,
+    ctx: Context,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> dict[str, Any]:
+    """Start a run. A retried POST with the same ``Idempotency-Key`` returns the same run."""
+    if caller.role == "service":
+        if "user_id" not in request.model_fields_set:
+            raise Problem(
+                422,
+                "validation_error",
+                "user_id: required for service tokens",
+                errors=[{"field": "user_id", "message": "required for service tokens"}],
+            )
+    elif "user_id" in request.model_fields_set and request.user_id != caller.user_id:
+        raise Problem(403, "forbidden", "only service tokens start runs for another user")
+    else:
+        request = request.model_copy(update={"user_id": caller.user_id})
+    if "run_id" in request.model_fields_set:
+        raise Problem(
+            422,
+            "validation_error",
+            "run_id: chosen by the server",
+            errors=[{"field": "run_id", "message": "chosen by the server"}],
+        )
+    if idempotency_key:
+        request = request.model_copy(
+            update={"run_id": operations.idempotent_run_id(request.user_id, idempotency_key)}
+        )
+    started, created = await operations.start_run(
+        await ctx.temporal(), ctx.store, request, ctx.settings.task_queue
+    )
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return started
+
+
+def _cursor(row: dict[str, Any]) -> str:
+    raw = f"{row['created_at'].isoformat()}|{row['id']}".encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _after(cursor: str | None) -> tuple[datetime, str] | None:
+    if not cursor:
+        return None
+    try:
+        created, run_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(created), run_id
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Problem(
+            422,
+            "validation_error",
+            "cursor: not a cursor this API gave out",
+            errors=[{"field": "cursor", "message": "invalid cursor"}],
+        ) from exc
+
+
+@router.get("")
+async def list_runs(
+    caller: Caller,
+    ctx: Context,
+    status: Annotated[str | None, Query(max_length=32)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> dict[str, Any]:
+    rows = await ctx.store.list_runs(
+        user_id=None if caller.sees_everything else caller.user_id,
+        status=status,
+        limit=limit,
+        after=_after(cursor),
+    )
+    items = [
+        {
+            "run_id": r["id"],
+            "user_id": r["user_id"],
+            "status": r["status"],
+            "created_at": r["created_at"].isoformat(),
+            "updated_at": r["updated_at"].isoformat(),
+        }
+        for r in rows
+    ]
+    return {"items": items, "next_cursor": _cursor(rows[-1]) if len(rows) == limit else None}
+
+
+@router.get("/{run_id}")
+async def get_run(run_id: str, caller: Caller, ctx: Context) -> dict[str, Any]:
+    await visible_run(ctx, caller, run_id)
+    return await run_view(ctx.store, run_id)
+
+
+@router.get("/{run_id}/actions")
+async def run_actions(run_id: str, caller: Caller, ctx: Context) -> list[dict[str, Any]]:
+    await visible_run(ctx, caller, run_id)
+    return (await run_view(ctx.store, run_id))["actions"]
+
+
+@router.get("/{run_id}/approvals")
+async def run_approvals(run_id: str, caller: Caller, ctx: Context) -> list[dict[str, Any]]:
+    await visible_run(ctx, caller, run_id)
+    return [
+        await approval_view(ctx.store, a) for a in await ctx.store.list_approvals(run_id=run_id)
+    ]
+
+
+@router.get("/{run_id}/events", response_model=None)
+async def run_events(
+    run_id: str,
+    caller: Caller,
+    ctx: Context,
+    request: Request,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> list[dict[str, Any]] | StreamingResponse:
+    """The audit log. With ``Accept: text/event-stream`` it streams live, from
+    ``Last-Event-ID`` on, until the run has finished."""
+    await visible_run(ctx, caller, run_id)
+    if "text/event-stream" not in request.headers.get("accept", ""):
+        return [event_view(e) for e in await ctx.store.list_events(run_id)]
+    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
+    return StreamingResponse(
+        _stream(ctx, run_id, start, request),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> AsyncIterator[str]:
+    quiet = 0.0
+    while not await request.is_disconnected():
+        fresh = [e for e in await ctx.store.list_events(run_id) if e["seq"] > seen]
+        for event in fresh:
+            seen = event["seq"]
+            yield (
+                f"id: {event['seq']}\nevent: {event['event_type']}\n"
+                f"data: {json.dumps(event_view(event))}\n\n"
+            )
+        if fresh:
+            quiet = 0.0
+        elif (await ctx.store.get_run(run_id))["status"] in FINAL:
+            return
+        else:
+            quiet += SSE_POLL_SECONDS
+            if quiet >= SSE_KEEPALIVE_SECONDS:
+                quiet = 0.0
+                yield ": keep-alive\n\n"
+        await asyncio.sleep(SSE_POLL_SECONDS)

@@ -1,0 +1,56 @@
+"""The real API app served by uvicorn on a loopback port, in front of the harness."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+
+from api.app import create_app
+from roundtable.config import Settings
+from tests.workflow_harness import Harness
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Api:
+    http: httpx.AsyncClient
+    tokens: dict[str, str]  # name → bearer token
+
+    def auth(self, who: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[who]}"}
+
+
+@asynccontextmanager
+async def serve_api(h: Harness, max_body_bytes: int = 256 * 1024) -> AsyncIterator[Api]:
+    settings = Settings(database_url="sqlite+aiosqlite://", task_queue=h.task_queue)
+    app = create_app(settings, store=h.store, client=h.client, max_body_bytes=max_body_bytes)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    serving = asyncio.create_task(server.serve())
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.02)
+    assert server.started, "uvicorn did not start"
+    tokens = {}
+    for name, role in (("alice", "user"), ("bob", "user"), ("ops", "operator"), ("svc", "service")):
+        tokens[name], _ = await h.store.create_token(user_id=name, role=role)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            yield Api(http, tokens)
+    finally:
+        server.should_exit = True
+        await serving
