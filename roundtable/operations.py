@@ -95,6 +95,10 @@ async def reconcile(
     return {"action_id": action_id, "run_id": action["run_id"], "status": status}
 
 
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:16]}"
+
+
 def request_fingerprint(request: RunInput) -> str:
     body = json.dumps(request.model_dump(mode="json", exclude={"run_id"}), sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()
@@ -109,7 +113,7 @@ async def start_run(
 ) -> tuple[dict[str, Any], bool]:
     """Create the run's rows, then its workflow. Returns ``(run, created)``;
     an existing workflow with this id is reused if it was asked the same."""
-    run_id = request.run_id or f"run-{uuid.uuid4().hex[:16]}"
+    run_id = request.run_id or new_run_id()
     request = request.model_copy(update={"run_id": run_id})
     fingerprint = request_fingerprint(request)
     await store.ensure_run(run_id=run_id, user_id=request.user_id, task_text=request.task_text)

@@ -1,0 +1,166 @@
+"""The typed client for backend services: start runs, decide, reconcile, follow.
+
+Everything a service needs is importable from here::
+
+    from roundtable.client import RoundtableClient, RunInput
+
+It speaks to Temporal directly (no HTTP hop, no database access); decisions
+and reconciliations go through the run's workflow updates, so they meet the
+same checks as the CLI and the HTTP API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from temporalio.client import Client
+
+from roundtable import operations
+from roundtable.config import load_settings
+from roundtable.models import (
+    DecisionInput,
+    ReconcileInput,
+    RunInput,
+    RunResult,
+    RunState,
+    ScriptDocument,
+    WorkflowArgs,
+)
+from roundtable.store import ConflictError, NotFoundError
+from roundtable.temporal import WORKFLOW_NAME, connect
+
+__all__ = [
+    "ConflictError",
+    "DecisionInput",
+    "NotFoundError",
+    "ReconcileInput",
+    "RoundtableClient",
+    "RunHandle",
+    "RunInput",
+    "RunResult",
+    "RunState",
+    "ScriptDocument",
+]
+
+
+@dataclass
+class RunHandle:
+    client: RoundtableClient
+    run_id: str
+
+    @property
+    def workflow_id(self) -> str:
+        return self.run_id
+
+    async def state(self) -> RunState:
+        return await self.client.state(self.run_id)
+
+    async def result(self) -> RunResult:
+        return await self.client.result(self.run_id)
+
+    async def decide(
+        self,
+        approval_id: str,
+        decision: str,
+        *,
+        decided_by: str,
+        reason: str | None = None,
+        arguments_digest: str | None = None,
+    ) -> str:
+        return await self.client.decide(
+            self.run_id,
+            approval_id,
+            decision,
+            decided_by=decided_by,
+            reason=reason,
+            arguments_digest=arguments_digest,
+        )
+
+    async def reconcile(
+        self, action_id: str, outcome: str, *, decided_by: str, note: str | None = None
+    ) -> str:
+        return await self.client.reconcile(
+            self.run_id, action_id, outcome, decided_by=decided_by, note=note
+        )
+
+
+class RoundtableClient:
+    def __init__(self, temporal: Client, task_queue: str = "roundtable") -> None:
+        self.temporal = temporal
+        self.task_queue = task_queue
+
+    @classmethod
+    async def connect(
+        cls,
+        address: str | None = None,
+        namespace: str | None = None,
+        task_queue: str | None = None,
+    ) -> RoundtableClient:
+        """Defaults come from ROUNDTABLE_TEMPORAL_ADDRESS, _NAMESPACE and _TASK_QUEUE."""
+        settings = load_settings()
+        temporal = await connect(
+            address or settings.temporal_address, namespace or settings.temporal_namespace
+        )
+        return cls(temporal, task_queue or settings.task_queue)
+
+    async def start_run(self, request: RunInput) -> RunHandle:
+        """Start a run; ``request.run_id`` makes the start idempotent."""
+        run_id = request.run_id or operations.new_run_id()
+        request = request.model_copy(update={"run_id": run_id})
+        await self.temporal.start_workflow(
+            WORKFLOW_NAME,
+            WorkflowArgs(request=request),
+            id=run_id,
+            task_queue=self.task_queue,
+            static_summary=f"Roundtable: {request.task_text[:100]}",
+        )
+        return RunHandle(self, run_id)
+
+    def handle(self, run_id: str) -> RunHandle:
+        return RunHandle(self, run_id)
+
+    async def state(self, run_id: str) -> RunState:
+        return await self.temporal.get_workflow_handle(run_id).query("state", result_type=RunState)
+
+    async def result(self, run_id: str) -> RunResult:
+        return await self.temporal.get_workflow_handle(run_id, result_type=RunResult).result()
+
+    async def decide(
+        self,
+        run_id: str,
+        approval_id: str,
+        decision: str,
+        *,
+        decided_by: str,
+        reason: str | None = None,
+        arguments_digest: str | None = None,
+    ) -> str:
+        """Approve or reject; ConflictError when the approval is no longer pending."""
+        return await operations.send_update(
+            self.temporal,
+            run_id,
+            operations.DECIDE_UPDATE,
+            DecisionInput(
+                approval_id=approval_id,
+                decision=decision,
+                decided_by=decided_by,
+                reason=reason,
+                arguments_digest=arguments_digest,
+            ),
+        )
+
+    async def reconcile(
+        self,
+        run_id: str,
+        action_id: str,
+        outcome: str,
+        *,
+        decided_by: str,
+        note: str | None = None,
+    ) -> str:
+        return await operations.send_update(
+            self.temporal,
+            run_id,
+            operations.RECONCILE_UPDATE,
+            ReconcileInput(action_id=action_id, outcome=outcome, decided_by=decided_by, note=note),
+        )

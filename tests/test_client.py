@@ -1,0 +1,40 @@
+"""The typed client a backend service uses."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from roundtable.client import ConflictError, RoundtableClient, RunInput, ScriptDocument
+from tests.workflow_harness import harness, script, ticket_call
+
+
+async def test_start_decide_and_result(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        client = RoundtableClient(h.client, h.task_queue)
+        handle = await client.start_run(
+            RunInput(
+                task_text="t",
+                user_id="svc-42",
+                script=ScriptDocument.model_validate(
+                    script(("seat-1", 1, [ticket_call("ticket_update")]), final="ok")
+                ),
+            )
+        )
+        for _ in range(200):
+            state = await handle.state()
+            if state.pending_approvals:
+                break
+            await asyncio.sleep(0.05)
+        (approval_id,) = state.pending_approvals
+        with pytest.raises(ConflictError):
+            await handle.decide("not-pending", "approved", decided_by="svc-42")
+        assert await handle.decide(approval_id, "approved", decided_by="svc-42") == "approved"
+        with pytest.raises(ConflictError):
+            await handle.decide(approval_id, "approved", decided_by="svc-42")
+        result = await handle.result()
+        assert (result.status, result.final_answer) == ("completed", "ok")
+        assert (await h.store.get_run(handle.run_id))["user_id"] == "svc-42"
+        with pytest.raises(ConflictError):
+            await client.reconcile(handle.run_id, "nothing", "failed", decided_by="svc-42")
