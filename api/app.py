@@ -7,12 +7,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from temporalio.client import Client
 
 from api import problems
 from api.context import ApiContext
-from api.routes import actions, approvals, health, runs
+from api.routes import actions, approvals, codec, health, runs
+from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.config import Settings, load_settings
 from roundtable.store import Store, open_store
 
@@ -93,8 +95,17 @@ def create_app(
         lifespan=lifespan,
     )
     problems.install(app)
-    for module in (runs, approvals, actions, health):
+    for module in (runs, approvals, actions, health, codec):
         app.include_router(module.router)
+    app.state.codec = EncryptionCodec(keys_from_environment())
+    # The Temporal UI calls the codec endpoints from the browser.
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=settings.ui_origins,
+        allow_methods=["POST", "OPTIONS"],
+        allow_headers=["Authorization", "Content-Type", "X-Namespace"],
+        allow_credentials=True,
+    )
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     return app
 

@@ -7,6 +7,7 @@ rotated or removed secret takes effect at once and the system fails closed.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field
@@ -32,6 +33,10 @@ class Settings(BaseSettings):
     task_queue: str = "roundtable"
     sweep_enabled: bool = True
     sweep_interval_seconds: int = Field(default=60, ge=5)
+    # Browser origins allowed to call the codec endpoints (the Temporal UI).
+    ui_origins: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8233", "http://localhost:8233"]
+    )
     demo_ticket_write_delay_seconds: float = Field(default=0.5, ge=0)
     # Chaos for demos and tests: writes to these demo ticket ids apply, then fail.
     demo_ticket_drop_after_write: list[str] = Field(default_factory=list)
@@ -39,3 +44,16 @@ class Settings(BaseSettings):
 
 def load_settings() -> Settings:
     return Settings()
+
+
+DEV_SECRET_FILE = DEFAULT_STATE_DIR / "dev-secret"
+SECRET_ENV_VAR = "ROUNDTABLE_ACTION_SECRET_KEY"  # noqa: S105 (a variable name, not a secret)
+
+
+def adopt_dev_secret() -> bool:
+    """In a checkout where `roundtable dev` ran, use its secret when none is set,
+    so commands typed in another terminal can encrypt what they send."""
+    if os.environ.get(SECRET_ENV_VAR, "").strip() or not DEV_SECRET_FILE.is_file():
+        return False
+    os.environ[SECRET_ENV_VAR] = DEV_SECRET_FILE.read_text().strip()
+    return True

@@ -24,7 +24,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-SECRET_ENV_VAR = "ROUNDTABLE_ACTION_SECRET_KEY"  # noqa: S105 (a variable name, not a secret)
+from roundtable.config import SECRET_ENV_VAR
+
 TARGET_KEY_PREFIX = "target:v1:"
 SCOPE_KEY_PREFIX = "scope:v1:"
 REDACTED = "[redacted]"

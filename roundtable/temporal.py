@@ -1,11 +1,17 @@
-"""Connecting to Temporal the one way every entry point does."""
+"""Connecting to Temporal the one way every entry point does: pydantic data
+converter, payloads encrypted by the Roundtable codec."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
+
+from roundtable.codec import EncryptionCodec, keys_from_environment
 
 WORKFLOW_NAME = "RoundtableWorkflow"
 SWEEP_SCHEDULE_ID = "roundtable-sweep"
@@ -25,10 +31,14 @@ SEARCH_ATTRIBUTE_FLAGS = {
 }
 
 
+def data_converter(codec: EncryptionCodec | None = None) -> DataConverter:
+    """Pydantic models in, ciphertext out. Keys from the environment by default."""
+    codec = codec or EncryptionCodec(keys_from_environment())
+    return dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+
+
 async def connect(address: str, namespace: str) -> Client:
-    return await Client.connect(
-        address, namespace=namespace, data_converter=pydantic_data_converter
-    )
+    return await Client.connect(address, namespace=namespace, data_converter=data_converter())
 
 
 async def register_search_attributes(client: Client) -> None:

@@ -15,9 +15,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from roundtable.temporal import data_converter
 from tests.conftest import TEST_SECRET
 from tests.workflow_harness import script, ticket_call, venv_binary
 from workflows import search_attributes
@@ -103,7 +103,7 @@ async def running_stack(
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=venv_binary("temporal"),
         search_attributes=list(search_attributes.ALL),
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(),
         ui=False,
         dev_server_extra_args=server_args or [],
     )

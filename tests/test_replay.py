@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from roundtable.temporal import data_converter
 from workflows.roundtable import RoundtableWorkflow
 from workflows.sweep import SweepWorkflow
 
@@ -30,7 +30,7 @@ def test_enough_histories_are_recorded() -> None:
 @pytest.mark.parametrize("name", HISTORIES)
 async def test_history_replays(name: str) -> None:
     replayer = Replayer(
-        workflows=[RoundtableWorkflow, SweepWorkflow], data_converter=pydantic_data_converter
+        workflows=[RoundtableWorkflow, SweepWorkflow], data_converter=data_converter()
     )
     history = WorkflowHistory.from_json(name, HISTORIES[name])
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)

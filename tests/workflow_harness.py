@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from roundtable.models import RunInput, RunState, WorkflowArgs
 from roundtable.store import Store, open_store
-from roundtable.temporal import register_search_attributes
+from roundtable.temporal import data_converter, register_search_attributes
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
 from worker import build_worker
@@ -87,7 +86,7 @@ async def harness(
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=venv_binary("temporal-test-server"),
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(),
     )
     try:
         await register_search_attributes(env.client)

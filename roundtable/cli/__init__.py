@@ -13,6 +13,7 @@ import sys
 import typer
 
 from roundtable.cli import db, operators, runs, stack, tokens
+from roundtable.config import adopt_dev_secret
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(db.app, name="db")
@@ -41,6 +42,7 @@ def _exit_code(exc: SystemExit) -> int:
 def main() -> None:
     code = 1
     try:
+        adopt_dev_secret()
         app()
         code = 0
     except SystemExit as exc:

@@ -21,8 +21,14 @@ import typer
 from roundtable import operations
 from roundtable.cli.db import upgrade
 from roundtable.cli.output import CliError, fail
-from roundtable.config import DEFAULT_STATE_DIR, Settings, load_settings
-from roundtable.security import SECRET_ENV_VAR
+from roundtable.config import (
+    DEFAULT_STATE_DIR,
+    DEV_SECRET_FILE,
+    SECRET_ENV_VAR,
+    Settings,
+    adopt_dev_secret,
+    load_settings,
+)
 from roundtable.store import open_store
 from roundtable.temporal import SEARCH_ATTRIBUTE_FLAGS, connect
 
@@ -88,16 +94,15 @@ async def _dev_operator_token(settings: Settings) -> str:
     return token
 
 
-def _dev_secret(state_dir: Path) -> None:
+def _dev_secret() -> None:
     """Dev mode keeps its own action secret, created once, readable only by you."""
     if os.environ.get(SECRET_ENV_VAR, "").strip():
         return
-    path = state_dir / "dev-secret"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(32))
-        path.chmod(0o600)
-    os.environ[SECRET_ENV_VAR] = path.read_text().strip()
-    typer.echo(f"action secret: {path} (set {SECRET_ENV_VAR} to use your own)")
+    if not DEV_SECRET_FILE.exists():
+        DEV_SECRET_FILE.write_text(secrets.token_urlsafe(32))
+        DEV_SECRET_FILE.chmod(0o600)
+    adopt_dev_secret()
+    typer.echo(f"action secret: {DEV_SECRET_FILE} (set {SECRET_ENV_VAR} to use your own)")
 
 
 def _temporal_binary() -> str:
@@ -117,7 +122,9 @@ def _cli_command() -> str:
     return "roundtable"
 
 
-async def _start_server(settings: Settings, port: int, ui_port: int, state_dir: Path):  # type: ignore[no-untyped-def]
+async def _start_server(  # type: ignore[no-untyped-def]
+    settings: Settings, port: int, ui_port: int, api_port: int, state_dir: Path
+):
     command = [
         _temporal_binary(),
         "server",
@@ -134,6 +141,8 @@ async def _start_server(settings: Settings, port: int, ui_port: int, state_dir: 
         settings.temporal_namespace,
         "--log-level",
         "warn",
+        "--ui-codec-endpoint",
+        f"http://127.0.0.1:{api_port}/codec",
     ]
     for name, kind in SEARCH_ATTRIBUTE_FLAGS.items():
         command += ["--search-attribute", f"{name}={kind}"]
@@ -216,7 +225,7 @@ async def _dev(
     from worker import run_worker
 
     await upgrade(settings.database_url)
-    server = await _start_server(settings, port, ui_port, state_dir)
+    server = await _start_server(settings, port, ui_port, api_port, state_dir)
     background: list[asyncio.Task] = []
     try:
         ready = asyncio.Event()
@@ -266,7 +275,7 @@ def dev(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     state_dir = DEFAULT_STATE_DIR
     state_dir.mkdir(parents=True, exist_ok=True)
-    _dev_secret(state_dir)
+    _dev_secret()
     os.environ["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{temporal_port}"
     settings = load_settings()
     try:

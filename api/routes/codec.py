@@ -1,0 +1,55 @@
+"""The Temporal codec-server endpoints, so an SRE can read payloads in the UI.
+
+Same wire format as Temporal's codec servers: ``{"payloads": [<Payload as
+proto-JSON>]}`` in and out. Decoding reveals everything a run carries, so
+only operator tokens may use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
+from temporalio.api.common.v1 import Payloads
+
+from api.auth import Caller
+from api.problems import Problem
+from roundtable.codec import EncryptionCodec, PayloadKeyError
+
+router = APIRouter(prefix="/codec", tags=["codec"])
+
+
+async def _payloads(request: Request, caller: Caller) -> Payloads:
+    if caller.role != "operator":
+        raise Problem(403, "forbidden", "the codec endpoints need an operator token")
+    try:
+        return ParseDict(await request.json(), Payloads())
+    except (ParseError, ValueError, TypeError) as exc:
+        raise Problem(
+            422,
+            "validation_error",
+            f"payloads: {exc}",
+            errors=[{"field": "payloads", "message": str(exc)}],
+        ) from exc
+
+
+def _codec(request: Request) -> EncryptionCodec:
+    return request.app.state.codec
+
+
+@router.post("/encode")
+async def encode(request: Request, caller: Caller) -> dict[str, Any]:
+    payloads = await _payloads(request, caller)
+    encoded = await _codec(request).encode(list(payloads.payloads))
+    return MessageToDict(Payloads(payloads=encoded))
+
+
+@router.post("/decode")
+async def decode(request: Request, caller: Caller) -> dict[str, Any]:
+    payloads = await _payloads(request, caller)
+    try:
+        decoded = await _codec(request).decode(list(payloads.payloads))
+    except PayloadKeyError as exc:
+        raise Problem(422, "undecodable_payload", str(exc)) from exc
+    return MessageToDict(Payloads(payloads=decoded))

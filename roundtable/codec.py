@@ -1,0 +1,100 @@
+"""Temporal payload encryption: what the Temporal server stores is ciphertext.
+
+AES-GCM with a 256-bit key derived (HKDF) from a secret; each payload names
+its key id in the metadata. Encoding uses the first key; decoding accepts any
+known key, so rotation is: put a new key first, keep the old ones until no
+history needs them. Payloads that were never encrypted decode as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Sequence
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import PayloadCodec
+
+from roundtable.security import SECRET_ENV_VAR, ActionSecretKeyError
+
+ENCODING = b"binary/encrypted"
+KEY_ID = "encryption-key-id"
+KEYS_ENV_VAR = "ROUNDTABLE_PAYLOAD_KEYS"
+DEFAULT_KEY_ID = "action-secret"
+_LABEL = b"roundtable/payload-codec/aes-gcm/v1"
+_NONCE = 12
+
+
+class PayloadKeyError(ValueError):
+    code = "payload_key_error"
+
+
+def derive_payload_key(secret: str) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_LABEL).derive(
+        secret.encode()
+    )
+
+
+def keys_from_environment() -> list[tuple[str, bytes]]:
+    """``ROUNDTABLE_PAYLOAD_KEYS=kid2=secret2,kid1=secret1`` (first encodes), or
+    one key derived from the action secret. No secret at all: fail closed."""
+    configured = os.environ.get(KEYS_ENV_VAR, "").strip()
+    if configured:
+        keys = []
+        for item in configured.split(","):
+            key_id, sep, secret = item.strip().partition("=")
+            if not sep or not key_id or not secret:
+                raise PayloadKeyError(f"{KEYS_ENV_VAR} entries look like key_id=secret")
+            keys.append((key_id, derive_payload_key(secret)))
+        return keys
+    secret = os.environ.get(SECRET_ENV_VAR, "").strip()
+    if not secret:
+        raise ActionSecretKeyError(
+            f"set {KEYS_ENV_VAR} or {SECRET_ENV_VAR}: Temporal payloads are always encrypted"
+        )
+    return [(DEFAULT_KEY_ID, derive_payload_key(secret))]
+
+
+class EncryptionCodec(PayloadCodec):
+    def __init__(self, keys: Sequence[tuple[str, bytes]]) -> None:
+        if not keys:
+            raise PayloadKeyError("the codec needs at least one key")
+        self.encode_key_id = keys[0][0]
+        self._ciphers = {key_id: AESGCM(key) for key_id, key in keys}
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        cipher = self._ciphers[self.encode_key_id]
+        sealed = []
+        for payload in payloads:
+            nonce = secrets.token_bytes(_NONCE)
+            data = cipher.encrypt(nonce, payload.SerializeToString(), self.encode_key_id.encode())
+            sealed.append(
+                Payload(
+                    metadata={"encoding": ENCODING, KEY_ID: self.encode_key_id.encode()},
+                    data=nonce + data,
+                )
+            )
+        return sealed
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        opened = []
+        for payload in payloads:
+            if payload.metadata.get("encoding") != ENCODING:
+                opened.append(payload)
+                continue
+            key_id = payload.metadata.get(KEY_ID, b"").decode()
+            cipher = self._ciphers.get(key_id)
+            if cipher is None:
+                raise PayloadKeyError(f"no key {key_id!r} to decrypt this payload")
+            try:
+                plain = cipher.decrypt(
+                    payload.data[:_NONCE], payload.data[_NONCE:], key_id.encode()
+                )
+            except InvalidTag as exc:
+                raise PayloadKeyError("payload failed authentication") from exc
+            opened.append(Payload.FromString(plain))
+        return opened

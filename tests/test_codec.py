@@ -1,0 +1,110 @@
+"""Payload encryption: the Temporal server holds ciphertext; the codec endpoint
+gives operators the plaintext back, and nobody else."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from google.protobuf.json_format import MessageToDict
+from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.client import Client
+
+from roundtable.codec import EncryptionCodec, PayloadKeyError, derive_payload_key
+from tests.api_server import serve_api
+from tests.workflow_harness import harness, script, ticket_call
+
+CANARY = "CANARY-7c0ffee-do-not-leak"
+
+
+def plain(text: str) -> Payload:
+    return Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(text).encode())
+
+
+def mentions(document: Any, needle: str) -> bool:
+    """Is ``needle`` anywhere in a JSON document, as text or inside base64?"""
+    if isinstance(document, dict):
+        return any(mentions(v, needle) for v in document.values())
+    if isinstance(document, list):
+        return any(mentions(v, needle) for v in document)
+    if isinstance(document, str):
+        if needle in document:
+            return True
+        try:
+            return needle.encode() in base64.b64decode(document, validate=True)
+        except ValueError:
+            return False
+    return False
+
+
+async def test_round_trip_rotation_and_tampering() -> None:
+    old = EncryptionCodec([("k1", derive_payload_key("first secret"))])
+    rotated = EncryptionCodec(
+        [("k2", derive_payload_key("second secret")), ("k1", derive_payload_key("first secret"))]
+    )
+    (sealed_old,) = await old.encode([plain(CANARY)])
+    assert CANARY.encode() not in sealed_old.data
+    assert sealed_old.metadata["encryption-key-id"] == b"k1"
+    assert (await rotated.decode([sealed_old]))[0] == plain(CANARY)
+    (sealed_new,) = await rotated.encode([plain(CANARY)])
+    assert sealed_new.metadata["encryption-key-id"] == b"k2"
+    with pytest.raises(PayloadKeyError, match="no key"):
+        await old.decode([sealed_new])
+    tampered = Payload()
+    tampered.CopyFrom(sealed_new)
+    tampered.data = sealed_new.data[:-1] + bytes([sealed_new.data[-1] ^ 1])
+    with pytest.raises(PayloadKeyError, match="authentication"):
+        await rotated.decode([tampered])
+    assert await rotated.decode([plain("x")]) == [plain("x")]  # never encrypted: as is
+
+
+async def test_canary_is_ciphertext_in_temporal_and_readable_through_the_codec(tmp_path) -> None:
+    calls = [ticket_call("ticket_update", fields={"note": CANARY})]
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, calls)), write_policy="auto_approve_up_to:R3"
+        )
+        await handle.result()
+
+        raw_client = await Client.connect(
+            h.client.service_client.config.target_host, namespace=h.client.namespace
+        )
+        raw = await raw_client.get_workflow_handle(handle.id).fetch_history()
+        history = json.loads(raw.to_json())
+        assert not mentions(history, CANARY), "the canary reached Temporal in plaintext"
+
+        started = raw.events[0].workflow_execution_started_event_attributes
+        body = MessageToDict(Payloads(payloads=list(started.input.payloads)))
+        assert (
+            body["payloads"][0]["metadata"]["encoding"]
+            == base64.b64encode(b"binary/encrypted").decode()
+        )
+        decoded = await api.http.post("/codec/decode", json=body, headers=api.auth("ops"))
+        assert decoded.status_code == 200, decoded.text
+        assert mentions(decoded.json(), CANARY)
+
+        assert (await api.http.post("/codec/decode", json=body)).status_code == 401
+        assert (
+            await api.http.post("/codec/decode", json=body, headers=api.auth("alice"))
+        ).status_code == 403
+        garbage = await api.http.post(
+            "/codec/decode", json={"payloads": "no"}, headers=api.auth("ops")
+        )
+        assert garbage.status_code == 422
+        encoded = await api.http.post(
+            "/codec/encode",
+            json=MessageToDict(Payloads(payloads=[plain("hi")])),
+            headers=api.auth("ops"),
+        )
+        assert encoded.status_code == 200 and not mentions(encoded.json(), '"hi"')
+        preflight = await api.http.options(
+            "/codec/decode",
+            headers={
+                "Origin": "http://localhost:8233",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization",
+            },
+        )
+        assert preflight.headers["access-control-allow-origin"] == "http://localhost:8233"
