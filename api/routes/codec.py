@@ -13,14 +13,14 @@ from fastapi import APIRouter, Request
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from temporalio.api.common.v1 import Payloads
 
-from api.auth import Caller
+from api.auth import Caller, Context, Principal
 from api.problems import Problem
 from roundtable.codec import EncryptionCodec, PayloadKeyError
 
 router = APIRouter(prefix="/codec", tags=["codec"])
 
 
-async def _payloads(request: Request, caller: Caller) -> Payloads:
+async def _payloads(request: Request, caller: Principal) -> Payloads:
     if caller.role != "operator":
         raise Problem(403, "forbidden", "the codec endpoints need an operator token")
     try:
@@ -38,18 +38,47 @@ def _codec(request: Request) -> EncryptionCodec:
     return request.app.state.codec
 
 
-@router.post("/encode")
-async def encode(request: Request, caller: Caller) -> dict[str, Any]:
+async def _encode(request: Request, caller: Principal) -> dict[str, Any]:
     payloads = await _payloads(request, caller)
     encoded = await _codec(request).encode(list(payloads.payloads))
     return MessageToDict(Payloads(payloads=encoded))
 
 
-@router.post("/decode")
-async def decode(request: Request, caller: Caller) -> dict[str, Any]:
+async def _decode(request: Request, caller: Principal) -> dict[str, Any]:
     payloads = await _payloads(request, caller)
     try:
         decoded = await _codec(request).decode(list(payloads.payloads))
     except PayloadKeyError as exc:
         raise Problem(422, "undecodable_payload", str(exc)) from exc
     return MessageToDict(Payloads(payloads=decoded))
+
+
+@router.post("/encode")
+async def encode(request: Request, caller: Caller) -> dict[str, Any]:
+    return await _encode(request, caller)
+
+
+@router.post("/decode")
+async def decode(request: Request, caller: Caller) -> dict[str, Any]:
+    return await _decode(request, caller)
+
+
+# The Temporal UI posts to "<codec endpoint>/decode" and cannot add a bearer
+# header, so its endpoint may carry an operator token in the path instead:
+# --ui-codec-endpoint http://api/codec/t/<token>. Whoever can open that UI can
+# then decode; protect the UI accordingly.
+async def _path_caller(token: str, ctx: Context) -> Principal:
+    record = await ctx.store.authenticate_token(token)
+    if record is None:
+        raise Problem(401, "unauthorized", "unknown or revoked token")
+    return Principal(user_id=record["user_id"], role=record["role"])
+
+
+@router.post("/t/{token}/encode", include_in_schema=False)
+async def encode_for_ui(token: str, request: Request, ctx: Context) -> dict[str, Any]:
+    return await _encode(request, await _path_caller(token, ctx))
+
+
+@router.post("/t/{token}/decode", include_in_schema=False)
+async def decode_for_ui(token: str, request: Request, ctx: Context) -> dict[str, Any]:
+    return await _decode(request, await _path_caller(token, ctx))
