@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint venv postgres clean
+.PHONY: run test lint venv system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,15 +18,16 @@ venv: $(STAMP)
 run: venv
 	$(VENV)/bin/roundtable dev --demo
 
-# Server binaries for the throwaway PostgreSQL cluster the tests start.
-postgres:
-	bash scripts/ensure-postgres.sh
+# PostgreSQL (the tests' throwaway cluster), Chromium (the UI browser check),
+# docker-compose (validates docker-compose.yml): Debian packages, if missing.
+system-deps:
+	bash scripts/ensure-system-deps.sh
 
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv postgres lint
+test: venv system-deps lint
 	$(VENV)/bin/pytest
 
 clean:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -76,13 +77,23 @@ def api(
     uvicorn.run(create_app(), host=host, port=port, log_level="info")
 
 
-async def _serve_api(port: int) -> None:
+async def _serve_api(port: int) -> asyncio.Task:
+    """Serve the API in the background; returns once it is listening."""
     import uvicorn
 
     from api.app import create_app
 
     config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
-    await uvicorn.Server(config).serve()
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    for _ in range(300):
+        if server.started or serving.done():
+            break
+        await asyncio.sleep(0.05)
+    if not server.started:
+        serving.cancel()
+        raise CliError(f"the API did not start on port {port}")
+    return serving
 
 
 async def _dev_operator_token(settings: Settings) -> str:
@@ -123,7 +134,7 @@ def _cli_command() -> str:
 
 
 async def _start_server(  # type: ignore[no-untyped-def]
-    settings: Settings, port: int, ui_port: int, api_port: int, state_dir: Path
+    settings: Settings, port: int, ui_port: int, codec_endpoint: str, state_dir: Path
 ):
     command = [
         _temporal_binary(),
@@ -142,7 +153,7 @@ async def _start_server(  # type: ignore[no-untyped-def]
         "--log-level",
         "warn",
         "--ui-codec-endpoint",
-        f"http://127.0.0.1:{api_port}/codec",
+        codec_endpoint,
     ]
     for name, kind in SEARCH_ATTRIBUTE_FLAGS.items():
         command += ["--search-attribute", f"{name}={kind}"]
@@ -225,7 +236,10 @@ async def _dev(
     from worker import run_worker
 
     await upgrade(settings.database_url)
-    server = await _start_server(settings, port, ui_port, api_port, state_dir)
+    # The UI decodes payloads through the API with this session's operator token.
+    token = await _dev_operator_token(settings)
+    codec_endpoint = f"http://127.0.0.1:{api_port}/codec/t/{token}"
+    server = await _start_server(settings, port, ui_port, codec_endpoint, state_dir)
     background: list[asyncio.Task] = []
     try:
         ready = asyncio.Event()
@@ -236,8 +250,7 @@ async def _dev(
         )
         if worker_task.done():
             worker_task.result()  # raises the worker's start-up error
-        background.append(asyncio.create_task(_serve_api(api_port)))
-        token = await _dev_operator_token(settings)
+        background.append(await _serve_api(api_port))
         env_prefix = "" if port == 7233 else f"ROUNDTABLE_TEMPORAL_ADDRESS=127.0.0.1:{port} "
         typer.echo(
             f"Temporal UI: http://127.0.0.1:{ui_port}/namespaces/{settings.temporal_namespace}"
@@ -277,6 +290,11 @@ def dev(
     state_dir.mkdir(parents=True, exist_ok=True)
     _dev_secret()
     os.environ["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{temporal_port}"
+    # The UI calls the API's codec endpoint from the browser: allow its origin.
+    os.environ.setdefault(
+        "ROUNDTABLE_UI_ORIGINS",
+        json.dumps([f"http://127.0.0.1:{ui_port}", f"http://localhost:{ui_port}"]),
+    )
     settings = load_settings()
     try:
         _run_until_stopped(_dev(settings, temporal_port, ui_port, api_port, demo, state_dir))

@@ -1,0 +1,90 @@
+"""Drive `roundtable dev --demo` as a person would: start it, read what it
+prints, stop it with Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLI = str(Path(sys.executable).parent / "roundtable")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class DevStack:
+    process: subprocess.Popen
+    workdir: Path
+    port: int
+    ui_port: int
+    api_port: int
+    env: dict[str, str]
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, count: int = 1, within: float = 90) -> list[str]:
+        """The first ``count`` matches of ``pattern`` in what the stack printed."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            found = [m for line in list(self.lines) for m in re.findall(pattern, line)]
+            if len(found) >= count:
+                return found
+            assert self.process.poll() is None, self.output
+            time.sleep(0.2)
+        raise AssertionError(f"no {pattern!r} in:\n{self.output}")
+
+
+@contextmanager
+def dev_stack(workdir: Path) -> Iterator[DevStack]:
+    ports = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
+    env["ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS"] = "0.2"
+    process = subprocess.Popen(
+        [
+            CLI,
+            "dev",
+            "--demo",
+            "--temporal-port",
+            str(ports[0]),
+            "--ui-port",
+            str(ports[1]),
+            "--api-port",
+            str(ports[2]),
+        ],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    stack = DevStack(process, workdir, *ports, env=env)
+    reader = threading.Thread(target=lambda: stack.lines.extend(iter(process.stdout.readline, "")))
+    reader.start()
+    try:
+        yield stack
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+        reader.join(timeout=10)
