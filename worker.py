@@ -64,6 +64,7 @@ def build_worker(client: Client, task_queue: str, store: Store, registry: ToolRe
             runs.set_run_status,
             writes.intercept_write,
             writes.decide_approval,
+            writes.extend_approval,
             writes.expire_approval,
             writes.approval_status,
             writes.execute_write,

@@ -22,6 +22,8 @@ from roundtable.models import (
     DecisionOutput,
     ExecuteWriteInput,
     ExecuteWriteOutput,
+    ExtendInput,
+    ExtendOutput,
     InterceptInput,
     PendingWrite,
     ReconcileInput,
@@ -130,6 +132,14 @@ class WriteActivities:
     @typed_store_errors
     async def approval_status(self, ref: ApprovalRef) -> DecisionOutput:
         return await self._decision_view(ref.approval_id)
+
+    @activity.defn(name="extend_approval")
+    @typed_store_errors
+    async def extend_approval(self, inp: ExtendInput) -> ExtendOutput:
+        approval = await self.store.extend_approval(
+            inp.approval_id, inp.seconds, inp.extended_by, inp.max_seconds
+        )
+        return ExtendOutput(approval_id=approval["id"], expires_at=approval["expires_at"])
 
     async def _decision_view(self, approval_id: str, conflict: str | None = None) -> DecisionOutput:
         approval = await self.store.get_approval(approval_id)

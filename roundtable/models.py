@@ -292,6 +292,18 @@ class DecisionOutput(Model):
     conflict: str | None = None
 
 
+class ExtendInput(Model):
+    approval_id: str
+    seconds: int = Field(gt=0)
+    extended_by: str = Field(min_length=1, max_length=255)
+    max_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+
+
+class ExtendOutput(Model):
+    approval_id: str
+    expires_at: datetime
+
+
 class ReconcileInput(Model):
     action_id: str
     outcome: Literal["succeeded", "failed"]

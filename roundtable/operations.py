@@ -16,11 +16,19 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from roundtable.models import DecisionInput, ReconcileInput, RunInput, WorkflowArgs
-from roundtable.store import ConflictError, Store
+from roundtable.models import (
+    DecisionInput,
+    ExtendInput,
+    ExtendOutput,
+    ReconcileInput,
+    RunInput,
+    WorkflowArgs,
+)
+from roundtable.store import ConflictError, InvalidInputError, Store
 from roundtable.temporal import WORKFLOW_NAME
 
 DECIDE_UPDATE, RECONCILE_UPDATE = "decide_approval", "reconcile_action"
+EXTEND_UPDATE = "extend_approval"
 FINGERPRINT_MEMO = "request_fingerprint"
 
 
@@ -77,6 +85,32 @@ async def decide(
         "run_id": approval["run_id"],
         "action_id": approval["action_id"],
         "status": status,
+    }
+
+
+async def extend(
+    client: Client, store: Store, approval_id: str, seconds: int, by: str, max_seconds: int
+) -> dict[str, Any]:
+    """Push a pending approval's deadline back through its workflow (the timer follows)."""
+    approval = await store.get_approval(approval_id)
+    if approval["status"] != "pending":
+        raise ConflictError(f"approval {approval_id} is already {approval['status']}")
+    if seconds > max_seconds:
+        raise InvalidInputError(f"an extension is at most {max_seconds} seconds")
+    try:
+        extended = await client.get_workflow_handle(approval["run_id"]).execute_update(
+            EXTEND_UPDATE,
+            ExtendInput(
+                approval_id=approval_id, seconds=seconds, extended_by=by, max_seconds=max_seconds
+            ),
+            result_type=ExtendOutput,
+        )
+    except WorkflowUpdateFailedError as exc:
+        raise ConflictError(str(exc.cause or exc)) from exc
+    return {
+        "approval_id": approval_id,
+        "run_id": approval["run_id"],
+        "expires_at": extended.expires_at.isoformat(),
     }
 
 

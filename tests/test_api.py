@@ -313,3 +313,28 @@ async def test_runs_are_paginated(tmp_path) -> None:
             if not cursor:
                 break
         assert sorted(seen) == sorted(made) and len(seen) == len(set(seen))
+
+
+async def test_extend_an_approval(tmp_path) -> None:
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started = await start(api, approval_timeout_seconds=600)
+        approval = await pending_approval(api, started["run_id"])
+        path = f"/v1/approvals/{approval['id']}/extend"
+        extended = await api.http.post(path, json={"seconds": 3600}, headers=api.auth("alice"))
+        assert extended.status_code == 200, extended.text
+        listed = await pending_approval(api, started["run_id"])
+        assert listed["expires_at"] == extended.json()["expires_at"] != approval["expires_at"]
+        too_long = await api.http.post(path, json={"seconds": 10**9}, headers=api.auth("alice"))
+        assert too_long.status_code == 422
+        assert (
+            await api.http.post(path, json={"seconds": 60}, headers=api.auth("bob"))
+        ).status_code == 404
+        assert (
+            await api.http.post(path, json={"seconds": 60}, headers=api.auth("svc"))
+        ).status_code == 403
+        events = (
+            await api.http.get(f"/v1/runs/{started['run_id']}/events", headers=api.auth("alice"))
+        ).json()
+        assert [e for e in events if e["event_type"] == "approval.extended"][0]["payload"][
+            "by"
+        ] == "alice"

@@ -209,3 +209,25 @@ async def test_a_write_the_policy_refuses_is_recorded_rejected(store) -> None:
     assert await store.claim_action_for_execution(denied["id"], 30) == "already_finished"
     created = [e for e in await store.list_events(run["id"]) if e["event_type"] == "action.created"]
     assert created[0]["payload"]["status"] == "rejected"
+
+
+async def test_extension_pushes_a_pending_deadline_and_is_audited(store) -> None:
+    run = await new_run(store)
+    _, approval = await waiting_action(store, run, "ext")
+    extended = await store.extend_approval(approval["id"], 600, "op-1", max_seconds=3600)
+    assert extended["expires_at"] == approval["expires_at"] + timedelta(seconds=600)
+    events = [
+        e for e in await store.list_events(run["id"]) if e["event_type"] == "approval.extended"
+    ]
+    assert events[0]["payload"]["by"] == "op-1"
+    with pytest.raises(InvalidInputError):
+        await store.extend_approval(approval["id"], 7200, "op-1", max_seconds=3600)
+    with pytest.raises(InvalidInputError):
+        await store.extend_approval(approval["id"], 0, "op-1", max_seconds=3600)
+    await make_overdue(store, approval["id"])
+    with pytest.raises(ConflictError, match="expired"):
+        await store.extend_approval(approval["id"], 60, "op-1", max_seconds=3600)
+    _, decided = await waiting_action(store, run, "ext2")
+    await store.decide_approval(decided["id"], "rejected", "op")
+    with pytest.raises(ConflictError):
+        await store.extend_approval(decided["id"], 60, "op-1", max_seconds=3600)

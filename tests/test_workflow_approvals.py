@@ -173,3 +173,29 @@ async def test_malformed_calls_become_errors_for_the_seat_not_actions(tmp_path) 
         assert told[1]["result"]["error_code"] == "invalid_arguments"
         assert "fields" in told[1]["result"]["message"]
         assert told[2]["result"] == {"found": False, "tenant_id": "acme", "ticket_id": "T-1"}
+
+
+async def test_an_extended_approval_outlives_its_first_deadline(tmp_path) -> None:
+    from datetime import timedelta
+
+    from roundtable.models import ExtendInput, ExtendOutput
+
+    async with harness(tmp_path) as h:
+        handle = await h.start(task_text="t", script=one_write(), approval_timeout_seconds=60)
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        first = state.pending_approvals[approval_id].approval_deadline
+        extended = await handle.execute_update(
+            RoundtableWorkflow.extend_approval,
+            ExtendInput(approval_id=approval_id, seconds=3600, extended_by="op-1"),
+            result_type=ExtendOutput,
+        )
+        assert extended.expires_at == first + timedelta(seconds=3600)
+        # Skip past the first deadline but not the new one: still pending.
+        await h.env.sleep(120)
+        state = await h.state(handle)
+        assert approval_id in state.pending_approvals
+        assert (await h.store.get_approval(approval_id))["status"] == "pending"
+        await decide(handle, approval_id, "approved")
+        assert (await handle.result()).status == "completed"
+        assert len(await h.tickets.write_log()) == 1

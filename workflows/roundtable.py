@@ -26,6 +26,8 @@ with workflow.unsafe.imports_passed_through():
         EnsureRunInput,
         ExecuteWriteInput,
         ExecuteWriteOutput,
+        ExtendInput,
+        ExtendOutput,
         InterceptInput,
         PendingWrite,
         ReadToolInput,
@@ -430,6 +432,30 @@ class RoundtableWorkflow:
         if out.conflict:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.approval_status
+
+    @workflow.update
+    async def extend_approval(self, request: ExtendInput) -> ExtendOutput:
+        """Push an approval's deadline back; the expiry timer follows."""
+        try:
+            extended = await workflow.execute_local_activity_method(
+                WriteActivities.extend_approval,
+                request,
+                start_to_close_timeout=BOOKKEEPING,
+                summary=f"extend approval by {request.seconds}s",
+            )
+        except ActivityError as exc:
+            raise ApplicationError(str(exc.cause or exc), type=CONFLICT) from exc
+        write = self.state.pending_approvals.get(request.approval_id)
+        if write is not None:
+            write.approval_deadline = extended.expires_at
+            self._refreshes += 1  # wake the wait so it re-arms its timer
+        return extended
+
+    @extend_approval.validator
+    def _validate_extension(self, request: ExtendInput) -> None:
+        refusal = self._decision_refusal(request.approval_id)
+        if refusal:
+            raise ValueError(refusal)
 
     @workflow.update
     async def reconcile_action(self, request: ReconcileInput) -> str:

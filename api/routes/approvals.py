@@ -81,3 +81,26 @@ async def decide(
         body.reason,
         body.arguments_digest,
     )
+
+
+class ExtendBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seconds: int = Field(gt=0, description="How much longer the approval stays open.")
+
+
+@router.post("/{approval_id}/extend")
+async def extend(
+    approval_id: str, body: ExtendBody, caller: Caller, ctx: Context
+) -> dict[str, Any]:
+    """Give people more time to decide; bounded by the server's maximum."""
+    _, run = await _visible(ctx, caller, approval_id)
+    if not caller.may_decide(run["user_id"]):
+        raise Problem(403, "forbidden", f"a {caller.role} token cannot extend approvals")
+    return await operations.extend(
+        await ctx.temporal(),
+        ctx.store,
+        approval_id,
+        body.seconds,
+        caller.user_id,
+        ctx.settings.max_approval_extension_seconds,
+    )

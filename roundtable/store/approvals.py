@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -108,6 +108,41 @@ class ApprovalOps(ActionOps):
                 )
         if expired_late:
             raise ConflictError(f"approval {approval_id!r} expired before the decision arrived")
+        return await self.get_approval(approval_id)
+
+    async def extend_approval(
+        self, approval_id: str, seconds: float, extended_by: str, max_seconds: float
+    ) -> dict[str, Any]:
+        """Push a pending approval's deadline back by ``seconds`` (at most
+        ``max_seconds``). An approval already past its deadline stays expired."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+            raise InvalidInputError("seconds must be a positive number")
+        if seconds > max_seconds:
+            raise InvalidInputError(f"an extension is at most {int(max_seconds)} seconds")
+        require_text("extended_by", extended_by)
+        async with self._transaction() as session:
+            run, approval = await self._lock_approval(session, approval_id)
+            if approval.status != ApprovalStatus.PENDING:
+                raise ConflictError(f"approval {approval_id!r} is already {approval.status}")
+            now = await database_now(session)
+            if now >= approval.expires_at:
+                raise ConflictError(f"approval {approval_id!r} has already expired")
+            before = approval.expires_at
+            after = before + timedelta(seconds=seconds)
+            approval.expires_at, approval.updated_at = after, now
+            await self._audit(
+                session,
+                run,
+                "approval.extended",
+                {
+                    "approval_id": approval_id,
+                    "action_id": approval.action_id,
+                    "from": before.isoformat(),
+                    "to": after.isoformat(),
+                    "by": extended_by,
+                },
+                now,
+            )
         return await self.get_approval(approval_id)
 
     async def _apply_decision(
