@@ -335,6 +335,5 @@ async def test_extend_an_approval(tmp_path) -> None:
         events = (
             await api.http.get(f"/v1/runs/{started['run_id']}/events", headers=api.auth("alice"))
         ).json()
-        assert [e for e in events if e["event_type"] == "approval.extended"][0]["payload"][
-            "by"
-        ] == "alice"
+        extension = next(e for e in events if e["event_type"] == "approval.extended")
+        assert extension["payload"]["by"] == "alice"
