@@ -18,7 +18,7 @@ from activities.errors import typed_store_errors
 from roundtable.models import (
     ActionRef,
     ApprovalRef,
-    DecisionInput,
+    DecideRequest,
     DecisionOutput,
     ExecuteWriteInput,
     ExecuteWriteOutput,
@@ -31,7 +31,7 @@ from roundtable.models import (
     ToolOutcome,
 )
 from roundtable.security import CapabilityError, derive_target
-from roundtable.store import ClaimOutcome, ConflictError, Store
+from roundtable.store import ClaimOutcome, ConflictError, InvalidInputError, Store
 from roundtable.store.states import ActionStatus
 from roundtable.tools.policy import initial_action_status
 from roundtable.tools.registry import (
@@ -110,9 +110,12 @@ class WriteActivities:
 
     @activity.defn(name="decide_approval")
     @typed_store_errors
-    async def decide_approval(self, inp: DecisionInput) -> DecisionOutput:
+    async def decide_approval(self, request: DecideRequest) -> DecisionOutput:
         """Compare-and-set the decision. A conflict is reported with the
         approval's real status, so the workflow follows the database."""
+        inp = request.decision
+        if inp.arguments is not None:
+            return await self._approve_with_edits(request)
         try:
             await self.store.decide_approval(
                 inp.approval_id, inp.decision, inp.decided_by, inp.reason, inp.arguments_digest
@@ -120,6 +123,42 @@ class WriteActivities:
             return await self._decision_view(inp.approval_id)
         except ConflictError as exc:
             return await self._decision_view(inp.approval_id, conflict=str(exc))
+
+    async def _approve_with_edits(self, request: DecideRequest) -> DecisionOutput:
+        """Edited arguments meet every check the original ones met: the tool's
+        schema, the run's write policy and grants, a freshly derived target."""
+        inp = request.decision
+        action = await self.store.get_action(
+            (await self.store.get_approval(inp.approval_id))["action_id"]
+        )
+        tool = self.registry.get(action["tool_name"])
+        if tool is None or request.snapshot is None:
+            raise InvalidInputError(f"{action['tool_name']} cannot be re-validated here")
+        try:
+            arguments = tool.parse(inp.arguments or {}).model_dump(mode="json")
+            target = derive_target(
+                action["tool_name"], arguments, request.snapshot.model_dump(), action["agent_id"]
+            )
+        except (ToolArgumentsError, CapabilityError) as exc:
+            raise InvalidInputError(f"edited arguments refused: {exc}") from exc
+        if initial_action_status(request.write_policy, action["risk_level"]) == (
+            ActionStatus.REJECTED
+        ):
+            raise InvalidInputError("the run's write policy refuses this write")
+        try:
+            _, changes = await self.store.approve_with_edits(
+                inp.approval_id,
+                inp.decided_by,
+                inp.reason,
+                inp.arguments_digest,
+                arguments,
+                target,
+            )
+        except ConflictError as exc:
+            return await self._decision_view(inp.approval_id, conflict=str(exc))
+        view = await self._decision_view(inp.approval_id)
+        view.edits = changes
+        return view
 
     @activity.defn(name="expire_approval")
     @typed_store_errors

@@ -282,6 +282,22 @@ class DecisionInput(Model):
     decided_by: str = Field(min_length=1, max_length=255)
     reason: str | None = Field(default=None, max_length=2000)
     arguments_digest: str | None = Field(default=None, max_length=80)
+    # Approve with edits: the corrected full arguments (approvals only).
+    arguments: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _edits_only_when_approving(self) -> DecisionInput:
+        if self.arguments is not None and self.decision != "approved":
+            raise ValueError("edited arguments come only with an approval")
+        return self
+
+
+class DecideRequest(Model):
+    """What the decide activity needs to re-check edited arguments."""
+
+    decision: DecisionInput
+    snapshot: CapabilitySnapshot | None = None
+    write_policy: str = "confirm_all_writes"
 
 
 class DecisionOutput(Model):
@@ -290,6 +306,7 @@ class DecisionOutput(Model):
     status: str  # the action's status
     approval_status: str
     conflict: str | None = None
+    edits: list[dict[str, Any]] | None = None
 
 
 class ExtendInput(Model):

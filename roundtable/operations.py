@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from roundtable.models import (
@@ -36,13 +36,24 @@ class TemporalUnavailableError(RuntimeError):
     code = "temporal_unavailable"
 
 
+def _typed(exc: WorkflowUpdateFailedError) -> Exception:
+    """Bad input stays bad input (422); every other refusal is a conflict (409)."""
+    cause = exc.cause
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause
+    message = str(cause or exc)
+    if isinstance(cause, ApplicationError) and cause.type == "InvalidInput":
+        return InvalidInputError(message)
+    return ConflictError(message)
+
+
 async def send_update(client: Client, run_id: str, update: str, payload: Any) -> str:
     try:
         return await client.get_workflow_handle(run_id).execute_update(
             update, payload, result_type=str
         )
     except WorkflowUpdateFailedError as exc:
-        raise ConflictError(str(exc.cause or exc)) from exc
+        raise _typed(exc) from exc
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             raise ConflictError(f"run {run_id} has no live workflow ({exc.message})") from exc
@@ -59,8 +70,10 @@ async def decide(
     decided_by: str,
     reason: str | None = None,
     arguments_digest: str | None = None,
+    arguments: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Decide a pending approval. NotFoundError / ConflictError as the store raises them."""
+    """Decide a pending approval, optionally approving edited ``arguments``.
+    NotFoundError / ConflictError / InvalidInputError as the store raises them."""
     approval = await store.get_approval(approval_id)
     if approval["status"] != "pending":
         raise ConflictError(f"approval {approval_id} is already {approval['status']}")
@@ -78,6 +91,7 @@ async def decide(
             decided_by=decided_by,
             reason=reason,
             arguments_digest=arguments_digest,
+            arguments=arguments,
         ),
     )
     return {
@@ -106,7 +120,7 @@ async def extend(
             result_type=ExtendOutput,
         )
     except WorkflowUpdateFailedError as exc:
-        raise ConflictError(str(exc.cause or exc)) from exc
+        raise _typed(exc) from exc
     return {
         "approval_id": approval_id,
         "run_id": approval["run_id"],

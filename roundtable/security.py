@@ -45,6 +45,7 @@ __all__ = [
     "ToolNotGrantedError",
     "ToolNotInSnapshotError",
     "action_to_public_dict",
+    "argument_changes",
     "arguments_digest",
     "decrypt_arguments",
     "derive_target",
@@ -280,6 +281,24 @@ def redact_arguments(
         str(name): (value if name in safe else REDACTED)
         for name, value in (arguments or {}).items()
     }
+
+
+def argument_changes(
+    before: Mapping[str, Any], after: Mapping[str, Any], safe_fields: Iterable[str] | None
+) -> list[dict[str, Any]]:
+    """What an edit changed, field by field, with values redacted as the
+    public view redacts them (the names of changed fields are always shown)."""
+    safe = set(safe_fields or ())
+    shown = lambda name, value: value if name in safe else REDACTED  # noqa: E731
+    return [
+        {
+            "field": name,
+            "before": shown(name, before.get(name)),
+            "after": shown(name, after.get(name)),
+        }
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name) or (name in before) != (name in after)
+    ]
 
 
 PUBLIC_ACTION_FIELDS: tuple[str, ...] = (

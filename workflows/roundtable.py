@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         ActionRef,
         ApprovalRef,
         ChatMessage,
+        DecideRequest,
         DecisionInput,
         EnsureRunInput,
         ExecuteWriteInput,
@@ -60,6 +61,7 @@ class RoundtableWorkflow:
         self.state: RunState = args.carried or RunState(run_id=args.request.run_id or "")
         self._decided: dict[str, str] = {}  # approval id → action status after the decision
         self._reconciled: dict[str, str] = {}  # action id → status after reconciliation
+        self._edits: dict[str, list] = {}  # approval id → what an operator changed
         self._status_lock = asyncio.Lock()
         self._published: tuple[str, int, int] | None = None
         self._refreshes = 0
@@ -79,7 +81,9 @@ class RoundtableWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(WorkflowArgs(request=self.request, carried=self.state))
             await self._conclude()
-        except ActivityError:
+        except (ActivityError, ApplicationError):
+            # Regular activities fail as ActivityError, local ones as their own
+            # ApplicationError: either way the store must say the run failed.
             await self._finish("failed")
             raise
         except asyncio.CancelledError:
@@ -203,7 +207,11 @@ class RoundtableWorkflow:
         if status == "waiting_approval":
             status = await self._await_decision(write)
         if status == "approved":
-            return await self._execute(write)
+            outcome = await self._execute(write)
+            edits = self._edits.get(write.approval_id or "")
+            if edits:  # the seat learns what the operator changed before approving
+                outcome.content = {**outcome.content, "operator_edits": edits}
+            return outcome
         return _outcome(write, status, {"error_code": "not_approved"})
 
     async def _await_decision(self, write: PendingWrite) -> str:
@@ -389,6 +397,20 @@ class RoundtableWorkflow:
 
     # ================================================================= messages
 
+    async def _bookkeeping(self, activity, argument, summary: str):  # type: ignore[no-untyped-def]
+        """A local activity for a message handler; its failure always reaches the
+        handler as an ApplicationError of the activity's type (a local activity's
+        failure may arrive as that error itself or wrapped in an ActivityError),
+        so an update's caller sees why and a signal handler can log and go on."""
+        try:
+            return await workflow.execute_local_activity_method(
+                activity, argument, start_to_close_timeout=BOOKKEEPING, summary=summary
+            )
+        except ActivityError as exc:
+            cause = exc.cause
+            kind = cause.type if isinstance(cause, ApplicationError) else CONFLICT
+            raise ApplicationError(str(cause or exc), type=kind or CONFLICT) from exc
+
     @workflow.query
     def state(self) -> RunState:
         return self.state
@@ -421,12 +443,17 @@ class RoundtableWorkflow:
         refusal = self._decision_refusal(decision.approval_id)
         if refusal:
             raise ApplicationError(refusal, type=CONFLICT)
-        out = await workflow.execute_local_activity_method(
+        out = await self._bookkeeping(
             WriteActivities.decide_approval,
-            decision,
-            start_to_close_timeout=BOOKKEEPING,
-            summary=f"record {decision.decision}",
+            DecideRequest(
+                decision=decision,
+                snapshot=self.state.snapshot,
+                write_policy=self.request.write_policy,
+            ),
+            f"record {decision.decision}",
         )
+        if out.edits:
+            self._edits[out.approval_id] = out.edits
         # The database's answer stands, whichever decision won.
         self._decided.setdefault(out.approval_id, out.status)
         if out.conflict:
@@ -436,15 +463,9 @@ class RoundtableWorkflow:
     @workflow.update
     async def extend_approval(self, request: ExtendInput) -> ExtendOutput:
         """Push an approval's deadline back; the expiry timer follows."""
-        try:
-            extended = await workflow.execute_local_activity_method(
-                WriteActivities.extend_approval,
-                request,
-                start_to_close_timeout=BOOKKEEPING,
-                summary=f"extend approval by {request.seconds}s",
-            )
-        except ActivityError as exc:
-            raise ApplicationError(str(exc.cause or exc), type=CONFLICT) from exc
+        extended = await self._bookkeeping(
+            WriteActivities.extend_approval, request, f"extend approval by {request.seconds}s"
+        )
         write = self.state.pending_approvals.get(request.approval_id)
         if write is not None:
             write.approval_deadline = extended.expires_at
@@ -483,11 +504,8 @@ class RoundtableWorkflow:
         refusal = self._reconcile_refusal(request.action_id)
         if refusal:
             raise ApplicationError(refusal, type=CONFLICT)
-        out = await workflow.execute_local_activity_method(
-            WriteActivities.reconcile_action,
-            request,
-            start_to_close_timeout=BOOKKEEPING,
-            summary=f"reconcile as {request.outcome}",
+        out = await self._bookkeeping(
+            WriteActivities.reconcile_action, request, f"reconcile as {request.outcome}"
         )
         if out.status in ("succeeded", "failed"):
             self._reconciled.setdefault(out.action_id, out.status)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
@@ -26,6 +26,16 @@ class DecisionBody(BaseModel):
         max_length=80,
         description="The arguments_digest of the approval as you read it.",
     )
+    arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="Approve with edits: the corrected full arguments (approvals only).",
+    )
+
+    @model_validator(mode="after")
+    def _edits_only_when_approving(self) -> DecisionBody:
+        if self.arguments is not None and self.decision != "approved":
+            raise ValueError("arguments: edits come only with decision 'approved'")
+        return self
 
 
 async def _visible(
@@ -80,6 +90,7 @@ async def decide(
         caller.user_id,
         body.reason,
         body.arguments_digest,
+        body.arguments,
     )
 
 

@@ -8,11 +8,19 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from roundtable.security import (
+    Target,
+    argument_changes,
+    decrypt_arguments,
+    encrypt_arguments,
+    redact_arguments,
+)
+from roundtable.security import arguments_digest as digest_arguments
 from roundtable.store.actions import ActionOps
 from roundtable.store.core import require_aware, require_text, row_to_dict
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
-from roundtable.store.schema import ActionRow, ApprovalRow, RunRow
+from roundtable.store.schema import ActionRow, ActionSecretRow, ApprovalRow, RunRow
 from roundtable.store.states import (
     APPROVAL_DECISIONS,
     APPROVAL_EXPIRED_REASON,
@@ -109,6 +117,64 @@ class ApprovalOps(ActionOps):
         if expired_late:
             raise ConflictError(f"approval {approval_id!r} expired before the decision arrived")
         return await self.get_approval(approval_id)
+
+    async def approve_with_edits(
+        self,
+        approval_id: str,
+        decided_by: str,
+        reason: str | None,
+        arguments_digest: str | None,
+        arguments: dict[str, Any],
+        target: Target,
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Approve with corrected arguments (already validated by the caller
+        against the tool's schema and policy, ``target`` re-derived from them).
+        Returns the approval and the changes, redacted as the action's view is."""
+        require_text("decided_by", decided_by)
+        async with self._transaction() as session:
+            run, approval = await self._lock_approval(session, approval_id)
+            if approval.status != ApprovalStatus.PENDING:
+                raise ConflictError(f"approval {approval_id!r} is already {approval.status}")
+            action = await session.get(ActionRow, approval.action_id)
+            if arguments_digest is not None and action.arguments_digest != arguments_digest:
+                raise ConflictError("arguments_digest does not match the action's arguments")
+            now = await database_now(session)
+            if now >= approval.expires_at:
+                raise ConflictError(f"approval {approval_id!r} has already expired")
+            secret = await session.get(ActionSecretRow, action.id)
+            before = (
+                decrypt_arguments(secret.arguments_encrypted, associated_data=action.id.encode())
+                if secret is not None
+                else {}
+            )
+            changes = argument_changes(before, arguments, action.safe_argument_fields)
+            sealed = encrypt_arguments(arguments, associated_data=action.id.encode())
+            if secret is None:
+                session.add(
+                    ActionSecretRow(action_id=action.id, arguments_encrypted=sealed, created_at=now)
+                )
+            else:
+                secret.arguments_encrypted = sealed
+            action.arguments = redact_arguments(arguments, action.safe_argument_fields)
+            action.arguments_digest = digest_arguments(action.id, action.tool_name, arguments)
+            action.target_key, action.target_scope = target.key, target.scope
+            action.target_namespace_wide = target.namespace_wide
+            await self._audit(
+                session,
+                run,
+                "action.arguments_edited",
+                {
+                    "action_id": action.id,
+                    "approval_id": approval_id,
+                    "edited_by": decided_by,
+                    "changes": changes,
+                },
+                now,
+            )
+            await self._apply_decision(
+                session, run, approval, ApprovalStatus.APPROVED, decided_by, reason, now
+            )
+        return await self.get_approval(approval_id), changes
 
     async def extend_approval(
         self, approval_id: str, seconds: float, extended_by: str, max_seconds: float
