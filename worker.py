@@ -28,12 +28,15 @@ from temporalio.worker import Worker
 
 from activities.run_activities import RunActivities
 from activities.sweep_activities import SweepActivities
+from activities.webhook_activities import WebhookActivities
 from activities.write_activities import WriteActivities
 from roundtable.config import Settings, load_settings
+from roundtable.security import read_action_secret
 from roundtable.store import Store, open_store
 from roundtable.temporal import SWEEP_SCHEDULE_ID, connect
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
+from roundtable.webhooks import signing_key
 from workflows.roundtable import RoundtableWorkflow
 from workflows.sweep import SweepWorkflow
 
@@ -47,12 +50,40 @@ class WorkerParts:
     tickets: TicketSystem
 
 
-def build_worker(client: Client, task_queue: str, store: Store, registry: ToolRegistry) -> Worker:
-    runs, writes, sweep = (
-        RunActivities(store, registry),
-        WriteActivities(store, registry),
-        (SweepActivities(store)),
+@dataclass
+class WebhookConfig:
+    urls: list[str]
+    signing_key: bytes
+    expiring_lead_seconds: int = 300
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WebhookConfig | None:
+        if not settings.webhook_urls:
+            return None
+        secret = settings.webhook_secret or read_action_secret().decode()
+        return cls(
+            list(settings.webhook_urls),
+            signing_key(secret),
+            settings.approval_expiring_lead_seconds,
+        )
+
+
+def build_worker(
+    client: Client,
+    task_queue: str,
+    store: Store,
+    registry: ToolRegistry,
+    webhooks: WebhookConfig | None = None,
+) -> Worker:
+    runs = RunActivities(
+        store,
+        registry,
+        webhooks.urls if webhooks else [],
+        webhooks.expiring_lead_seconds if webhooks else 300,
     )
+    writes, sweep = WriteActivities(store, registry), SweepActivities(store)
+    # Without receivers no run ever asks for a delivery, so no key is needed.
+    hooks = WebhookActivities(store, webhooks.signing_key if webhooks else b"")
     return Worker(
         client,
         task_queue=task_queue,
@@ -71,6 +102,7 @@ def build_worker(client: Client, task_queue: str, store: Store, registry: ToolRe
             writes.settle_write,
             writes.reconcile_action,
             sweep.sweep_store,
+            hooks.deliver_webhook,
         ],
     )
 
@@ -123,7 +155,13 @@ async def run_worker(settings: Settings | None = None, ready: asyncio.Event | No
         if settings.sweep_enabled:
             created = await ensure_sweep_schedule(client, settings)
             log.info("sweep schedule %s", "created" if created else "already present")
-        worker = build_worker(client, settings.task_queue, parts.store, parts.registry)
+        worker = build_worker(
+            client,
+            settings.task_queue,
+            parts.store,
+            parts.registry,
+            WebhookConfig.from_settings(settings),
+        )
         log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
         async with worker:
             if ready is not None:

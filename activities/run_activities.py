@@ -27,9 +27,17 @@ from roundtable.tools.registry import ToolArgumentsError, ToolContext, ToolRegis
 
 
 class RunActivities:
-    def __init__(self, store: Store, registry: ToolRegistry) -> None:
+    def __init__(
+        self,
+        store: Store,
+        registry: ToolRegistry,
+        webhook_urls: list[str] | None = None,
+        expiring_lead_seconds: int = 300,
+    ) -> None:
         self.store = store
         self.registry = registry
+        self.webhook_urls = list(webhook_urls or [])
+        self.expiring_lead_seconds = expiring_lead_seconds
 
     @activity.defn(name="ensure_run")
     @typed_store_errors
@@ -42,7 +50,13 @@ class RunActivities:
         run = await self.store.ensure_run(
             run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
         )
-        return EnsureRunOutput(run_id=run["id"], session_id=run["session_id"], snapshot=snapshot)
+        return EnsureRunOutput(
+            run_id=run["id"],
+            session_id=run["session_id"],
+            snapshot=snapshot,
+            webhook_urls=self.webhook_urls,
+            expiring_lead_seconds=self.expiring_lead_seconds,
+        )
 
     @activity.defn(name="take_turn")
     async def take_turn(self, inp: TakeTurnInput) -> TakeTurnOutput:

@@ -13,7 +13,7 @@ from temporalio.client import Client
 
 from api import problems
 from api.context import ApiContext
-from api.routes import actions, approvals, codec, health, runs
+from api.routes import actions, approvals, codec, health, runs, webhooks
 from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.config import Settings, load_settings
 from roundtable.store import Store, open_store
@@ -95,7 +95,7 @@ def create_app(
         lifespan=lifespan,
     )
     problems.install(app)
-    for module in (runs, approvals, actions, health, codec):
+    for module in (runs, approvals, actions, health, codec, webhooks):
         app.include_router(module.router)
     app.state.codec = EncryptionCodec(keys_from_environment())
     # The Temporal UI calls the codec endpoints from the browser.

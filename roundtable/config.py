@@ -34,6 +34,11 @@ class Settings(BaseSettings):
     task_queue: str = "roundtable"
     sweep_enabled: bool = True
     sweep_interval_seconds: int = Field(default=60, ge=5)
+    # Outgoing webhooks: receivers, signing secret (default: derived from the
+    # action secret), and how long before a deadline approval.expiring fires.
+    webhook_urls: list[str] = Field(default_factory=list)
+    webhook_secret: str | None = None
+    approval_expiring_lead_seconds: int = Field(default=300, ge=0)
     # Browser origins allowed to call the codec endpoints (the Temporal UI).
     ui_origins: list[str] = Field(
         default_factory=lambda: ["http://127.0.0.1:8233", "http://localhost:8233"]

@@ -203,6 +203,23 @@ class EnsureRunOutput(Model):
     run_id: str
     session_id: str
     snapshot: CapabilitySnapshot
+    # Worker configuration the run follows: where to send webhooks, and how
+    # long before an approval's deadline to warn that it is expiring.
+    webhook_urls: list[str] = Field(default_factory=list)
+    expiring_lead_seconds: int = 300
+
+
+class WebhookEvent(Model):
+    event_id: str  # stable across retries: receivers de-duplicate on it
+    event_type: str
+    run_id: str
+    occurred_at: datetime
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class WebhookDelivery(Model):
+    event: WebhookEvent
+    url: str
 
 
 class TakeTurnInput(Model):
@@ -368,6 +385,8 @@ class RunState(Model):
     final_answer: str | None = None
     usage: TokenUsage = Field(default_factory=TokenUsage)
     blocked_reason: str | None = None
+    webhook_urls: list[str] = Field(default_factory=list)
+    expiring_lead_seconds: int = 300
 
 
 class WorkflowArgs(Model):

@@ -223,6 +223,10 @@ async def test_events_stream_live_and_in_order(tmp_path) -> None:
 ENDPOINTS = [
     ("GET", "/v1/runs"),
     ("POST", "/v1/runs"),
+    ("POST", "/v1/approvals/x/extend"),
+    ("GET", "/v1/webhook-deliveries"),
+    ("POST", "/codec/encode"),
+    ("POST", "/codec/decode"),
     ("GET", "/v1/runs/x"),
     ("GET", "/v1/runs/x/actions"),
     ("GET", "/v1/runs/x/approvals"),

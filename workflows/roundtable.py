@@ -8,6 +8,7 @@ activity's fate is unclear the store, not the error, decides what happened.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from datetime import timedelta
 
@@ -17,6 +18,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.run_activities import RunActivities
+    from activities.webhook_activities import WebhookActivities
     from activities.write_activities import WriteActivities
     from roundtable.models import (
         ActionRef,
@@ -40,6 +42,8 @@ with workflow.unsafe.imports_passed_through():
         TakeTurnInput,
         ToolCall,
         ToolOutcome,
+        WebhookDelivery,
+        WebhookEvent,
         WorkflowArgs,
     )
     from workflows import search_attributes as sa
@@ -50,6 +54,13 @@ TOOL_CALL = timedelta(minutes=10)
 RETRY_BUSY_FIRST, RETRY_BUSY_MAX = timedelta(seconds=1), timedelta(minutes=1)
 RETRY_BLOCKED_MAX = timedelta(minutes=5)
 ONCE = RetryPolicy(maximum_attempts=1)
+WEBHOOK_RETRIES = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=5),
+    maximum_attempts=8,
+    non_retryable_error_types=["WebhookRejected"],
+)
 CONFLICT = "Conflict"
 
 
@@ -62,6 +73,7 @@ class RoundtableWorkflow:
         self._decided: dict[str, str] = {}  # approval id → action status after the decision
         self._reconciled: dict[str, str] = {}  # action id → status after reconciliation
         self._edits: dict[str, list] = {}  # approval id → what an operator changed
+        self._deliveries: list = []  # webhook activities still under way
         self._status_lock = asyncio.Lock()
         self._published: tuple[str, int, int] | None = None
         self._refreshes = 0
@@ -78,6 +90,7 @@ class RoundtableWorkflow:
                 await self._play_round(self.state.round + 1)
                 self.state.round += 1
                 if workflow.info().is_continue_as_new_suggested():
+                    await self._deliveries_done()
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(WorkflowArgs(request=self.request, carried=self.state))
             await self._conclude()
@@ -110,6 +123,8 @@ class RoundtableWorkflow:
             summary="open run",
         )
         self.state.session_id, self.state.snapshot = opened.session_id, opened.snapshot
+        self.state.webhook_urls = opened.webhook_urls
+        self.state.expiring_lead_seconds = opened.expiring_lead_seconds
         self.state.threads = {seat: [] for seat in self.request.seats}
         self.state.status = "running"
 
@@ -218,21 +233,49 @@ class RoundtableWorkflow:
         approval_id = write.approval_id
         self.state.pending_approvals[approval_id] = write
         await self._publish_status()
-        remaining = write.approval_deadline - workflow.now()
+        about = {
+            "approval_id": approval_id,
+            "action_id": write.action_id,
+            "tool_name": write.tool_name,
+            "seat": write.seat,
+        }
+        self._notify("approval.requested", approval_id, about)
+        # With no webhook receivers there is nobody to warn, and no warning timer:
+        # the same commands as before webhooks existed, so old histories replay.
+        warned = not self.state.webhook_urls
         seen_refreshes = self._refreshes
         try:
             while approval_id not in self._decided:
-                await workflow.wait_condition(
-                    lambda seen=seen_refreshes: (
-                        approval_id in self._decided or self._refreshes != seen
-                    ),
-                    timeout=max(remaining, timedelta(0)),
-                    timeout_summary=f"approval expiry {approval_id}",
+                warn_at = write.approval_deadline - timedelta(
+                    seconds=self.state.expiring_lead_seconds
                 )
-                if approval_id not in self._decided:  # the sweep nudged us: look again
-                    seen_refreshes = self._refreshes
+                if not warned and workflow.now() >= warn_at:
+                    warned = True
+                    self._notify(
+                        "approval.expiring",
+                        approval_id,
+                        {**about, "expires_at": write.approval_deadline.isoformat()},
+                    )
+                if warned:
+                    await workflow.wait_condition(
+                        lambda seen=seen_refreshes: (
+                            approval_id in self._decided or self._refreshes != seen
+                        ),
+                        timeout=max(write.approval_deadline - workflow.now(), timedelta(0)),
+                        timeout_summary=f"approval expiry {approval_id}",
+                    )
+                else:
+                    with contextlib.suppress(TimeoutError):  # time to warn: loop round
+                        await workflow.wait_condition(
+                            lambda seen=seen_refreshes: (
+                                approval_id in self._decided or self._refreshes != seen
+                            ),
+                            timeout=max(warn_at - workflow.now(), timedelta(0)),
+                            timeout_summary=f"approval expiring soon {approval_id}",
+                        )
+                if approval_id not in self._decided and self._refreshes != seen_refreshes:
+                    seen_refreshes = self._refreshes  # the sweep or an extension: look again
                     await self._check_approval(approval_id)
-                remaining = write.approval_deadline - workflow.now()
         except TimeoutError:
             expired = await workflow.execute_local_activity_method(
                 WriteActivities.expire_approval,
@@ -309,6 +352,11 @@ class RoundtableWorkflow:
     ) -> ToolOutcome:
         self.state.unknown_actions[write.action_id] = write
         await self._publish_status()
+        self._notify(
+            "action.unknown",
+            write.action_id,
+            {"action_id": write.action_id, "tool_name": write.tool_name, "seat": write.seat},
+        )
         await workflow.wait_condition(lambda: write.action_id in self._reconciled)
         self.state.unknown_actions.pop(write.action_id, None)
         await self._publish_status()
@@ -339,6 +387,34 @@ class RoundtableWorkflow:
         elif self.state.transcript:
             self.state.final_answer = self.state.transcript[-1].content
         await self._finish("completed")
+        self._notify("run.completed", self.state.run_id, {"status": "completed"})
+        await self._deliveries_done()
+
+    def _notify(self, event_type: str, subject: str, data: dict) -> None:
+        """Start delivering a webhook to each receiver; the run does not wait."""
+        event = WebhookEvent(
+            event_id=f"{self.state.run_id}:{event_type}:{subject}",
+            event_type=event_type,
+            run_id=self.state.run_id,
+            occurred_at=workflow.now(),
+            data=data,
+        )
+        for url in self.state.webhook_urls:
+            self._deliveries.append(
+                workflow.start_activity_method(
+                    WebhookActivities.deliver_webhook,
+                    WebhookDelivery(event=event, url=url),
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=WEBHOOK_RETRIES,
+                    summary=f"webhook {event_type}",
+                )
+            )
+
+    async def _deliveries_done(self) -> None:
+        """Let deliveries finish (or give up) before the run ends or continues
+        as new; a receiver that is down never fails the run."""
+        pending, self._deliveries = self._deliveries, []
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _finish(self, status: str) -> None:
         self.state.status = status

@@ -18,7 +18,7 @@ from roundtable.store.states import (
     ClaimOutcome,
     RunStatus,
 )
-from roundtable.store.tokens import TokenOps
+from roundtable.store.webhooks import WebhookOps
 
 __all__ = [
     "ActionStatus",
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-class Store(TokenOps):
+class Store(WebhookOps):
     """Sessions, runs, actions, approvals, leases and audit; every method is one
     or more atomic transactions and returns plain dicts or outcome strings."""
 

@@ -1,0 +1,66 @@
+"""Webhook delivery: one activity per event and receiver, retried with backoff
+by Temporal; every attempt goes to the delivery log."""
+
+from __future__ import annotations
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from roundtable.models import WebhookDelivery
+from roundtable.store import Store
+from roundtable.webhooks import SIGNATURE_HEADER, body_of, sign
+
+REJECTED = "WebhookRejected"  # permanent: not retried
+FAILED = "WebhookFailed"  # transient: retried with backoff
+
+
+class WebhookActivities:
+    def __init__(self, store: Store, signing_key: bytes, timeout_seconds: float = 10) -> None:
+        self.store = store
+        self.signing_key = signing_key
+        self.timeout_seconds = timeout_seconds
+
+    @activity.defn(name="deliver_webhook")
+    async def deliver_webhook(self, delivery: WebhookDelivery) -> int:
+        event = delivery.event.model_dump(mode="json")
+        body = body_of(event)
+        headers = {
+            "Content-Type": "application/json",
+            "X-Roundtable-Event": delivery.event.event_type,
+            "X-Roundtable-Delivery": delivery.event.event_id,
+            SIGNATURE_HEADER: sign(self.signing_key, body),
+        }
+        log = {
+            "delivery_id": delivery.event.event_id,
+            "run_id": delivery.event.run_id,
+            "event_type": delivery.event.event_type,
+            "url": delivery.url,
+            "attempt": activity.info().attempt,
+        }
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_seconds) as http:
+                response = await http.post(delivery.url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            await self.store.record_webhook_attempt(
+                **log, status_code=None, error=type(exc).__name__, delivered=False
+            )
+            raise  # retried with backoff
+        delivered = 200 <= response.status_code < 300
+        await self.store.record_webhook_attempt(
+            **log,
+            status_code=response.status_code,
+            error=None if delivered else response.text[:500],
+            delivered=delivered,
+        )
+        if delivered:
+            return response.status_code
+        # A 4xx (but 408 and 429) says the request itself is wrong: trying again
+        # cannot help. Anything else may pass later. The types differ so the
+        # workflow's retry policy can tell them apart.
+        permanent = 400 <= response.status_code < 500 and response.status_code not in (408, 429)
+        raise ApplicationError(
+            f"{delivery.url} answered {response.status_code}",
+            type=REJECTED if permanent else FAILED,
+            non_retryable=permanent,
+        )

@@ -1,0 +1,185 @@
+"""Outgoing webhooks to a real HTTP receiver: signed, retried, logged."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from roundtable.models import ReconcileInput
+from roundtable.webhooks import SIGNATURE_HEADER, signing_key, verify_signature
+from tests.api_server import free_port, serve_api
+from tests.workflow_harness import harness, script, ticket_call
+from worker import WebhookConfig, build_worker
+from workflows.roundtable import RoundtableWorkflow
+
+KEY = signing_key("webhook-test-secret")
+
+
+@dataclass
+class Receiver:
+    url: str
+    answers: list[int]  # status codes to answer with, in order; then 200
+    received: list[dict] = field(default_factory=list)
+
+    def events(self, delivered_only: bool = True) -> list[str]:
+        return [r["event_type"] for r in self.received if r["status"] == 200 or not delivered_only]
+
+
+@asynccontextmanager
+async def receiver(answers: list[int] | None = None) -> AsyncIterator[Receiver]:
+    port = free_port()
+    made = Receiver(f"http://127.0.0.1:{port}/hook", list(answers or []))
+
+    async def hook(request: Request) -> JSONResponse:
+        body = await request.body()
+        status = made.answers.pop(0) if made.answers else 200
+        made.received.append(
+            {
+                "event_type": request.headers["x-roundtable-event"],
+                "delivery": request.headers["x-roundtable-delivery"],
+                "signed": verify_signature(KEY, body, request.headers[SIGNATURE_HEADER]),
+                "body": json.loads(body),
+                "status": status,
+            }
+        )
+        return JSONResponse({"ok": status == 200}, status_code=status)
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/hook", hook, methods=["POST"])]),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
+    task = asyncio.create_task(server.serve())
+    for _ in range(200):
+        if server.started:
+            break
+        await asyncio.sleep(0.02)
+    try:
+        yield made
+    finally:
+        server.should_exit = True
+        await task
+
+
+def with_webhooks(*urls: str, lead: int = 300):  # type: ignore[no-untyped-def]
+    def factory(client, queue, store, registry):  # type: ignore[no-untyped-def]
+        return build_worker(
+            client,
+            queue,
+            store,
+            registry,
+            WebhookConfig(list(urls), KEY, expiring_lead_seconds=lead),
+        )
+
+    return factory
+
+
+async def test_approval_lifecycle_webhooks_are_signed_retried_and_logged(tmp_path) -> None:
+    async with (
+        receiver(answers=[500]) as hook,
+        harness(tmp_path, worker_factory=with_webhooks(hook.url, lead=300)) as h,
+    ):
+        handle = await h.start(
+            task_text="t",
+            approval_timeout_seconds=3600,
+            script=script(("seat-1", 1, [ticket_call("ticket_update")])),
+        )
+        await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        assert (await handle.result()).status == "completed"  # skips to warning and expiry
+
+        assert hook.events() == ["approval.requested", "approval.expiring", "run.completed"]
+        assert all(r["signed"] for r in hook.received)
+        first, retried = hook.received[0], hook.received[1]
+        assert (first["status"], retried["status"]) == (500, 200)
+        assert first["delivery"] == retried["delivery"]  # stable: receivers de-duplicate
+        requested = retried["body"]
+        assert requested["run_id"] == handle.id
+        assert requested["data"]["tool_name"] == "ticket_update"
+        assert "arguments" not in json.dumps(requested)
+
+        log = await h.store.list_webhook_deliveries(run_id=handle.id)
+        attempts = [(d["event_type"], d["attempt"], d["status_code"], d["delivered"]) for d in log]
+        assert attempts[:2] == [
+            ("approval.requested", 1, 500, False),
+            ("approval.requested", 2, 200, True),
+        ]
+        assert ("run.completed", 1, 200, True) in attempts
+
+        async with serve_api(h) as api:
+            listed = await api.http.get(
+                "/v1/webhook-deliveries", params={"run_id": handle.id}, headers=api.auth("ops")
+            )
+            assert listed.status_code == 200
+            assert [d["status_code"] for d in listed.json()][:2] == [500, 200]
+            assert (
+                await api.http.get("/v1/webhook-deliveries", headers=api.auth("alice"))
+            ).status_code == 403
+
+
+async def test_unknown_action_webhook_and_a_receiver_that_refuses(tmp_path) -> None:
+    def drops_after_write(registry, _tickets):  # type: ignore[no-untyped-def]
+        original = registry.tools["ticket_update"]
+
+        async def handler(args, ctx):  # type: ignore[no-untyped-def]
+            await original.handler(args, ctx)
+            raise ConnectionResetError("gone")
+
+        registry.tools["ticket_update"] = dataclasses.replace(original, handler=handler)
+
+    async with (
+        receiver() as good,
+        receiver(answers=[400] * 10) as refusing,
+        harness(
+            tmp_path,
+            customize=drops_after_write,
+            worker_factory=with_webhooks(good.url, refusing.url),
+        ) as h,
+    ):
+        handle = await h.start(
+            task_text="t",
+            write_policy="auto_approve_up_to:R3",
+            script=script(("seat-1", 1, [ticket_call("ticket_update")])),
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+        (action_id,) = state.unknown_actions
+        for _ in range(100):
+            if "action.unknown" in good.events():
+                break
+            await asyncio.sleep(0.05)
+        assert good.received[0]["body"]["data"]["action_id"] == action_id
+        await handle.execute_update(
+            RoundtableWorkflow.reconcile_action,
+            ReconcileInput(action_id=action_id, outcome="succeeded", decided_by="op", note="ok"),
+        )
+        assert (await handle.result()).status == "completed"
+        assert good.events() == ["action.unknown", "run.completed"]
+        # A 4xx is permanent: one attempt per event, and the run did not wait on it.
+        assert [r["status"] for r in refusing.received] == [400, 400]
+
+
+def test_signatures_verify_and_refuse_tampering_and_replays() -> None:
+    import time
+
+    from roundtable.webhooks import sign
+
+    body = b'{"event_type":"run.completed"}'
+    header = sign(KEY, body)
+    assert verify_signature(KEY, body, header)
+    assert not verify_signature(KEY, body + b" ", header)
+    assert not verify_signature(signing_key("another secret"), body, header)
+    stale = sign(KEY, body, int(time.time()) - 3600)
+    assert not verify_signature(KEY, body, stale)
+    assert not verify_signature(KEY, body, "garbage")
