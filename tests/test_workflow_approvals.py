@@ -122,7 +122,10 @@ async def test_signal_decision_for_fire_and_forget_operators(tmp_path) -> None:
             DecisionInput(approval_id=approval_id, decision="approved", decided_by="chatops"),
         )
         assert (await handle.result()).status == "completed"
-        assert (await h.store.get_approval(approval_id))["decided_by"] == "chatops"
+        # The name in a raw signal is a claim, and is recorded as one.
+        assert (await h.store.get_approval(approval_id))["decided_by"] == (
+            "temporal-signal:chatops"
+        )
         assert len(await h.tickets.write_log()) == 1
 
 

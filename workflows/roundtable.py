@@ -511,7 +511,7 @@ class RoundtableWorkflow:
     @workflow.signal
     async def approval_decision(self, decision: DecisionInput) -> None:
         try:
-            await self._decide(decision)
+            await self._decide(_as_signalled(decision))
         except ApplicationError as exc:
             workflow.logger.warning("approval decision refused: %s", exc)
 
@@ -572,7 +572,7 @@ class RoundtableWorkflow:
     @workflow.signal(name="reconcile_action_signal")
     async def reconcile_action_signal(self, request: ReconcileInput) -> None:
         try:
-            await self._reconcile(request)
+            await self._reconcile(_as_signalled(request))
         except ApplicationError as exc:
             workflow.logger.warning("reconciliation refused: %s", exc)
 
@@ -593,6 +593,14 @@ class RoundtableWorkflow:
     def refresh(self) -> None:
         """The sweep changed something in the store: re-read what we wait on."""
         self._refreshes += 1
+
+
+def _as_signalled(message):  # type: ignore[no-untyped-def]
+    """A raw signal's sender cannot be authenticated here (the SDK does not
+    hand its Temporal identity to handlers), so the name it claims is recorded
+    as a claim made over Temporal, never as an authenticated principal."""
+    claimed = message.decided_by[:200]
+    return message.model_copy(update={"decided_by": f"temporal-signal:{claimed}"})
 
 
 def _since_last_turn(transcript: list[ChatMessage], seat: str) -> list[ChatMessage]:
