@@ -8,13 +8,12 @@ so an unknown id or a stale approval is answered clearly without a round trip.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 import typer
 
 from roundtable import operations
-from roundtable.cli.output import conflict, emit, fail, table, usage_error
+from roundtable.cli.output import conflict, emit, run_or_fail, table, usage_error
 from roundtable.cli.shared import Actor, JsonFlag, actor, settings, store_from, temporal
 from roundtable.tools.tickets import TicketSystem
 from roundtable.views import approval_view
@@ -34,10 +33,7 @@ def approvals(
             rows = await store.list_approvals(run_id=run, status=status)
             return [await approval_view(store, row) for row in rows]
 
-    try:
-        rows = asyncio.run(listing())
-    except Exception as exc:
-        fail(exc, as_json)
+    rows = run_or_fail(listing(), as_json)
     emit(
         rows,
         as_json,
@@ -75,10 +71,7 @@ def reject(
 def _decide_command(
     approval_id: str, decision: str, by: str | None, reason: str | None, as_json: bool
 ) -> None:
-    try:
-        done = asyncio.run(_decide(approval_id, decision, actor(by), reason))
-    except Exception as exc:
-        fail(exc, as_json)
+    done = run_or_fail(_decide(approval_id, decision, actor(by), reason), as_json)
     emit(done, as_json, f"approval {approval_id} {done['status']}")
 
 
@@ -102,10 +95,7 @@ def reconcile(
             client = await temporal(config)
             return await operations.reconcile(client, store, action_id, outcome, actor(by), note)
 
-    try:
-        done = asyncio.run(settle())
-    except Exception as exc:
-        fail(exc, as_json)
+    done = run_or_fail(settle(), as_json)
     emit(done, as_json, f"action {action_id} reconciled as {done['status']}")
 
 
@@ -119,10 +109,7 @@ def tickets(as_json: JsonFlag = False) -> None:
         finally:
             await system.close()
 
-    try:
-        rows = asyncio.run(read())
-    except Exception as exc:
-        fail(exc, as_json)
+    rows = run_or_fail(read(), as_json)
     emit(
         rows,
         as_json,

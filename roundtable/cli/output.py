@@ -7,16 +7,19 @@ document, errors included; human messages go to stderr.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from sqlalchemy.engine import make_url
 
 from roundtable.operations import TemporalUnavailableError
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+
+T = TypeVar("T")
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
@@ -57,6 +60,14 @@ def fail(error: Exception, as_json: bool) -> NoReturn:
     else:
         typer.echo(f"error: {problem}", err=True)
     raise typer.Exit(problem.exit_code)
+
+
+def run_or_fail(work: Coroutine[Any, Any, T], as_json: bool) -> T:
+    """Run a command's work; any error leaves with its stable exit code."""
+    try:
+        return asyncio.run(work)
+    except Exception as exc:
+        fail(exc, as_json)
 
 
 def _plain(value: Any) -> Any:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from roundtable import operations
 from roundtable.agents.scripted import ScriptError, load_script
-from roundtable.cli.output import CliError, emit, fail, table, usage_error
+from roundtable.cli.output import CliError, emit, fail, run_or_fail, table, usage_error
 from roundtable.cli.shared import JsonFlag, settings, store_from, temporal
 from roundtable.models import RunInput, RunResult
 from roundtable.views import run_view
@@ -110,10 +110,7 @@ async def _final_answer(run_id: str, status: str) -> str | None:
 
 def show(run_id: Annotated[str, typer.Argument(help="Run id.")], as_json: JsonFlag = False) -> None:
     """Show a run with its actions and approvals."""
-    try:
-        view = asyncio.run(_run_view(run_id))
-    except Exception as exc:
-        fail(exc, as_json)
+    view = run_or_fail(_run_view(run_id), as_json)
     human = "\n".join(
         [
             f"run {view['run_id']}  status {view['status']}  user {view['user_id']}",

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
 
-from roundtable.cli.output import emit, fail, table
+from roundtable.cli.output import emit, run_or_fail, table
 from roundtable.cli.shared import JsonFlag, settings, store_from
 
 app = typer.Typer(no_args_is_help=True, help="API bearer tokens.")
@@ -26,10 +25,7 @@ def create(
         async with store_from(settings()) as store:
             return await store.create_token(user_id=user, role=role, label=label)
 
-    try:
-        token, record = asyncio.run(make())
-    except Exception as exc:
-        fail(exc, as_json)
+    token, record = run_or_fail(make(), as_json)
     emit(
         {"token": token, "id": record["id"], "user_id": user, "role": role},
         as_json,
@@ -45,10 +41,7 @@ def list_tokens(as_json: JsonFlag = False) -> None:
         async with store_from(settings()) as store:
             return await store.list_tokens()
 
-    try:
-        rows = asyncio.run(read())
-    except Exception as exc:
-        fail(exc, as_json)
+    rows = run_or_fail(read(), as_json)
     emit(
         rows,
         as_json,
@@ -67,8 +60,5 @@ def revoke(
         async with store_from(settings()) as store:
             return await store.revoke_token(token_id)
 
-    try:
-        record = asyncio.run(drop())
-    except Exception as exc:
-        fail(exc, as_json)
+    record = run_or_fail(drop(), as_json)
     emit(record, as_json, f"token {token_id} revoked")
