@@ -44,7 +44,7 @@ class RunActivities:
     async def ensure_run(self, inp: EnsureRunInput) -> EnsureRunOutput:
         """Create the run's rows (once) and pin its capability snapshot."""
         try:
-            snapshot = self.registry.snapshot(inp.seats, inp.tools)
+            snapshot = self.registry.snapshot(inp.seats, inp.tools, inp.seat_tools)
         except ValueError as exc:
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
         run = await self.store.ensure_run(
@@ -69,7 +69,7 @@ class RunActivities:
             messages = manager_messages(inp.task_text, inp.others)
             new_messages: list[ChatMessage] = []
         else:
-            history = inp.thread or [seat_system_prompt(inp.seat, inp.task_text)]
+            history = inp.thread or [seat_system_prompt(inp.seat, inp.task_text, inp.role_prompt)]
             prompt = round_prompt(inp.round, inp.others)
             messages = [*history, prompt]
             new_messages = ([] if inp.thread else history) + [prompt]
@@ -83,8 +83,18 @@ class RunActivities:
                 messages=messages,
                 tools=inp.tools,
                 script=inp.script,
+                reasoning_effort=inp.reasoning_effort,
             )
         )
+        if response.usage is not None:
+            await self.store.record_turn(
+                inp.run_id,
+                seat=inp.seat,
+                round_number=inp.round,
+                model=inp.model,
+                prompt_tokens=response.usage.prompt_tokens,
+                completion_tokens=response.usage.completion_tokens,
+            )
         reply = ChatMessage(
             role="assistant", name=inp.seat, content=response.text, tool_calls=response.tool_calls
         )

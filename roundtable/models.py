@@ -73,6 +73,11 @@ class RunInput(Model):
     approval_timeout_seconds: int = Field(default=3600, ge=1, le=30 * 24 * 3600)
     user_id: str = "local-user"
     tools: list[str] | None = None
+    # Per seat (and the manager): which model, which role, which tools.
+    seat_models: dict[str, str] = Field(default_factory=dict)
+    seat_roles: dict[str, str] = Field(default_factory=dict)
+    seat_tools: dict[str, list[str]] = Field(default_factory=dict)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
     run_id: str | None = None
     # Execution knobs; defaults suit production, tests shorten them.
     lease_seconds: int = Field(default=30, ge=2, le=3600)
@@ -101,7 +106,17 @@ class RunInput(Model):
     def _consistent(self) -> RunInput:
         if self.manager is not None and self.manager in self.seats:
             raise ValueError("the manager cannot also be a seat")
-        if self.model == "scripted" and self.script is None:
+        known = {*self.seats, *([self.manager] if self.manager else [])}
+        for name, mapping in (
+            ("seat_models", self.seat_models),
+            ("seat_roles", self.seat_roles),
+            ("seat_tools", self.seat_tools),
+        ):
+            strangers = sorted(set(mapping) - known)
+            if strangers:
+                raise ValueError(f"{name} names unknown seats: {', '.join(strangers)}")
+        models = {self.model, *self.seat_models.values()}
+        if "scripted" in models and self.script is None:
             self.script = ScriptDocument()
         if self.heartbeat_timeout_seconds >= self.lease_seconds:
             raise ValueError("heartbeat_timeout_seconds must be shorter than lease_seconds")
@@ -148,6 +163,9 @@ class ToolCall(Model):
     id: str
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    # Set when the model's call could not be read (e.g. arguments that are not
+    # a JSON object): the seat is told, nothing runs.
+    malformed: str | None = None
 
 
 class ChatMessage(Model):
@@ -177,6 +195,7 @@ class TurnRequest(Model):
     round: int
     role: Literal["seat", "manager"]
     model: str
+    reasoning_effort: str | None = None
     messages: list[ChatMessage]
     tools: list[ToolSpec] = Field(default_factory=list)
     script: ScriptDocument | None = None
@@ -197,6 +216,7 @@ class EnsureRunInput(Model):
     task_text: str
     seats: list[str]
     tools: list[str] | None = None
+    seat_tools: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class EnsureRunOutput(Model):
@@ -229,6 +249,8 @@ class TakeTurnInput(Model):
     role: Literal["seat", "manager"]
     model: str
     task_text: str
+    role_prompt: str | None = None
+    reasoning_effort: str | None = None
     thread: list[ChatMessage] = Field(default_factory=list)
     others: list[ChatMessage] = Field(default_factory=list)
     tools: list[ToolSpec] = Field(default_factory=list)

@@ -25,10 +25,17 @@ async def run_view(store: Store, run_id: str) -> dict[str, Any]:
         view = approval_to_public_dict(approval, by_id.get(approval["action_id"]))
         view["arguments_digest"] = by_id[approval["action_id"]]["arguments_digest"]
         approvals.append(view)
+    turns = [e["payload"] for e in await store.list_events(run_id)
+             if e["event_type"] == "turn.completed"]
     return {
         "run_id": run["id"],
         "user_id": run["user_id"],
         "status": run["status"],
+        "usage": {
+            "turns": len(turns),
+            "prompt_tokens": sum(t["prompt_tokens"] for t in turns),
+            "completion_tokens": sum(t["completion_tokens"] for t in turns),
+        },
         "created_at": run["created_at"].isoformat(),
         "updated_at": run["updated_at"].isoformat(),
         "actions": [action_to_public_dict(a) for a in actions],

@@ -118,6 +118,7 @@ class RoundtableWorkflow:
                 task_text=self.request.task_text,
                 seats=self.request.seats,
                 tools=self.request.tools,
+                seat_tools=self.request.seat_tools,
             ),
             start_to_close_timeout=BOOKKEEPING,
             summary="open run",
@@ -149,8 +150,10 @@ class RoundtableWorkflow:
                 seat=seat,
                 round=round_number,
                 role="seat",
-                model=self.request.model,
+                model=self.request.seat_models.get(seat, self.request.model),
                 task_text=self.request.task_text,
+                role_prompt=self.request.seat_roles.get(seat),
+                reasoning_effort=self.request.reasoning_effort,
                 thread=thread,
                 others=_since_last_turn(transcript, seat),
                 tools=self.state.snapshot.tools_for(seat) if self.state.snapshot else [],
@@ -181,6 +184,13 @@ class RoundtableWorkflow:
         return list(await asyncio.gather(*(self._tool_call(seat, round_number, c) for c in calls)))
 
     async def _tool_call(self, seat: str, round_number: int, call: ToolCall) -> ToolOutcome:
+        if call.malformed:  # the model's call could not be read: tell it, run nothing
+            return ToolOutcome(
+                call_id=call.id,
+                tool_name=call.name,
+                status="error",
+                content={"error_code": "malformed_call", "message": call.malformed},
+            )
         spec = self.state.snapshot.tool(call.name) if self.state.snapshot else None
         if (
             spec is not None
@@ -374,7 +384,8 @@ class RoundtableWorkflow:
                     seat=self.request.manager,
                     round=self.state.round,
                     role="manager",
-                    model=self.request.model,
+                    model=self.request.seat_models.get(self.request.manager, self.request.model),
+                    reasoning_effort=self.request.reasoning_effort,
                     task_text=self.request.task_text,
                     others=self.state.transcript,
                     script=self.request.script,
@@ -456,7 +467,11 @@ class RoundtableWorkflow:
             self._published = published
 
     def _details(self) -> str:
-        lines = [f"**{self.state.status}** · round {self.state.round}/{self.request.max_rounds}"]
+        usage = self.state.usage
+        lines = [
+            f"**{self.state.status}** · round {self.state.round}/{self.request.max_rounds}"
+            f" · tokens {usage.prompt_tokens} in / {usage.completion_tokens} out"
+        ]
         for approval_id, write in self.state.pending_approvals.items():
             lines.append(
                 f"- waiting for approval of {write.tool_name} by {write.seat}: "

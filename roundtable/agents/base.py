@@ -21,10 +21,13 @@ class UnknownModelError(ValueError):
 
 
 def resolve_model(name: str) -> ModelAdapter:
-    """``scripted`` (default) is built in; ``openai:<model>`` arrives with the
-    OpenAI-compatible adapter."""
+    """``scripted`` (deterministic, no network) or ``openai:<model-name>`` (any
+    OpenAI-compatible endpoint, from OPENAI_BASE_URL / OPENAI_API_KEY)."""
+    from roundtable.agents.openai_compatible import PREFIX, OpenAIChatModel
     from roundtable.agents.scripted import ScriptedModel
 
     if name == "scripted":
         return ScriptedModel()
-    raise UnknownModelError(f"unknown model {name!r}; available: scripted")
+    if name.startswith(PREFIX) and len(name) > len(PREFIX):
+        return OpenAIChatModel()
+    raise UnknownModelError(f"unknown model {name!r}; use 'scripted' or 'openai:<model-name>'")

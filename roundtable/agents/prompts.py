@@ -6,13 +6,14 @@ from __future__ import annotations
 from roundtable.models import ChatMessage
 
 
-def seat_system_prompt(seat: str, task_text: str) -> ChatMessage:
+def seat_system_prompt(seat: str, task_text: str, role: str | None = None) -> ChatMessage:
+    persona = f" Your role: {role}." if role else ""
     return ChatMessage(
         role="system",
         content=(
-            f"You are {seat}, one seat at a roundtable working on a task with other agents. "
-            "Speak briefly. You may call tools; writes are reviewed before they run, and "
-            "you will be told each write's outcome.\n\nTask: " + task_text
+            f"You are {seat}, one seat at a roundtable working on a task with other agents."
+            f"{persona} Speak briefly. You may call tools; writes are reviewed before they run, "
+            "and you will be told each write's outcome.\n\nTask: " + task_text
         ),
     )
 

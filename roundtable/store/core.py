@@ -254,6 +254,33 @@ class StoreCore:
             )
         return row_to_dict(run)
 
+    async def record_turn(
+        self,
+        run_id: str,
+        *,
+        seat: str,
+        round_number: int,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        """A model turn's token usage, in the run's audit log (summed by views)."""
+        async with self._transaction() as session:
+            run = await self._lock_run(session, run_id)
+            await self._audit(
+                session,
+                run,
+                "turn.completed",
+                {
+                    "seat": seat,
+                    "round": round_number,
+                    "model": model,
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                },
+                await database_now(session),
+            )
+
     # ----------------------------------------------------------------- audit reads
 
     async def list_events(self, run_id: str) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,15 +87,22 @@ class ToolRegistry:
         return self.tools.get(name)
 
     def snapshot(
-        self, seats: Iterable[str], tools: Iterable[str] | None = None
+        self,
+        seats: Iterable[str],
+        tools: Iterable[str] | None = None,
+        seat_tools: Mapping[str, Iterable[str]] | None = None,
     ) -> CapabilitySnapshot:
-        """Pin the run to today's tools. ``tools`` narrows the grant; naming a
-        tool that does not exist is an error, not a silent omission."""
+        """Pin the run to today's tools. By default every seat may use every
+        tool; ``tools`` narrows the run's grant, ``seat_tools`` a seat's. Naming
+        a tool that does not exist is an error, not a silent omission."""
         names = list(self.tools) if tools is None else list(tools)
-        missing = [n for n in names if n not in self.tools]
+        per_seat = {seat: list(granted) for seat, granted in (seat_tools or {}).items()}
+        named = {*names, *(t for granted in per_seat.values() for t in granted)}
+        missing = sorted(n for n in named if n not in self.tools)
         if missing:
             raise ValueError(f"unknown tools: {', '.join(missing)}")
-        specs = [self.tools[n].spec() for n in names]
+        specs = [self.tools[n].spec() for n in self.tools if n in named]
         return CapabilitySnapshot(
-            tools=specs, agents=[SeatGrant(agent_id=seat, tools=names) for seat in seats]
+            tools=specs,
+            agents=[SeatGrant(agent_id=seat, tools=per_seat.get(seat, names)) for seat in seats],
         )
