@@ -34,6 +34,7 @@ from roundtable.config import Settings, load_settings
 from roundtable.security import read_action_secret
 from roundtable.store import Store, open_store
 from roundtable.temporal import SWEEP_SCHEDULE_ID, connect
+from roundtable.tools.mcp import load_config, register_mcp_tools
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
 from roundtable.webhooks import signing_key
@@ -118,6 +119,9 @@ async def worker_parts(settings: Settings) -> AsyncIterator[WorkerParts]:
         )
         registry = ToolRegistry()
         register_ticket_tools(registry, tickets)
+        if settings.mcp_config:
+            added = await register_mcp_tools(registry, load_config(settings.mcp_config))
+            log.info("tools from MCP servers: %s", ", ".join(added) or "none")
         try:
             yield WorkerParts(store=store, registry=registry, tickets=tickets)
         finally:

@@ -65,7 +65,7 @@ class WriteActivities:
         try:
             if tool is None:
                 raise ToolArgumentsError(f"{call.name} is not available on this worker")
-            arguments = tool.parse(call.arguments).model_dump(mode="json")
+            arguments = tool.normalize(call.arguments)
             target = derive_target(call.name, arguments, inp.snapshot.model_dump(), inp.seat)
         except (ToolArgumentsError, CapabilityError) as exc:
             return _refused(inp, "invalid_arguments", str(exc))
@@ -135,7 +135,7 @@ class WriteActivities:
         if tool is None or request.snapshot is None:
             raise InvalidInputError(f"{action['tool_name']} cannot be re-validated here")
         try:
-            arguments = tool.parse(inp.arguments or {}).model_dump(mode="json")
+            arguments = tool.normalize(inp.arguments or {})
             target = derive_target(
                 action["tool_name"], arguments, request.snapshot.model_dump(), action["agent_id"]
             )

@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     task_queue: str = "roundtable"
     sweep_enabled: bool = True
     sweep_interval_seconds: int = Field(default=60, ge=5)
+    # Tools from MCP servers: a {"mcpServers": ...} JSON file.
+    mcp_config: str | None = None
     # Outgoing webhooks: receivers, signing secret (default: derived from the
     # action secret), and how long before a deadline approval.expiring fires.
     webhook_urls: list[str] = Field(default_factory=list)

@@ -25,8 +25,9 @@ async def run_view(store: Store, run_id: str) -> dict[str, Any]:
         view = approval_to_public_dict(approval, by_id.get(approval["action_id"]))
         view["arguments_digest"] = by_id[approval["action_id"]]["arguments_digest"]
         approvals.append(view)
-    turns = [e["payload"] for e in await store.list_events(run_id)
-             if e["event_type"] == "turn.completed"]
+    turns = [
+        e["payload"] for e in await store.list_events(run_id) if e["event_type"] == "turn.completed"
+    ]
     return {
         "run_id": run["id"],
         "user_id": run["user_id"],

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from roundtable.models import CapabilitySnapshot, RiskLevel, SeatGrant, SideEffect, ToolSpec
@@ -41,15 +42,24 @@ ToolHandler = Callable[[Any, ToolContext], Awaitable[dict[str, Any]]]
 
 @dataclass(frozen=True)
 class ToolDefinition:
+    """A tool: its facts for the snapshot, how to check its arguments (a
+    pydantic model, or a JSON Schema for tools described by others, e.g. MCP
+    servers) and the handler that runs it."""
+
     name: str
     description: str
-    args_model: type[BaseModel]
     side_effect: SideEffect
     risk_level: RiskLevel
     handler: ToolHandler
+    args_model: type[BaseModel] | None = None
+    input_schema: dict[str, Any] | None = None
     target_key_fields: tuple[str, ...] = ()
     target_key_namespace: str | None = None
     safe_argument_fields: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.args_model is None) == (self.input_schema is None):
+            raise ValueError(f"tool {self.name!r} needs exactly one of args_model, input_schema")
 
     def spec(self) -> ToolSpec:
         return ToolSpec(
@@ -60,10 +70,13 @@ class ToolDefinition:
             target_key_fields=list(self.target_key_fields),
             target_key_namespace=self.target_key_namespace,
             safe_argument_fields=list(self.safe_argument_fields),
-            parameters=self.args_model.model_json_schema(),
+            parameters=self.input_schema or self.args_model.model_json_schema(),
         )
 
-    def parse(self, arguments: dict[str, Any]) -> BaseModel:
+    def parse(self, arguments: dict[str, Any]) -> Any:
+        """The arguments as the handler takes them, or ToolArgumentsError."""
+        if self.args_model is None:
+            return self._check_schema(arguments)
         try:
             return self.args_model.model_validate(arguments)
         except ValidationError as exc:
@@ -72,6 +85,26 @@ class ToolDefinition:
                 for err in exc.errors()
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {problems}") from exc
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Checked arguments as plain JSON: what is stored, keyed and approved."""
+        parsed = self.parse(arguments)
+        return parsed if isinstance(parsed, dict) else parsed.model_dump(mode="json")
+
+    def _check_schema(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(arguments, dict):
+            raise ToolArgumentsError(f"invalid arguments for {self.name}: not an object")
+        problems = sorted(
+            jsonschema.Draft202012Validator(self.input_schema).iter_errors(arguments),
+            key=lambda e: list(e.path),
+        )
+        if problems:
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in e.path) or '(arguments)'}: {e.message}"
+                for e in problems
+            )
+            raise ToolArgumentsError(f"invalid arguments for {self.name}: {detail}")
+        return dict(arguments)
 
 
 @dataclass
