@@ -82,7 +82,7 @@ def build_worker(
         webhooks.urls if webhooks else [],
         webhooks.expiring_lead_seconds if webhooks else 300,
     )
-    writes, sweep = WriteActivities(store, registry), SweepActivities(store)
+    writes, sweep = WriteActivities(store, registry, client), SweepActivities(store)
     # Without receivers no run ever asks for a delivery, so no key is needed.
     hooks = WebhookActivities(store, webhooks.signing_key if webhooks else b"")
     return Worker(
@@ -102,6 +102,7 @@ def build_worker(
             writes.execute_write,
             writes.settle_write,
             writes.reconcile_action,
+            writes.signal_sender,
             sweep.sweep_store,
             hooks.deliver_webhook,
         ],

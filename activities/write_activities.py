@@ -13,6 +13,7 @@ import contextlib
 from typing import Any
 
 from temporalio import activity
+from temporalio.client import Client
 
 from activities.errors import typed_store_errors
 from roundtable.models import (
@@ -28,6 +29,7 @@ from roundtable.models import (
     PendingWrite,
     ReconcileInput,
     ReconcileOutput,
+    SignalSender,
     ToolOutcome,
 )
 from roundtable.security import CapabilityError, derive_target
@@ -45,9 +47,32 @@ EXECUTION_INTERRUPTED = "execution_interrupted"
 
 
 class WriteActivities:
-    def __init__(self, store: Store, registry: ToolRegistry) -> None:
+    def __init__(
+        self, store: Store, registry: ToolRegistry, temporal: Client | None = None
+    ) -> None:
         self.store = store
         self.registry = registry
+        self.temporal = temporal  # to read who sent a signal, from the history
+
+    @activity.defn(name="signal_sender")
+    async def signal_sender(self, inp: SignalSender) -> str | None:
+        """The Temporal identity that sent the newest matching signal. The SDK
+        does not hand it to signal handlers, but the history records it."""
+        if self.temporal is None:
+            return None
+        history = await self.temporal.get_workflow_handle(inp.workflow_id).fetch_history()
+        converter = self.temporal.data_converter
+        for event in reversed(history.events):
+            if not event.HasField("workflow_execution_signaled_event_attributes"):
+                continue
+            signalled = event.workflow_execution_signaled_event_attributes
+            if signalled.signal_name != inp.signal_name:
+                continue
+            (payload,) = await converter.decode(list(signalled.input.payloads), [dict])
+            subject = payload.get("approval_id") or payload.get("action_id")
+            if subject == inp.subject_id:
+                return signalled.identity or None
+        return None
 
     # ----------------------------------------------------------------- intercept
 

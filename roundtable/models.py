@@ -339,6 +339,15 @@ class DecideRequest(Model):
     write_policy: str = "confirm_all_writes"
 
 
+class SignalSender(Model):
+    """Which signal to attribute: the newest with this name whose payload
+    names this approval or action."""
+
+    workflow_id: str
+    signal_name: str
+    subject_id: str
+
+
 class DecisionOutput(Model):
     approval_id: str
     action_id: str

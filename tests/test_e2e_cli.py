@@ -4,6 +4,8 @@ as its own process: what an operator actually types."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -122,3 +124,55 @@ async def test_cli_errors_are_clear(stack: Stack) -> None:
     assert code == 1 and "cannot reach Temporal" in down["error"]["message"]
     code, gone = await asyncio.to_thread(stack.cli, "show", "no-such-run")
     assert code == 4 and gone["error"]["code"] == "not_found"
+
+
+async def test_a_plain_temporal_signal_is_attributed_to_its_sender(stack: Stack) -> None:
+    """`temporal workflow signal` users: decided_by is the sender's Temporal
+    identity, whatever name the body claims."""
+    from tests.workflow_harness import venv_binary
+
+    code, started = await asyncio.to_thread(
+        stack.cli,
+        "start",
+        "--task",
+        "t",
+        "--script",
+        one_write_script(stack.workdir / "s.json", "T-5"),
+    )
+    assert code == 0, started
+    run_id = started["run_id"]
+    (approval,) = await asyncio.to_thread(
+        stack.until,
+        lambda: stack.cli("approvals", "--run", run_id, "--status", "pending")[1],
+        "an approval",
+    )
+    body = json.dumps(
+        {"approval_id": approval["id"], "decision": "approved", "decided_by": "mallory"}
+    )
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [
+            venv_binary("temporal"),
+            "workflow",
+            "signal",
+            "--address",
+            stack.address,
+            "-w",
+            run_id,
+            "--name",
+            "approval_decision",
+            "--input",
+            body,
+            "--identity",
+            "ops-alice",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    final = await asyncio.to_thread(
+        stack.until, stack.run_with_status(run_id, "completed"), "completion"
+    )
+    assert final["approvals"][0]["decided_by"] == "temporal:ops-alice"

@@ -122,10 +122,11 @@ async def test_signal_decision_for_fire_and_forget_operators(tmp_path) -> None:
             DecisionInput(approval_id=approval_id, decision="approved", decided_by="chatops"),
         )
         assert (await handle.result()).status == "completed"
-        # The name in a raw signal is a claim, and is recorded as one.
-        assert (await h.store.get_approval(approval_id))["decided_by"] == (
-            "temporal-signal:chatops"
-        )
+        # A raw signal is attributed to its sender's Temporal identity (read
+        # from the history), never to the name written in its body.
+        decided_by = (await h.store.get_approval(approval_id))["decided_by"]
+        assert decided_by == f"temporal:{h.client.identity}"
+        assert "chatops" not in decided_by
         assert len(await h.tickets.write_log()) == 1
 
 

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         RunState,
         RunStatusInput,
+        SignalSender,
         TakeTurnInput,
         ToolCall,
         ToolOutcome,
@@ -526,7 +527,9 @@ class RoundtableWorkflow:
     @workflow.signal
     async def approval_decision(self, decision: DecisionInput) -> None:
         try:
-            await self._decide(_as_signalled(decision))
+            await self._decide(
+                await self._signalled_by(decision, "approval_decision", decision.approval_id)
+            )
         except ApplicationError as exc:
             workflow.logger.warning("approval decision refused: %s", exc)
 
@@ -587,7 +590,9 @@ class RoundtableWorkflow:
     @workflow.signal(name="reconcile_action_signal")
     async def reconcile_action_signal(self, request: ReconcileInput) -> None:
         try:
-            await self._reconcile(_as_signalled(request))
+            await self._reconcile(
+                await self._signalled_by(request, "reconcile_action_signal", request.action_id)
+            )
         except ApplicationError as exc:
             workflow.logger.warning("reconciliation refused: %s", exc)
 
@@ -604,18 +609,26 @@ class RoundtableWorkflow:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.status
 
+    async def _signalled_by(self, message, signal_name: str, subject_id: str):  # type: ignore[no-untyped-def]
+        """Whoever sent a raw signal is its Temporal identity (from the history),
+        never the name written in its body. Should the history not say, the
+        name is kept, marked as an unverified claim."""
+        identity = await self._bookkeeping(
+            WriteActivities.signal_sender,
+            SignalSender(
+                workflow_id=workflow.info().workflow_id,
+                signal_name=signal_name,
+                subject_id=subject_id,
+            ),
+            "who sent this signal",
+        )
+        who = f"temporal:{identity}" if identity else f"unverified:{message.decided_by}"
+        return message.model_copy(update={"decided_by": who[:255]})
+
     @workflow.signal
     def refresh(self) -> None:
         """The sweep changed something in the store: re-read what we wait on."""
         self._refreshes += 1
-
-
-def _as_signalled(message):  # type: ignore[no-untyped-def]
-    """A raw signal's sender cannot be authenticated here (the SDK does not
-    hand its Temporal identity to handlers), so the name it claims is recorded
-    as a claim made over Temporal, never as an authenticated principal."""
-    claimed = message.decided_by[:200]
-    return message.model_copy(update={"decided_by": f"temporal-signal:{claimed}"})
 
 
 def _since_last_turn(transcript: list[ChatMessage], seat: str) -> list[ChatMessage]:
