@@ -7,6 +7,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import uvicorn
@@ -32,25 +33,34 @@ class Api:
 
 
 @asynccontextmanager
-async def serve_api(h: Harness, max_body_bytes: int = 256 * 1024) -> AsyncIterator[Api]:
-    settings = Settings(database_url="sqlite+aiosqlite://", task_queue=h.task_queue)
-    app = create_app(settings, store=h.store, client=h.client, max_body_bytes=max_body_bytes)
+async def serving(app: Any) -> AsyncIterator[int]:
+    """Serve an ASGI app with uvicorn on a free loopback port until the block ends."""
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )
-    serving = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve())
     for _ in range(500):
         if server.started:
             break
         await asyncio.sleep(0.02)
     assert server.started, "uvicorn did not start"
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        await task
+
+
+@asynccontextmanager
+async def serve_api(h: Harness, max_body_bytes: int = 256 * 1024) -> AsyncIterator[Api]:
+    settings = Settings(database_url="sqlite+aiosqlite://", task_queue=h.task_queue)
+    app = create_app(settings, store=h.store, client=h.client, max_body_bytes=max_body_bytes)
     tokens = {}
     for name, role in (("alice", "user"), ("bob", "user"), ("ops", "operator"), ("svc", "service")):
         tokens[name], _ = await h.store.create_token(user_id=name, role=role)
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            yield Api(http, tokens)
-    finally:
-        server.should_exit = True
-        await serving
+    async with (
+        serving(app) as port,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http,
+    ):
+        yield Api(http, tokens)

@@ -11,13 +11,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.api_server import free_port
+from tests.api_server import serving
 
 Reply = dict[str, Any]  # {"status", "body", "delay"}
 Script = Callable[[dict[str, Any], int], Reply]  # (request body, call number) -> reply
@@ -84,26 +83,16 @@ class FakeOpenAI:
 
 @asynccontextmanager
 async def fake_openai(script: Script) -> AsyncIterator[FakeOpenAI]:
-    port = free_port()
-    fake = FakeOpenAI(f"http://127.0.0.1:{port}/v1", script)
+    requests: list[dict[str, Any]] = []
 
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
-        fake.requests.append(body)
-        reply = fake.script(body, len(fake.requests))
+        requests.append(body)
+        reply = script(body, len(requests))
         if reply.get("delay"):
             await asyncio.sleep(reply["delay"])
         return JSONResponse(reply["body"], status_code=reply["status"])
 
     app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    for _ in range(200):
-        if server.started:
-            break
-        await asyncio.sleep(0.02)
-    try:
-        yield fake
-    finally:
-        server.should_exit = True
-        await task
+    async with serving(app) as port:
+        yield FakeOpenAI(f"http://127.0.0.1:{port}/v1", script, requests)

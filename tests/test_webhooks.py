@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -17,7 +16,7 @@ from starlette.routing import Route
 
 from roundtable.models import ReconcileInput
 from roundtable.webhooks import SIGNATURE_HEADER, signing_key, verify_signature
-from tests.api_server import free_port, serve_api
+from tests.api_server import serve_api, serving
 from tests.workflow_harness import harness, script, ticket_call
 from worker import WebhookConfig, build_worker
 from workflows.roundtable import RoundtableWorkflow
@@ -37,8 +36,7 @@ class Receiver:
 
 @asynccontextmanager
 async def receiver(answers: list[int] | None = None) -> AsyncIterator[Receiver]:
-    port = free_port()
-    made = Receiver(f"http://127.0.0.1:{port}/hook", list(answers or []))
+    made = Receiver("", list(answers or []))
 
     async def hook(request: Request) -> JSONResponse:
         body = await request.body()
@@ -54,24 +52,9 @@ async def receiver(answers: list[int] | None = None) -> AsyncIterator[Receiver]:
         )
         return JSONResponse({"ok": status == 200}, status_code=status)
 
-    server = uvicorn.Server(
-        uvicorn.Config(
-            Starlette(routes=[Route("/hook", hook, methods=["POST"])]),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    for _ in range(200):
-        if server.started:
-            break
-        await asyncio.sleep(0.02)
-    try:
+    async with serving(Starlette(routes=[Route("/hook", hook, methods=["POST"])])) as port:
+        made.url = f"http://127.0.0.1:{port}/hook"
         yield made
-    finally:
-        server.should_exit = True
-        await task
 
 
 def with_webhooks(*urls: str, lead: int = 300):  # type: ignore[no-untyped-def]
