@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint venv system-deps clean
+.PHONY: run test lint bench venv system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ lint: venv
 
 test: venv system-deps lint
 	$(VENV)/bin/pytest
+
+# What the safety costs: store claims against a bare upsert, as ratios.
+bench: venv
+	$(VENV)/bin/python -m bench.claims
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
