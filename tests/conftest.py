@@ -18,14 +18,11 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from roundtable.store import Store, open_store
+from tests.ci import unavailable
 from tests.pg_cluster import PgCluster, PostgresUnavailable, start_cluster
 
 TEST_SECRET = "test-only-action-secret-please-rotate"
 _PG_STATE: dict[str, object] = {}
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
 def _admin_url() -> str:
@@ -92,9 +89,7 @@ def postgres_url() -> Iterator[str]:
     try:
         admin = _admin_url()
     except PostgresUnavailable as exc:
-        if _in_ci():
-            pytest.fail(f"PostgreSQL is required in CI and could not start: {exc}")
-        pytest.skip(f"PostgreSQL unavailable outside CI: {exc}")
+        unavailable("PostgreSQL", f"{exc}; make test installs it")
     name = f"rt_{uuid.uuid4().hex[:16]}"
 
     async def admin_sql(sql: str) -> None:

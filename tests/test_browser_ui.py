@@ -8,13 +8,11 @@ import asyncio
 import base64
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
+from tests.ci import unavailable
 from tests.dev_stack import dev_stack
 from tests.workflow_harness import venv_binary
 
@@ -30,9 +28,7 @@ def _require_browser() -> None:
     if importlib.util.find_spec("playwright") is None:
         missing.append("the playwright package")
     if missing:
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-            pytest.fail(f"the browser check needs {' and '.join(missing)} in CI")
-        pytest.skip(f"no {' and '.join(missing)} on this machine (make test installs them)")
+        unavailable(" and ".join(missing), "make test installs them")
 
 
 def _inspect(address: str, workflow_id: str) -> tuple[str, str]:

@@ -51,6 +51,13 @@ async def _visible(
     return approval, run
 
 
+async def _decidable(ctx: ApiContext, caller: Principal, approval_id: str, verb: str) -> None:
+    """404 unless the caller may see it, 403 unless the caller may act on it."""
+    _, run = await _visible(ctx, caller, approval_id)
+    if not caller.may_decide(run["user_id"]):
+        raise Problem(403, "forbidden", f"a {caller.role} token cannot {verb} approvals")
+
+
 @router.get("")
 async def list_approvals(
     caller: Caller,
@@ -79,9 +86,7 @@ async def decide(
 ) -> dict[str, Any]:
     """Approve or reject, bound to the arguments you saw. 409 when the approval
     is no longer pending or the arguments changed; the decider is the token's owner."""
-    _, run = await _visible(ctx, caller, approval_id)
-    if not caller.may_decide(run["user_id"]):
-        raise Problem(403, "forbidden", f"a {caller.role} token cannot decide approvals")
+    await _decidable(ctx, caller, approval_id, "decide")
     return await operations.decide(
         await ctx.temporal(),
         ctx.store,
@@ -104,9 +109,7 @@ async def extend(
     approval_id: str, body: ExtendBody, caller: Caller, ctx: Context
 ) -> dict[str, Any]:
     """Give people more time to decide; bounded by the server's maximum."""
-    _, run = await _visible(ctx, caller, approval_id)
-    if not caller.may_decide(run["user_id"]):
-        raise Problem(403, "forbidden", f"a {caller.role} token cannot extend approvals")
+    await _decidable(ctx, caller, approval_id, "extend")
     return await operations.extend(
         await ctx.temporal(),
         ctx.store,
