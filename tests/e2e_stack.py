@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -62,6 +63,19 @@ class Stack:
                 return value
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}")
+
+    async def start(self, *args: str) -> dict[str, Any]:
+        """``roundtable start`` with these options; it must succeed."""
+        code, started = await asyncio.to_thread(self.cli, "start", *args)
+        assert code == 0, started
+        return started
+
+    async def pending_approvals(self, run_id: str, what: str = "a pending approval") -> list:
+        return await asyncio.to_thread(
+            self.until,
+            lambda: self.cli("approvals", "--run", run_id, "--status", "pending")[1],
+            what,
+        )
 
     def run_with_status(self, run_id: str, wanted: str):  # type: ignore[no-untyped-def]
         """A probe for until(): the run's view once it has ``wanted`` status."""

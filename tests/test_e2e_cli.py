@@ -23,18 +23,11 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 
 async def test_operator_flow_through_the_cli(stack: Stack) -> None:
     run_script = one_write_script(stack.workdir / "script.json", "T-1")
-    code, started = await asyncio.to_thread(
-        stack.cli, "start", "--task", "raise T-1", "--script", run_script, "--user", "alice"
-    )
-    assert code == 0, started
+    started = await stack.start("--task", "raise T-1", "--script", run_script, "--user", "alice")
     run_id = started["run_id"]
     assert started["workflow_id"] == run_id
 
-    pending = await asyncio.to_thread(
-        stack.until,
-        lambda: stack.cli("approvals", "--run", run_id, "--status", "pending")[1],
-        "a pending approval",
-    )
+    pending = await stack.pending_approvals(run_id, "a pending approval")
     (approval,) = pending
     assert approval["tool_name"] == "ticket_update" and approval["agent_id"] == "seat-1"
     assert approval["arguments"]["ticket_id"] == "T-1"
@@ -69,17 +62,9 @@ async def test_operator_flow_through_the_cli(stack: Stack) -> None:
 
 async def test_unknown_outcome_is_reconciled_through_the_cli(stack: Stack) -> None:
     run_script = one_write_script(stack.workdir / "chaos.json", "T-13")
-    code, started = await asyncio.to_thread(
-        stack.cli,
-        "start",
-        "--task",
-        "t",
-        "--script",
-        run_script,
-        "--policy",
-        "auto_approve_up_to:R3",
+    started = await stack.start(
+        "--task", "t", "--script", run_script, "--policy", "auto_approve_up_to:R3"
     )
-    assert code == 0
     run_id = started["run_id"]
     view = await asyncio.to_thread(
         stack.until,
@@ -131,21 +116,11 @@ async def test_a_plain_temporal_signal_is_attributed_to_its_sender(stack: Stack)
     identity, whatever name the body claims."""
     from tests.workflow_harness import venv_binary
 
-    code, started = await asyncio.to_thread(
-        stack.cli,
-        "start",
-        "--task",
-        "t",
-        "--script",
-        one_write_script(stack.workdir / "s.json", "T-5"),
+    started = await stack.start(
+        "--task", "t", "--script", one_write_script(stack.workdir / "s.json", "T-5")
     )
-    assert code == 0, started
     run_id = started["run_id"]
-    (approval,) = await asyncio.to_thread(
-        stack.until,
-        lambda: stack.cli("approvals", "--run", run_id, "--status", "pending")[1],
-        "an approval",
-    )
+    (approval,) = await stack.pending_approvals(run_id, "an approval")
     body = json.dumps(
         {"approval_id": approval["id"], "decision": "approved", "decided_by": "mallory"}
     )

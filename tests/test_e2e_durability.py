@@ -19,15 +19,11 @@ from worker import ensure_sweep_schedule
 
 async def test_a_restarted_worker_resumes_waiting_runs(tmp_path: Path) -> None:
     async with running_stack(tmp_path) as stack:
-        code, started = await asyncio.to_thread(
-            stack.cli, "start", "--task", "t", "--script", one_write_script(tmp_path / "s.json")
+        started = await stack.start(
+            "--task", "t", "--script", one_write_script(tmp_path / "s.json")
         )
         run_id = started["run_id"]
-        (approval,) = await asyncio.to_thread(
-            stack.until,
-            lambda: stack.cli("approvals", "--run", run_id, "--status", "pending")[1],
-            "an approval",
-        )
+        (approval,) = await stack.pending_approvals(run_id, "an approval")
         stack.kill_worker(stack.workers[0])
         stack.start_worker()
         code, _ = await asyncio.to_thread(stack.cli, "approve", approval["id"])
@@ -41,9 +37,7 @@ async def test_a_restarted_worker_resumes_waiting_runs(tmp_path: Path) -> None:
 
 async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path: Path) -> None:
     async with running_stack(tmp_path, demo_ticket_write_delay_seconds="30") as stack:
-        code, started = await asyncio.to_thread(
-            stack.cli,
-            "start",
+        started = await stack.start(
             "--task",
             "t",
             "--script",
@@ -55,7 +49,6 @@ async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path
             "--lease-seconds",
             "10",
         )
-        assert code == 0, started
         run_id = started["run_id"]
         await asyncio.to_thread(stack.until, lambda: stack.cli("tickets")[1], "the write to start")
         stack.kill_worker(stack.workers[0])  # mid-write: the ticket is half done
@@ -150,17 +143,9 @@ async def test_sweep_schedule_expires_approvals_of_runs_without_a_workflow(
 async def test_long_runs_continue_as_new_and_keep_their_state(tmp_path: Path) -> None:
     suggest_early = ["--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=30"]
     async with running_stack(tmp_path, suggest_early) as stack:
-        code, started = await asyncio.to_thread(
-            stack.cli,
-            "start",
-            "--task",
-            "a long discussion",
-            "--rounds",
-            "6",
-            "--seats",
-            "seat-1,seat-2,seat-3",
+        started = await stack.start(
+            "--task", "a long discussion", "--rounds", "6", "--seats", "seat-1,seat-2,seat-3"
         )
-        assert code == 0
         run_id = started["run_id"]
         await asyncio.to_thread(
             stack.until, stack.run_with_status(run_id, "completed"), "completion"

@@ -48,9 +48,7 @@ async def test_worker_loads_mcp_servers_from_the_config_file(tmp_path: Path) -> 
         )
     )
     async with running_stack(tmp_path, mcp_config=str(config)) as stack:
-        code, started = await asyncio.to_thread(
-            stack.cli,
-            "start",
+        started = await stack.start(
             "--task",
             "t",
             "--script",
@@ -58,13 +56,8 @@ async def test_worker_loads_mcp_servers_from_the_config_file(tmp_path: Path) -> 
             "--tools",
             "records__lookup,records__update_record",
         )
-        assert code == 0, started
         run_id = started["run_id"]
-        (approval,) = await asyncio.to_thread(
-            stack.until,
-            lambda: stack.cli("approvals", "--run", run_id, "--status", "pending")[1],
-            "the MCP write's approval",
-        )
+        (approval,) = await stack.pending_approvals(run_id, "the MCP write's approval")
         assert approval["tool_name"] == "records__update_record"
         code, _ = await asyncio.to_thread(stack.cli, "approve", approval["id"])
         assert code == 0

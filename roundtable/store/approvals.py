@@ -73,8 +73,7 @@ class ApprovalOps(ActionOps):
             query = query.where(ApprovalRow.run_id == run_id)
         if status is not None:
             query = query.where(ApprovalRow.status == status)
-        async with self._reader() as session:
-            return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
+        return await self._all(query)
 
     async def decide_approval(
         self,

@@ -75,6 +75,11 @@ class StoreCore:
         """A session for reads only: never takes SQLite's write lock."""
         return self._read_factory()
 
+    async def _all(self, query: Any) -> list[dict[str, Any]]:
+        """Run a read query for whole rows; plain dicts out."""
+        async with self._reader() as session:
+            return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
+
     async def _lock_run(self, session: AsyncSession, run_id: str) -> RunRow:
         run = (
             await session.execute(
@@ -198,8 +203,7 @@ class StoreCore:
         query = select(SessionRow).order_by(SessionRow.created_at, SessionRow.id)
         if user_id is not None:
             query = query.where(SessionRow.user_id == user_id)
-        async with self._reader() as session:
-            return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
+        return await self._all(query)
 
     async def list_runs(
         self,
@@ -227,8 +231,7 @@ class StoreCore:
             )
         if limit is not None:
             query = query.limit(limit)
-        async with self._reader() as session:
-            return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
+        return await self._all(query)
 
     async def set_run_status(self, run_id: str, status: str) -> dict[str, Any]:
         """Move a run along its state machine (and its session with it)."""

@@ -7,7 +7,6 @@ from typing import Any
 
 from sqlalchemy import select
 
-from roundtable.store.core import row_to_dict
 from roundtable.store.engine import database_now
 from roundtable.store.schema import WebhookDeliveryRow
 from roundtable.store.tokens import TokenOps
@@ -22,5 +21,4 @@ class WebhookOps(TokenOps):
         query = select(WebhookDeliveryRow).order_by(WebhookDeliveryRow.id)
         if run_id is not None:
             query = query.where(WebhookDeliveryRow.run_id == run_id)
-        async with self._reader() as session:
-            return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
+        return await self._all(query)
