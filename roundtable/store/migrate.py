@@ -24,15 +24,49 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
-def _upgrade(connection: Connection, revision: str) -> None:
+def _migrate(connection: Connection, direction: str, revision: str) -> None:
     if connection.dialect.name == "postgresql":
         connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
-    command.upgrade(alembic_config(connection), revision)
+    getattr(command, direction)(alembic_config(connection), revision)
+    if connection.dialect.name == "sqlite":
+        # Foreign keys were off while tables were rebuilt; prove nothing dangles.
+        broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+        if broken:
+            raise RuntimeError(f"migration left rows whose foreign keys dangle: {broken[:5]}")
+
+
+def _sqlite_foreign_keys(connection: Connection, enforced: bool) -> None:
+    """Straight on the driver's connection: SQLAlchemy would wrap it in a
+    transaction, where SQLite ignores this pragma."""
+    cursor = connection.connection.dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA foreign_keys={'ON' if enforced else 'OFF'}")
+    finally:
+        cursor.close()
+
+
+async def _run_migration(engine: AsyncEngine, direction: str, revision: str) -> None:
+    async with engine.connect() as connection:
+        if connection.dialect.name == "sqlite":
+            # SQLite changes most columns by copying the table into a new one
+            # and dropping the old: with foreign keys enforced, DROP TABLE of a
+            # table other rows point at fails. The pragma only takes effect
+            # outside a transaction, so it is set before BEGIN.
+            await connection.run_sync(_sqlite_foreign_keys, False)
+        try:
+            async with connection.begin():
+                await connection.run_sync(_migrate, direction, revision)
+        finally:
+            if connection.dialect.name == "sqlite":
+                await connection.run_sync(_sqlite_foreign_keys, True)
 
 
 async def upgrade_database(engine: AsyncEngine, revision: str = "head") -> None:
-    async with engine.begin() as connection:
-        await connection.run_sync(_upgrade, revision)
+    await _run_migration(engine, "upgrade", revision)
+
+
+async def downgrade_database(engine: AsyncEngine, revision: str) -> None:
+    await _run_migration(engine, "downgrade", revision)
 
 
 def _current(connection: Connection) -> str | None:
