@@ -48,8 +48,10 @@ def _seed(connection: sa.Connection) -> dict[str, int]:
             continue
         row: dict[str, Any] = {}
         for column in table.columns:
-            if column.primary_key and column.autoincrement is True and isinstance(
-                column.type, sa.Integer
+            if (
+                column.primary_key
+                and column.autoincrement is True
+                and isinstance(column.type, sa.Integer)
             ):
                 continue
             foreign = next(iter(column.foreign_keys), None)
