@@ -16,7 +16,9 @@ async def test_every_transition_is_audited_in_order(store) -> None:
     run = await new_run(store)
     action = await new_action(store, run, key="k", target_key=target_for())
     assert await store.claim_action_for_execution(action["id"], 30) == "claimed"
-    assert await store.record_action_terminal_result(action["id"], "unknown", {"error_code": "x"})
+    assert await store.record_action_terminal_result(
+        action["id"], "unknown", {"error_code": "x"}, attempt_over=True
+    )
     await store.reconcile_action(action["id"], "failed", "op-1", "never arrived")
     await store.set_run_status(run["id"], "running")
 

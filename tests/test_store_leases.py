@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from roundtable.store import ClaimOutcome, ConflictError, InvalidInputError, NotFoundError
+from roundtable.store.errors import AttemptMayBeRunningError
 from roundtable.store.schema import ActionLeaseRow, ActionRow
 from tests.helpers import new_action, new_run, set_column, target_for
 
@@ -278,7 +279,9 @@ async def test_reconcile_unblocks_the_target(store) -> None:
     target = target_for()
     lost = await new_action(store, run, key="lost", target_key=target)
     assert await store.claim_action_for_execution(lost["id"], 30) == "claimed"
-    assert await store.record_action_terminal_result(lost["id"], "unknown", {"error_code": "e"})
+    assert await store.record_action_terminal_result(
+        lost["id"], "unknown", {"error_code": "e"}, attempt_over=True
+    )
     assert await live_state(store, target) == (1, 0)
 
     nxt = await new_action(store, run, key="next", target_key=target)
@@ -325,3 +328,54 @@ async def test_concurrent_recovery_changes_each_action_once(store) -> None:
     assert changed == sorted(ids)
     events = [e["event_type"] for e in await store.list_events(run["id"])]
     assert events.count("action.unknown") == 4
+
+
+async def test_reconcile_is_refused_while_the_attempt_may_still_be_running(store) -> None:
+    """An action made unknown by someone other than its attempt (the workflow
+    after a heartbeat timeout, the sweep after a closed run) may still have a
+    live tool call on a frozen worker: reconciling it then would let the next
+    writer claim the target while the old one can still write."""
+    run = await new_run(store)
+    target = target_for()
+    lost = await new_action(store, run, key="lost", target_key=target)
+    assert await store.claim_action_for_execution(lost["id"], 30) == "claimed"
+    assert await store.record_action_terminal_result(lost["id"], "unknown", {"error_code": "e"})
+    with pytest.raises(AttemptMayBeRunningError) as refused:
+        await store.reconcile_action(lost["id"], "failed", "op-1", "ticket untouched")
+    lease_end = (await lease_of(store, lost["id"])).lease_expires_at
+    assert refused.value.retry_at == lease_end
+    assert "Reconcile after" in str(refused.value) and isinstance(refused.value, ConflictError)
+    assert (await store.get_action(lost["id"]))["status"] == "unknown"  # nothing changed
+
+    await set_column(
+        store,
+        ActionLeaseRow,
+        ActionLeaseRow.action_id == lost["id"],
+        lease_expires_at=datetime.now(UTC) - timedelta(seconds=1),
+    )
+    settled = await store.reconcile_action(lost["id"], "failed", "op-1", "ticket untouched")
+    assert settled["status"] == "failed"
+
+
+async def test_an_attempt_that_recorded_unknown_itself_is_over(store) -> None:
+    run = await new_run(store)
+    action = await new_action(store, run, key="own", target_key=target_for())
+    assert await store.claim_action_for_execution(action["id"], 30) == "claimed"
+    assert await store.record_action_terminal_result(
+        action["id"], "unknown", {"error_code": "tool_error"}, attempt_over=True
+    )
+    lease = await lease_of(store, action["id"])
+    assert lease is not None  # the target stays blocked...
+    assert not await store.renew_action_lease(action["id"], lease.fencing_token, 30)
+    settled = await store.reconcile_action(action["id"], "succeeded", "op-1", "seen in CRM")
+    assert settled["status"] == "succeeded"  # ...but reconciling needs no wait
+    assert await lease_of(store, action["id"]) is None
+
+
+async def lease_of(store, action_id: str) -> ActionLeaseRow | None:
+    async with store.session_factory() as session:
+        return (
+            await session.execute(
+                select(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
+            )
+        ).scalar_one_or_none()

@@ -50,7 +50,9 @@ async def test_unknown_wide_write_needs_reconciliation_for_the_namespace(store) 
     run = await new_run(store)
     wide = await new_action(store, run, key="wide", **target_fields(WIDE))
     assert await claim(store, wide) == "claimed"
-    assert await store.record_action_terminal_result(wide["id"], "unknown", {"error_code": "x"})
+    assert await store.record_action_terminal_result(
+        wide["id"], "unknown", {"error_code": "x"}, attempt_over=True
+    )
     specific = await new_action(store, run, key="one", **target_fields("task-1"))
     assert await claim(store, specific) == "target_reconciliation_required"
     await store.reconcile_action(wide["id"], "succeeded", "op", "checked")
@@ -105,3 +107,29 @@ async def test_namespace_wide_needs_a_scope(store) -> None:
         await new_action(store, run, key="w", **fields)
     with pytest.raises(InvalidInputError):
         await new_action(store, run, key="w", **{**target_fields(), "target_namespace_wide": 1})
+
+
+async def test_fencing_tokens_grow_across_a_scope_not_only_per_key(store) -> None:
+    """A namespace-wide write after three writes to one key of its namespace
+    once got token 1 again: a ticket system comparing tokens could not tell the
+    newer writer. Within a scope every claim now outranks every earlier one."""
+    run = await new_run(store)
+    tokens = []
+    for index in range(3):
+        one = await new_action(store, run, key=f"one-{index}", **target_fields("task-1"))
+        assert await claim(store, one) == "claimed"
+        tokens.append((await store.get_action(one["id"]))["fencing_token"])
+        await store.record_action_terminal_result(one["id"], "succeeded", {})
+    wide = await new_action(store, run, key="wide", **target_fields(WIDE))
+    assert await claim(store, wide) == "claimed"
+    tokens.append((await store.get_action(wide["id"]))["fencing_token"])
+    await store.record_action_terminal_result(wide["id"], "succeeded", {})
+    other = await new_action(store, run, key="other", **target_fields("task-2"))
+    assert await claim(store, other) == "claimed"
+    tokens.append((await store.get_action(other["id"]))["fencing_token"])
+    elsewhere = await new_action(
+        store, run, key="elsewhere", **target_fields("task-1", namespace="other")
+    )
+    assert await claim(store, elsewhere) == "claimed"
+    assert tokens == [1, 2, 3, 4, 5]
+    assert (await store.get_action(elsewhere["id"]))["fencing_token"] == 1  # its own scope

@@ -17,11 +17,10 @@ from api.context import ApiContext
 from api.problems import Problem
 from roundtable import operations
 from roundtable.models import RunInput
-from roundtable.store import NotFoundError
+from roundtable.store import FINAL_RUN_STATUSES, NotFoundError
 from roundtable.views import approval_view, event_view, run_view
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
-FINAL = ("completed", "failed", "cancelled")
 SSE_POLL_SECONDS = 0.5
 SSE_KEEPALIVE_SECONDS = 15.0
 
@@ -176,7 +175,7 @@ async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> 
             )
         if fresh:
             quiet = 0.0
-        elif (await ctx.store.get_run(run_id))["status"] in FINAL:
+        elif (await ctx.store.get_run(run_id))["status"] in FINAL_RUN_STATUSES:
             return
         else:
             quiet += SSE_POLL_SECONDS

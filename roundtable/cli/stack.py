@@ -30,7 +30,7 @@ from roundtable.config import (
     adopt_dev_secret,
     load_settings,
 )
-from roundtable.store import open_store
+from roundtable.store import FINAL_RUN_STATUSES, open_store
 from roundtable.temporal import SEARCH_ATTRIBUTE_FLAGS, connect
 
 
@@ -220,7 +220,7 @@ async def _watch_demo(settings: Settings, run_id: str, env_prefix: str) -> None:
                             "--outcome succeeded|failed --note '…'"
                         )
                 run = await store.get_run(run_id)
-                if run["status"] in ("completed", "failed", "cancelled"):
+                if run["status"] in FINAL_RUN_STATUSES:
                     typer.echo(
                         f"\nrun {run_id} {run['status']}: "
                         f"{env_prefix}{cli} show {run_id}   (Ctrl-C stops the stack)"

@@ -10,19 +10,28 @@ from contextlib import asynccontextmanager
 
 from roundtable.config import load_settings
 from roundtable.store.engine import create_engine_for
-from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError, StoreError
+from roundtable.store.errors import (
+    AttemptMayBeRunningError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    StoreError,
+)
 from roundtable.store.migrate import upgrade_database
+from roundtable.store.results import ToolResultOps
 from roundtable.store.states import (
+    FINAL_RUN_STATUSES,
     ActionStatus,
     ApprovalStatus,
     ClaimOutcome,
     RunStatus,
 )
-from roundtable.store.webhooks import WebhookOps
 
 __all__ = [
+    "FINAL_RUN_STATUSES",
     "ActionStatus",
     "ApprovalStatus",
+    "AttemptMayBeRunningError",
     "ClaimOutcome",
     "ConflictError",
     "InvalidInputError",
@@ -34,7 +43,7 @@ __all__ = [
 ]
 
 
-class Store(WebhookOps):
+class Store(ToolResultOps):
     """Sessions, runs, actions, approvals, leases and audit; every method is one
     or more atomic transactions and returns plain dicts or outcome strings."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.security import (
@@ -309,12 +309,74 @@ class ApprovalOps(ActionOps):
         await self._audit(session, run, "action.rejected", payload, now)
         return True
 
-    async def expire_approval(self, approval_id: str) -> bool:
-        """Expire one approval now, whatever the clock says: the workflow's own
-        deadline timer is authoritative for its run. False if already decided."""
+    async def expire_approval(self, approval_id: str, deadline: datetime | None = None) -> bool:
+        """Expire one approval now: the workflow's own deadline timer is
+        authoritative for its run, whatever the database clock says. With
+        ``deadline`` (the one the timer was armed for), an approval whose
+        deadline has since been extended past it stays pending: the extension
+        committed first, so the workflow must wait for the new deadline.
+        False if not expired (already decided, or extended)."""
+        if deadline is not None:
+            require_aware("deadline", deadline)
         async with self._transaction() as session:
             run, approval = await self._lock_approval(session, approval_id)
+            if deadline is not None and approval.expires_at > deadline:
+                return False
             return await self._expire_locked(session, run, approval, await database_now(session))
+
+    async def withdraw_action(self, action_id: str, reason: str) -> dict[str, Any]:
+        """The run ends before this write could run: a pending approval is
+        withdrawn and a waiting or approved (never claimed) action rejected,
+        with ``reason``. An action already executing or settled is left as it
+        is. Returns the action as it now stands."""
+        require_text("reason", reason)
+        async with self._transaction() as session:
+            run, action = await self._lock_action(session, action_id)
+            if action.status not in (ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED):
+                return row_to_dict(action)
+            now = await database_now(session)
+            payload = {"action_id": action.id, "reason": reason}
+            if action.status == ActionStatus.WAITING_APPROVAL:
+                withdrawn = (
+                    await session.execute(
+                        update(ApprovalRow)
+                        .where(
+                            ApprovalRow.action_id == action.id,
+                            ApprovalRow.status == ApprovalStatus.PENDING,
+                        )
+                        .values(
+                            status=ApprovalStatus.WITHDRAWN,
+                            decision_reason=reason,
+                            decided_at=now,
+                            updated_at=now,
+                        )
+                        .returning(ApprovalRow.id)
+                    )
+                ).scalar_one_or_none()
+                if withdrawn is not None:
+                    await self._audit(
+                        session,
+                        run,
+                        "approval.withdrawn",
+                        {**payload, "approval_id": withdrawn},
+                        now,
+                    )
+            await self._compare_and_set(
+                session,
+                ActionRow,
+                action.id,
+                (ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED),
+                {
+                    "status": ActionStatus.REJECTED,
+                    "result": {"error_code": reason},
+                    "finished_at": now,
+                    "updated_at": now,
+                },
+            )
+            await self._audit(session, run, "action.rejected", payload, now)
+            await session.flush()
+            refreshed = await session.get(ActionRow, action.id, populate_existing=True)
+            return row_to_dict(refreshed)
 
     async def expire_due_approvals(
         self, run_id: str | None = None, now: datetime | None = None

@@ -67,6 +67,7 @@ async def append_event(
     event_type: str,
     payload: Mapping[str, Any],
     now: datetime,
+    dedupe_key: str | None = None,
 ) -> AuditEventRow:
     """Append to ``run``'s chain. ``run`` must be the row locked by this transaction."""
     _check_payload(payload)
@@ -79,6 +80,7 @@ async def append_event(
         payload=dict(payload),
         prev_hash=run.last_event_hash,
         hash=digest,
+        dedupe_key=dedupe_key,
         created_at=now,
     )
     session.add(row)

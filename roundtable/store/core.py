@@ -42,6 +42,23 @@ def require_text(name: str, value: Any) -> str:
     return value
 
 
+def _run_status(status: str) -> RunStatus:
+    try:
+        return RunStatus(status)
+    except ValueError as exc:
+        raise InvalidInputError(f"unknown run status {status!r}") from exc
+
+
+def _failure(failure: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """A run's failure as stored: a short code and a bounded message."""
+    if failure is None:
+        return None
+    code, message = failure.get("code"), failure.get("message")
+    if not isinstance(code, str) or not code or not isinstance(message, str):
+        raise InvalidInputError("failure needs a code and a message")
+    return {"code": code[:64], "message": message[:2000]}
+
+
 def require_aware(name: str, value: Any) -> datetime:
     if not isinstance(value, datetime) or value.tzinfo is None:
         raise InvalidInputError(f"{name} must be a timezone-aware datetime")
@@ -121,9 +138,10 @@ class StoreCore:
         event_type: str,
         payload: Mapping[str, Any],
         now: datetime,
+        dedupe_key: str | None = None,
     ) -> None:
         await session.flush()
-        await append_event(session, run, event_type, payload, now)
+        await append_event(session, run, event_type, payload, now, dedupe_key)
 
     # ----------------------------------------------------------- sessions and runs
 
@@ -233,29 +251,46 @@ class StoreCore:
             query = query.limit(limit)
         return await self._all(query)
 
-    async def set_run_status(self, run_id: str, status: str) -> dict[str, Any]:
-        """Move a run along its state machine (and its session with it)."""
-        try:
-            target = RunStatus(status)
-        except ValueError as exc:
-            raise InvalidInputError(f"unknown run status {status!r}") from exc
+    async def set_run_status(
+        self, run_id: str, status: str, failure: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Move a run along its state machine (and its session with it).
+        ``failure`` ({"code", "message"}) says why a run failed, ended or stalled;
+        it is cleared when a stalled run moves on."""
+        target = _run_status(status)
+        checked = _failure(failure)
         async with self._transaction() as session:
             run = await self._lock_run(session, run_id)
-            current = RunStatus(run.status)
-            if target == current:
-                return row_to_dict(run)
-            if target not in RUN_TRANSITIONS[current]:
-                raise ConflictError(f"run {run_id!r} cannot go from {current} to {target}")
-            now = await database_now(session)
-            run.status = target
-            owner = await session.get(SessionRow, run.session_id)
-            if owner is not None:
-                owner.status = target
-                owner.updated_at = now
-            await self._audit(
-                session, run, "run.status_changed", {"from": current, "to": target}, now
-            )
+            await self._move_run(session, run, target, checked)
         return row_to_dict(run)
+
+    async def _move_run(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        target: RunStatus,
+        failure: dict[str, str] | None,
+    ) -> bool:
+        """The transition itself, under the caller's run lock; False if already there."""
+        current = RunStatus(run.status)
+        if target == current:
+            return False
+        if target not in RUN_TRANSITIONS[current]:
+            raise ConflictError(f"run {run.id!r} cannot go from {current} to {target}")
+        now = await database_now(session)
+        run.status = target
+        run.updated_at = now
+        if failure is not None or current == RunStatus.STALLED:
+            run.failure = failure
+        owner = await session.get(SessionRow, run.session_id)
+        if owner is not None:
+            owner.status = target
+            owner.updated_at = now
+        change: dict[str, Any] = {"from": current, "to": target}
+        if failure is not None:
+            change["failure"] = failure
+        await self._audit(session, run, "run.status_changed", change, now)
+        return True
 
     async def record_turn(
         self,
@@ -266,10 +301,23 @@ class StoreCore:
         model: str,
         prompt_tokens: int,
         completion_tokens: int,
-    ) -> None:
-        """A model turn's token usage, in the run's audit log (summed by views)."""
+        role: str = "seat",
+    ) -> bool:
+        """A model turn's token usage, in the run's audit log (summed by views).
+        Once per turn: a retried turn activity finds its event and adds none
+        (False), so the log's usage matches the workflow's."""
+        key = f"turn.completed:{role}:{seat}:{round_number}"
         async with self._transaction() as session:
             run = await self._lock_run(session, run_id)
+            seen = (
+                await session.execute(
+                    select(AuditEventRow.id).where(
+                        AuditEventRow.run_id == run_id, AuditEventRow.dedupe_key == key
+                    )
+                )
+            ).scalar_one_or_none()
+            if seen is not None:
+                return False
             await self._audit(
                 session,
                 run,
@@ -282,7 +330,9 @@ class StoreCore:
                     "completion_tokens": completion_tokens,
                 },
                 await database_now(session),
+                dedupe_key=key,
             )
+        return True
 
     # ----------------------------------------------------------------- audit reads
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class StoreError(Exception):
     code = "store_error"
@@ -23,3 +25,18 @@ class InvalidInputError(StoreError, ValueError):
     """The request itself is malformed; nothing was written."""
 
     code = "invalid_input"
+
+
+class AttemptMayBeRunningError(ConflictError):
+    """Reconciliation refused: the action's executing attempt may still be
+    running until its lease runs out at ``retry_at``."""
+
+    code = "attempt_may_be_running"
+
+    def __init__(self, action_id: str, retry_at: datetime) -> None:
+        super().__init__(
+            f"action {action_id!r} may still be executing: its attempt holds the target's "
+            f"lease until {retry_at.isoformat()}, and whatever the real system shows now "
+            "could still change. Reconcile after that time."
+        )
+        self.retry_at = retry_at

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from roundtable.store.approvals import ApprovalOps
 from roundtable.store.core import require_aware, require_text, row_to_dict
 from roundtable.store.engine import database_now, insert_for
-from roundtable.store.errors import ConflictError, InvalidInputError
+from roundtable.store.errors import AttemptMayBeRunningError, ConflictError, InvalidInputError
 from roundtable.store.schema import (
     ActionLeaseRow,
     ActionRow,
@@ -30,11 +30,15 @@ from roundtable.store.schema import (
 )
 from roundtable.store.states import (
     FINAL_ACTION_STATUSES,
+    FINAL_RUN_STATUSES,
     LEASE_EXPIRED_ERROR_CODE,
     RECONCILE_OUTCOMES,
+    RUN_ENDED_REASON,
     TERMINAL_RESULT_STATUSES,
+    WORKFLOW_CLOSED_ERROR_CODE,
     ActionStatus,
     ClaimOutcome,
+    RunStatus,
 )
 
 MAX_LEASE_SECONDS = 24 * 3600
@@ -117,11 +121,13 @@ class ExecutionOps(ApprovalOps):
         if action.target_scope is not None:
             # Hold the scope row until commit, so the overlap check below and
             # the insert after it are one step for every claim in this scope.
+            # (A no-op update still takes the row lock; ``claims`` only counts
+            # claims that succeed, see _next_fencing_token.)
             await session.execute(
                 insert_for(session, TargetScopeRow)
-                .values(scope_key=action.target_scope, claims=1)
+                .values(scope_key=action.target_scope, claims=0)
                 .on_conflict_do_update(
-                    index_elements=["scope_key"], set_={"claims": TargetScopeRow.claims + 1}
+                    index_elements=["scope_key"], set_={"claims": TargetScopeRow.claims}
                 )
             )
             overlapping = self._overlaps(
@@ -154,17 +160,7 @@ class ExecutionOps(ApprovalOps):
             same_key = ActionLeaseRow.target_key == action.target_key
             return await self._holder_outcome(session, same_key) or ClaimOutcome.TARGET_BUSY
 
-        token = (
-            await session.execute(
-                insert_for(session, TargetFencingRow)
-                .values(target_key=action.target_key, last_token=1)
-                .on_conflict_do_update(
-                    index_elements=["target_key"],
-                    set_={"last_token": TargetFencingRow.last_token + 1},
-                )
-                .returning(TargetFencingRow.last_token)
-            )
-        ).scalar_one()
+        token = await self._next_fencing_token(session, action)
         await session.execute(
             update(ActionLeaseRow)
             .where(ActionLeaseRow.target_key == action.target_key)
@@ -197,6 +193,44 @@ class ExecutionOps(ApprovalOps):
             now,
         )
         return ClaimOutcome.CLAIMED
+
+    @staticmethod
+    async def _next_fencing_token(session: AsyncSession, action: ActionRow) -> int:
+        """The claim's fencing token: larger than every token given before on
+        this target *and* in its scope, so a namespace-wide write outranks the
+        per-key writes before it (and they it). The scope row (locked since the
+        start of the claim) holds the scope's last token; the target's own
+        counter may have run ahead of it for keys claimed before scopes existed."""
+        target_token = (
+            await session.execute(
+                insert_for(session, TargetFencingRow)
+                .values(target_key=action.target_key, last_token=1)
+                .on_conflict_do_update(
+                    index_elements=["target_key"],
+                    set_={"last_token": TargetFencingRow.last_token + 1},
+                )
+                .returning(TargetFencingRow.last_token)
+            )
+        ).scalar_one()
+        if action.target_scope is None:
+            return target_token
+        scope_claims = (
+            await session.execute(
+                select(TargetScopeRow.claims).where(TargetScopeRow.scope_key == action.target_scope)
+            )
+        ).scalar_one()
+        token = max(target_token, scope_claims + 1)
+        await session.execute(
+            update(TargetFencingRow)
+            .where(TargetFencingRow.target_key == action.target_key)
+            .values(last_token=token)
+        )
+        await session.execute(
+            update(TargetScopeRow)
+            .where(TargetScopeRow.scope_key == action.target_scope)
+            .values(claims=token)
+        )
+        return token
 
     @staticmethod
     async def _holder_outcome(session: AsyncSession, condition: Any) -> ClaimOutcome | None:
@@ -233,9 +267,11 @@ class ExecutionOps(ApprovalOps):
         action: ActionRow,
         lease: ActionLeaseRow | None,
         now: datetime,
+        error_code: str = LEASE_EXPIRED_ERROR_CODE,
     ) -> bool:
-        """executing → unknown because the lease lapsed; the lease row stays."""
-        result = {"error_code": LEASE_EXPIRED_ERROR_CODE}
+        """executing → unknown because the lease lapsed (or the workflow closed
+        under it); the lease row stays, blocking the target."""
+        result = {"error_code": error_code}
         changed = await self._compare_and_set(
             session,
             ActionRow,
@@ -256,7 +292,7 @@ class ExecutionOps(ApprovalOps):
                 {
                     "action_id": action.id,
                     "fencing_token": lease.fencing_token if lease else action.fencing_token,
-                    "error_code": LEASE_EXPIRED_ERROR_CODE,
+                    "error_code": error_code,
                 },
                 now,
             )
@@ -293,10 +329,17 @@ class ExecutionOps(ApprovalOps):
         *,
         fencing_token: int | None = None,
         external_object_id: str | None = None,
+        attempt_over: bool = False,
     ) -> bool:
         """Record how an execution ended. Only an ``executing`` action changes
         (False otherwise, e.g. recovery already made it ``unknown``). A definite
-        result frees the target; ``unknown`` keeps it blocked."""
+        result frees the target; ``unknown`` keeps it blocked.
+
+        ``attempt_over``: the executing attempt itself records this, after its
+        tool call returned or was cancelled to the end, so nothing of it can
+        still be running: the lease's clock stops and the action may be
+        reconciled at once. Anyone else (the workflow after the activity
+        failed) leaves the lease to run out first."""
         if status not in TERMINAL_RESULT_STATUSES:
             raise InvalidInputError("status must be succeeded, failed or unknown")
         if result is not None and not isinstance(result, dict):
@@ -323,6 +366,15 @@ class ExecutionOps(ApprovalOps):
             if status != ActionStatus.UNKNOWN:
                 await session.execute(
                     delete(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
+                )
+            elif attempt_over:
+                await session.execute(
+                    update(ActionLeaseRow)
+                    .where(
+                        ActionLeaseRow.action_id == action_id,
+                        ActionLeaseRow.lease_expires_at > now,
+                    )
+                    .values(lease_expires_at=now)
                 )
             payload: dict[str, Any] = {
                 "action_id": action_id,
@@ -392,6 +444,12 @@ class ExecutionOps(ApprovalOps):
                     f"action {action_id!r} is {action.status}; only unknown actions reconcile"
                 )
             now = await database_now(session)
+            lease = await self._lease_of(session, action_id)
+            if lease is not None and lease.lease_expires_at > now:
+                # Its attempt may still be running (a frozen or partitioned
+                # worker): whatever the operator saw in the real system could
+                # still change, and a successor's claim would make two writers.
+                raise AttemptMayBeRunningError(action_id, lease.lease_expires_at)
             result = {
                 **(action.result or {}),
                 "reconciled_outcome": outcome,
@@ -423,3 +481,48 @@ class ExecutionOps(ApprovalOps):
             )
             await session.flush()
             return row_to_dict(await self._reload(session, action_id))
+
+    async def settle_closed_run(
+        self, run_id: str, status: str, failure: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The run's workflow closed without settling it (terminated, timed out,
+        or never started): make the store say so. Each ``executing`` action
+        becomes ``unknown`` exactly as with a lost lease (its lease keeps
+        running, so it is reconcilable once its attempt cannot be alive); each
+        pending approval is withdrawn and each unclaimed write rejected
+        (``run_ended``); the run takes the final ``status``. Idempotent."""
+        final = RunStatus(status)
+        if final not in FINAL_RUN_STATUSES:
+            raise InvalidInputError(f"{status!r} is not a final run status")
+        open_statuses = (
+            ActionStatus.EXECUTING,
+            ActionStatus.WAITING_APPROVAL,
+            ActionStatus.APPROVED,
+        )
+        unsettled = [a for a in await self.list_actions(run_id) if a["status"] in open_statuses]
+        made_unknown, withdrawn = [], []
+        for action in unsettled:
+            if action["status"] != ActionStatus.EXECUTING:
+                if (await self.withdraw_action(action["id"], RUN_ENDED_REASON))["status"] == (
+                    ActionStatus.REJECTED
+                ):
+                    withdrawn.append(action["id"])
+                continue
+            async with self._transaction() as session:
+                run, row = await self._lock_action(session, action["id"])
+                lease = await self._lease_of(session, row.id)
+                now = await database_now(session)
+                if await self._mark_unknown(
+                    session, run, row, lease, now, WORKFLOW_CLOSED_ERROR_CODE
+                ):
+                    made_unknown.append(row.id)
+        checked = {"code": failure["code"], "message": failure["message"]} if failure else None
+        async with self._transaction() as session:
+            run = await self._lock_run(session, run_id)
+            if RunStatus(run.status) not in FINAL_RUN_STATUSES:
+                await self._move_run(session, run, final, checked)
+        return {
+            "run": await self.get_run(run_id),
+            "unknown_actions": made_unknown,
+            "withdrawn_actions": withdrawn,
+        }

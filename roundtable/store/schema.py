@@ -86,6 +86,10 @@ class RunRow(Base):
     # it, which also serialises every transition of one run.
     last_event_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     last_event_hash: Mapped[str] = mapped_column(String(64))
+    # Why the run failed, was terminated or is stalled: {"code", "message"}.
+    failure: Mapped[dict[str, Any] | None] = mapped_column(JSONValue)
+    # What an Idempotency-Key was first used for (sha256 of the request).
+    request_fingerprint: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
@@ -203,7 +207,10 @@ class TargetFencingRow(Base):
 
 class AuditEventRow(Base):
     __tablename__ = "audit_events"
-    __table_args__ = (UniqueConstraint("run_id", "seq"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "seq"),
+        Index("uq_audit_events_run_id_dedupe_key", "run_id", "dedupe_key", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(
         BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
@@ -214,6 +221,23 @@ class AuditEventRow(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSONValue)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
+    # Set on events a retried activity could append twice; unique per run.
+    dedupe_key: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ToolResultRow(Base):
+    """A tool result too large for workflow history: kept here, encrypted
+    (bound to its id), and handed to the workflow as a reference."""
+
+    __tablename__ = "tool_results"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    seat: Mapped[str] = mapped_column(String(255))
+    call_id: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    content_encrypted: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 

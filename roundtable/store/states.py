@@ -36,6 +36,8 @@ class ApprovalStatus(StrEnum):
     APPROVED = "approved"
     REJECTED = "rejected"
     EXPIRED = "expired"
+    # Nobody decided: the run ended first (its action is rejected, run_ended).
+    WITHDRAWN = "withdrawn"
 
 
 APPROVAL_DECISIONS = frozenset({ApprovalStatus.APPROVED, ApprovalStatus.REJECTED})
@@ -45,22 +47,31 @@ class RunStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     WAITING_INPUT = "waiting_input"
+    # Its workflow cannot make progress (e.g. every workflow task fails on a
+    # payload the workers cannot decrypt); the run's failure says why.
+    STALLED = "stalled"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # Its workflow was closed from outside (terminated, timed out, vanished).
+    TERMINATED = "terminated"
 
+
+FINAL_RUN_STATUSES = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TERMINATED}
+)
+_ENDINGS = FINAL_RUN_STATUSES
+_LIVE = frozenset({RunStatus.RUNNING, RunStatus.WAITING_INPUT, RunStatus.STALLED})
 
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.PENDING: frozenset({RunStatus.RUNNING, RunStatus.FAILED, RunStatus.CANCELLED}),
-    RunStatus.RUNNING: frozenset(
-        {RunStatus.WAITING_INPUT, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
-    ),
-    RunStatus.WAITING_INPUT: frozenset(
-        {RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
-    ),
+    RunStatus.PENDING: _LIVE | _ENDINGS,
+    RunStatus.RUNNING: (_LIVE | _ENDINGS) - {RunStatus.RUNNING},
+    RunStatus.WAITING_INPUT: (_LIVE | _ENDINGS) - {RunStatus.WAITING_INPUT},
+    RunStatus.STALLED: (_LIVE | _ENDINGS) - {RunStatus.STALLED},
     RunStatus.COMPLETED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.CANCELLED: frozenset(),
+    RunStatus.TERMINATED: frozenset(),
 }
 
 
@@ -77,4 +88,6 @@ class ClaimOutcome(StrEnum):
 
 
 LEASE_EXPIRED_ERROR_CODE = "target_lease_expired_during_execution"
+WORKFLOW_CLOSED_ERROR_CODE = "workflow_closed_during_execution"
 APPROVAL_EXPIRED_REASON = "approval_expired"
+RUN_ENDED_REASON = "run_ended"
