@@ -7,9 +7,11 @@ import json
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.bounded import bounded_result, bounded_text
 from activities.errors import typed_store_errors
 from roundtable.agents import UnknownModelError, resolve_model
 from roundtable.agents.prompts import manager_messages, round_prompt, seat_system_prompt
+from roundtable.agents.tool_calls import sanitize_tool_calls
 from roundtable.models import (
     ChatMessage,
     EnsureRunInput,
@@ -94,7 +96,20 @@ class RunActivities:
                 model=inp.model,
                 prompt_tokens=response.usage.prompt_tokens,
                 completion_tokens=response.usage.completion_tokens,
+                role=inp.role,
             )
+        response = response.model_copy(
+            update={
+                "text": await bounded_text(
+                    self.store,
+                    run_id=inp.run_id,
+                    seat=inp.seat,
+                    call_id=f"turn:{inp.role}:r{inp.round}",
+                    text=response.text,
+                ),
+                "tool_calls": sanitize_tool_calls(response.tool_calls),
+            }
+        )
         reply = ChatMessage(
             role="assistant", name=inp.seat, content=response.text, tool_calls=response.tool_calls
         )
@@ -120,13 +135,19 @@ class RunActivities:
             call_id=inp.call.id,
             tool_name=tool.name,
             status="succeeded",
-            content=json.loads(json.dumps(result, default=str)),
+            content=await bounded_result(
+                self.store,
+                run_id=inp.run_id,
+                seat=inp.seat,
+                call_id=inp.call.id,
+                content=json.loads(json.dumps(result, default=str)),
+            ),
         )
 
     @activity.defn(name="set_run_status")
     @typed_store_errors
     async def set_run_status(self, inp: RunStatusInput) -> RunStatusOutput:
-        run = await self.store.set_run_status(inp.run_id, inp.status)
+        run = await self.store.set_run_status(inp.run_id, inp.status, inp.failure)
         return RunStatusOutput(run_id=run["id"], status=run["status"])
 
 

@@ -15,7 +15,9 @@ from typing import Any
 from temporalio import activity
 from temporalio.client import Client
 
+from activities.bounded import bounded_result
 from activities.errors import typed_store_errors
+from activities.lease_keeper import LeaseTerms, call_under_lease
 from roundtable.models import (
     ActionRef,
     ApprovalRef,
@@ -32,9 +34,15 @@ from roundtable.models import (
     SignalSender,
     ToolOutcome,
 )
-from roundtable.security import CapabilityError, derive_target
+from roundtable.security import (
+    ActionSecretKeyError,
+    ArgumentsDecryptionError,
+    CapabilityError,
+    derive_target,
+    redact_text,
+)
 from roundtable.store import ClaimOutcome, ConflictError, InvalidInputError, Store
-from roundtable.store.states import ActionStatus
+from roundtable.store.states import RUN_ENDED_REASON, ActionStatus
 from roundtable.tools.policy import initial_action_status
 from roundtable.tools.registry import (
     ToolArgumentsError,
@@ -44,6 +52,7 @@ from roundtable.tools.registry import (
 )
 
 EXECUTION_INTERRUPTED = "execution_interrupted"
+LEASE_LOST = "lease_lost"
 
 
 class WriteActivities:
@@ -56,23 +65,28 @@ class WriteActivities:
 
     @activity.defn(name="signal_sender")
     async def signal_sender(self, inp: SignalSender) -> str | None:
-        """The Temporal identity that sent the newest matching signal. The SDK
-        does not hand it to signal handlers, but the history records it."""
+        """The Temporal identity that sent this very signal. The SDK does not
+        hand it to signal handlers, but the history records it: the signal is
+        found by its payload (which carries a request id), and when the history
+        cannot tell whose it was (no match, or senders that differ sent the
+        same payload) the answer is None: never someone else's identity."""
         if self.temporal is None:
             return None
         history = await self.temporal.get_workflow_handle(inp.workflow_id).fetch_history()
         converter = self.temporal.data_converter
-        for event in reversed(history.events):
+        senders = set()
+        for event in history.events:
             if not event.HasField("workflow_execution_signaled_event_attributes"):
                 continue
             signalled = event.workflow_execution_signaled_event_attributes
-            if signalled.signal_name != inp.signal_name:
+            if signalled.signal_name != inp.signal_name or len(signalled.input.payloads) != 1:
                 continue
             (payload,) = await converter.decode(list(signalled.input.payloads), [dict])
-            subject = payload.get("approval_id") or payload.get("action_id")
-            if subject == inp.subject_id:
-                return signalled.identity or None
-        return None
+            if payload == inp.payload:
+                senders.add(signalled.identity or "")
+        if len(senders) != 1:
+            return None
+        return senders.pop() or None
 
     # ----------------------------------------------------------------- intercept
 
@@ -129,6 +143,8 @@ class WriteActivities:
             status=action["status"],
             approval_id=action["approval_id"],
             approval_deadline=approval["expires_at"] if approval else None,
+            # Met again after a reset, retry or continue-as-new: what it came to.
+            result=await self._bounded(action, action["result"]),
         )
 
     # ----------------------------------------------------------------- decisions
@@ -188,8 +204,10 @@ class WriteActivities:
     @activity.defn(name="expire_approval")
     @typed_store_errors
     async def expire_approval(self, ref: ApprovalRef) -> DecisionOutput:
-        """The workflow's deadline timer fired: expire unless a decision won."""
-        await self.store.expire_approval(ref.approval_id)
+        """The workflow's deadline timer fired: expire unless a decision won or
+        an extension moved the deadline past the one the timer was armed for
+        (then the view's ``expires_at`` is the new deadline to wait for)."""
+        await self.store.expire_approval(ref.approval_id, ref.deadline)
         return await self._decision_view(ref.approval_id)
 
     @activity.defn(name="approval_status")
@@ -213,6 +231,7 @@ class WriteActivities:
             action_id=action["id"],
             status=action["status"],
             approval_status=approval["status"],
+            expires_at=approval["expires_at"],
             conflict=conflict,
         )
 
@@ -221,33 +240,46 @@ class WriteActivities:
     @activity.defn(name="execute_write")
     @typed_store_errors
     async def execute_write(self, inp: ExecuteWriteInput) -> ExecuteWriteOutput:
-        """Claim, invoke once, record. Runs with maximum_attempts=1."""
+        """Claim, invoke once under the lease, record. Runs with maximum_attempts=1."""
+        claimed_at = asyncio.get_running_loop().time()
         claim = await self.store.claim_action_for_execution(inp.action_id, inp.lease_seconds)
         if claim != ClaimOutcome.CLAIMED:
             return await self._report(inp.action_id, claim)
         action = await self.store.get_action(inp.action_id)
-        token = action["fencing_token"]
-        status, result = await self._invoke_under_lease(action, inp)
-        await self.store.record_action_terminal_result(
+        terms = LeaseTerms(inp.lease_seconds, inp.heartbeat_interval_seconds, claimed_at)
+        status, result, attempt_over, interrupted = await self._invoke_under_lease(action, terms)
+        recording = self.store.record_action_terminal_result(
             inp.action_id,
             status,
             result,
-            fencing_token=token,
+            fencing_token=action["fencing_token"],
             external_object_id=_external_id(result),
+            attempt_over=attempt_over,
         )
+        if interrupted:
+            # Cancelled from outside (worker shutdown, the server gave up on
+            # us): record what we know, best effort, then let go.
+            with contextlib.suppress(Exception):
+                await recording
+            raise asyncio.CancelledError()
+        await recording
         # Report what the database says: recovery may have made it unknown first.
         return await self._report(inp.action_id, claim)
 
     async def _invoke_under_lease(
-        self, action: dict[str, Any], inp: ExecuteWriteInput
-    ) -> tuple[str, dict[str, Any]]:
+        self, action: dict[str, Any], terms: LeaseTerms
+    ) -> tuple[str, dict[str, Any], bool, bool]:
+        """(status, result, attempt over, interrupted) of one tool call."""
         tool = self.registry.get(action["tool_name"])
         if tool is None:
-            return ActionStatus.FAILED, {"error_code": "tool_unavailable"}
+            return ActionStatus.FAILED, {"error_code": "tool_unavailable"}, True, False
         try:
-            parsed = tool.parse(await self.store.get_action_arguments(action["id"]))
-        except ToolArgumentsError as exc:
-            return ActionStatus.FAILED, {"error_code": "invalid_arguments", "message": str(exc)}
+            arguments = await self.store.get_action_arguments(action["id"])
+            parsed = tool.parse(arguments)
+        except (ToolArgumentsError, ArgumentsDecryptionError, ActionSecretKeyError) as exc:
+            # Nothing was invoked: a definite failure, not an unknown.
+            failure = {"error_code": "invalid_arguments", "message": str(exc)}
+            return ActionStatus.FAILED, failure, True, False
         context = ToolContext(
             run_id=action["run_id"],
             seat=action["agent_id"],
@@ -255,46 +287,77 @@ class WriteActivities:
             idempotency_key=action["idempotency_key"],
             fencing_token=action["fencing_token"],
         )
-        keeper = asyncio.create_task(self._keep_lease(action, inp))
-        try:
-            result = await tool.handler(parsed, context)
-            return ActionStatus.SUCCEEDED, result
-        except ToolDefiniteFailure as exc:
-            return ActionStatus.FAILED, {"error_code": exc.code, "message": str(exc)}
-        except asyncio.CancelledError:
-            # Cancelled mid-call (heartbeat timeout, worker shutdown): the tool
-            # may have acted. Record unknown, best effort, then let go.
-            with contextlib.suppress(Exception):
-                await self.store.record_action_terminal_result(
-                    action["id"],
-                    ActionStatus.UNKNOWN,
-                    {"error_code": EXECUTION_INTERRUPTED},
-                    fencing_token=action["fencing_token"],
-                )
-            raise
-        except Exception as exc:  # the tool may or may not have acted
-            return ActionStatus.UNKNOWN, {
-                "error_code": "tool_error",
-                "error_type": type(exc).__name__,
-            }
-        finally:
-            keeper.cancel()
 
-    async def _keep_lease(self, action: dict[str, Any], inp: ExecuteWriteInput) -> None:
-        """Heartbeat and renew the lease; stop renewing once it is lost."""
-        while True:
-            await asyncio.sleep(inp.heartbeat_interval_seconds)
-            activity.heartbeat()
-            renewed = await self.store.renew_action_lease(
-                action["id"], action["fencing_token"], inp.lease_seconds
+        async def renew() -> bool:
+            return await self.store.renew_action_lease(
+                action["id"], action["fencing_token"], terms.lease_seconds
             )
-            if not renewed:
-                activity.logger.warning("lease of action %s is lost", action["id"])
-                return
+
+        outcome = await call_under_lease(lambda: tool.handler(parsed, context), terms, renew)
+        said = redact_text(str(outcome.error or ""), arguments, action["safe_argument_fields"])
+        if outcome.stopped:
+            code = LEASE_LOST if outcome.lease_lost else EXECUTION_INTERRUPTED
+            result = {"error_code": code}
+            if outcome.lease_lost:
+                result["reason"] = outcome.lease_lost
+            if not outcome.finished:
+                result["tool_call_abandoned"] = True  # it ignored cancellation
+            return ActionStatus.UNKNOWN, result, outcome.finished, outcome.interrupted
+        if outcome.error is None:
+            return ActionStatus.SUCCEEDED, outcome.result, True, False
+        if isinstance(outcome.error, ToolDefiniteFailure):
+            return (
+                ActionStatus.FAILED,
+                {"error_code": outcome.error.code, "message": said},
+                True,
+                False,
+            )
+        # Any other error: the tool may or may not have acted. Keep what it
+        # said (redacted of the arguments) for whoever reconciles it.
+        unknown = {
+            "error_code": "tool_error",
+            "error_type": type(outcome.error).__name__,
+            "message": said,
+        }
+        return ActionStatus.UNKNOWN, unknown, True, False
 
     async def _report(self, action_id: str, claim: str) -> ExecuteWriteOutput:
         action = await self.store.get_action(action_id)
-        return ExecuteWriteOutput(claim=claim, status=action["status"], result=action["result"])
+        return ExecuteWriteOutput(
+            claim=claim,
+            status=action["status"],
+            result=await self._bounded(action, action["result"]),
+        )
+
+    async def _bounded(
+        self, action: dict[str, Any], result: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        if result is None:
+            return None
+        return await bounded_result(
+            self.store,
+            run_id=action["run_id"],
+            seat=action["agent_id"],
+            call_id=action["logical_action_id"] or action["id"],
+            content=result,
+        )
+
+    @activity.defn(name="withdraw_write")
+    @typed_store_errors
+    async def withdraw_write(self, ref: ActionRef) -> ExecuteWriteOutput:
+        """The run is ending: a write still waiting or approved will not run."""
+        action = await self.store.withdraw_action(ref.action_id, RUN_ENDED_REASON)
+        return ExecuteWriteOutput(
+            claim="withdrawn",
+            status=action["status"],
+            result=await self._bounded(action, action["result"]),
+        )
+
+    @activity.defn(name="action_status")
+    @typed_store_errors
+    async def action_status(self, ref: ActionRef) -> ExecuteWriteOutput:
+        """What the database says of an action now (e.g. reconciled directly)."""
+        return await self._report(ref.action_id, "read")
 
     @activity.defn(name="settle_write")
     @typed_store_errors

@@ -300,6 +300,9 @@ class PendingWrite(Model):
     approval_id: str | None = None
     approval_deadline: datetime | None = None
     rejection: ToolOutcome | None = None  # set when intercept refused the call
+    # An action met again (after a reset, retry or continue-as-new) that had
+    # already come to an end: its stored result.
+    result: dict[str, Any] | None = None
 
 
 class ExecuteWriteInput(Model):
@@ -318,6 +321,8 @@ class ExecuteWriteOutput(Model):
 class DecisionInput(Model):
     approval_id: str
     decision: Literal["approved", "rejected"]
+    # Names this message: a raw signal's sender is found in the history by it.
+    request_id: str | None = Field(default=None, max_length=64)
     decided_by: str = Field(min_length=1, max_length=255)
     reason: str | None = Field(default=None, max_length=2000)
     arguments_digest: str | None = Field(default=None, max_length=80)
@@ -340,12 +345,12 @@ class DecideRequest(Model):
 
 
 class SignalSender(Model):
-    """Which signal to attribute: the newest with this name whose payload
-    names this approval or action."""
+    """Which signal to attribute: the one with this name carrying exactly
+    this payload (as JSON)."""
 
     workflow_id: str
     signal_name: str
-    subject_id: str
+    payload: dict[str, Any]
 
 
 class DecisionOutput(Model):
@@ -353,6 +358,7 @@ class DecisionOutput(Model):
     action_id: str
     status: str  # the action's status
     approval_status: str
+    expires_at: datetime | None = None  # the approval's deadline as it stands
     conflict: str | None = None
     edits: list[dict[str, Any]] | None = None
 
@@ -372,6 +378,7 @@ class ExtendOutput(Model):
 class ReconcileInput(Model):
     action_id: str
     outcome: Literal["succeeded", "failed"]
+    request_id: str | None = Field(default=None, max_length=64)
     decided_by: str = Field(min_length=1, max_length=255)
     note: str | None = Field(default=None, max_length=2000)
 
@@ -385,6 +392,7 @@ class ReconcileOutput(Model):
 class RunStatusInput(Model):
     run_id: str
     status: str
+    failure: dict[str, str] | None = None  # {"code", "message"} when it failed
 
 
 class RunStatusOutput(Model):
@@ -394,6 +402,8 @@ class RunStatusOutput(Model):
 
 class ApprovalRef(Model):
     approval_id: str
+    # For expiry: the deadline the workflow's timer was armed for.
+    deadline: datetime | None = None
 
 
 class ActionRef(Model):

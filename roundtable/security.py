@@ -53,6 +53,7 @@ __all__ = [
     "encrypt_arguments",
     "read_action_secret",
     "redact_arguments",
+    "redact_text",
 ]
 
 
@@ -281,6 +282,46 @@ def redact_arguments(
         str(name): (value if name in safe else REDACTED)
         for name, value in (arguments or {}).items()
     }
+
+
+_MIN_REDACTED_LENGTH = 4  # shorter values would blank out ordinary words
+MAX_ERROR_MESSAGE_CHARS = 500
+
+
+def _leaves(value: Any) -> Iterable[str]:
+    if isinstance(value, Mapping):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _leaves(item)
+    elif value is not None and not isinstance(value, bool):
+        yield str(value)
+
+
+def redact_text(
+    text: str, arguments: Mapping[str, Any] | None, safe_fields: Iterable[str] | None = None
+) -> str:
+    """A tool's error message, safe to store and show: every argument value
+    that is not a safe field (at any depth, four characters or longer) is
+    replaced by ``[redacted]``, and the message is bounded."""
+    safe = set(safe_fields or ())
+    secrets_seen = sorted(
+        {
+            leaf
+            for name, value in (arguments or {}).items()
+            if name not in safe
+            for leaf in _leaves(value)
+            if len(leaf) >= _MIN_REDACTED_LENGTH
+        },
+        key=len,
+        reverse=True,  # longest first, so a value containing another goes whole
+    )
+    for secret in secrets_seen:
+        text = text.replace(secret, REDACTED)
+    if len(text) > MAX_ERROR_MESSAGE_CHARS:
+        text = text[:MAX_ERROR_MESSAGE_CHARS] + "…"
+    return text
 
 
 def argument_changes(

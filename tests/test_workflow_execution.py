@@ -79,6 +79,7 @@ async def test_tool_error_after_acting_is_unknown_and_never_repeated(tmp_path) -
         assert action["result"] == {
             "error_code": "tool_error",
             "error_type": "ConnectionResetError",
+            "message": "connection reset after the write",
         }
         assert (await h.store.get_run(handle.id))["status"] == "waiting_input"
         assert len(calls) == 1
@@ -99,15 +100,21 @@ async def test_tool_error_after_acting_is_unknown_and_never_repeated(tmp_path) -
 async def test_lost_heartbeat_is_unknown_and_the_tool_is_not_called_again(
     tmp_path, monkeypatch
 ) -> None:
-    """A worker that dies mid-write stops heartbeating: the server times the
-    activity out, the workflow settles the action as unknown, nothing retries."""
-    calls = []
+    """A worker whose heartbeats stop reaching Temporal: the server times the
+    activity out, the workflow settles the action as unknown, nothing retries.
+    The attempt is still alive on the worker: its next lease renewal is
+    refused, which cancels the tool call; only then may it be reconciled."""
+    calls, cancelled = [], []
     never = asyncio.Event()
 
     def hangs(handler):  # type: ignore[no-untyped-def]
         async def handle(args, ctx):  # type: ignore[no-untyped-def]
             calls.append(ctx.idempotency_key)
-            await never.wait()
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                cancelled.append(ctx.idempotency_key)
+                raise
 
         return handle
 
@@ -128,9 +135,24 @@ async def test_lost_heartbeat_is_unknown_and_the_tool_is_not_called_again(
         assert action["status"] == "unknown"
         assert action["result"] == {"error_code": "execution_interrupted"}
         assert calls == [action["idempotency_key"]]
+        await attempt_ended(h, handle.id, action_id)
+        assert cancelled == calls
         await reconcile(handle, action_id, "failed")
         assert (await handle.result()).status == "completed"
         assert len(calls) == 1
+
+
+async def attempt_ended(h: Harness, run_id: str, action_id: str, within: float = 20) -> None:
+    """Until the action's attempt has said it is over (its lease clock stopped)."""
+    for _ in range(int(within / 0.05)):
+        events = await h.store.list_events(run_id)
+        if any(
+            e["event_type"] == "action.attempt_ended" and e["payload"]["action_id"] == action_id
+            for e in events
+        ):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the attempt never ended")
 
 
 async def hold_target(h: Harness, ticket: str) -> str:
@@ -180,7 +202,9 @@ async def test_busy_target_waits_on_timers_then_proceeds(tmp_path) -> None:
 async def test_target_blocked_by_unknown_waits_for_reconciliation(tmp_path) -> None:
     async with harness(tmp_path) as h:
         holder = await hold_target(h, "T-1")
-        await h.store.record_action_terminal_result(holder, "unknown", {"error_code": "x"})
+        await h.store.record_action_terminal_result(
+            holder, "unknown", {"error_code": "x"}, attempt_over=True
+        )
         handle = await h.start(
             task_text="t",
             script=script(("seat-1", 1, [ticket_call("ticket_update")])),

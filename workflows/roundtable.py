@@ -15,11 +15,13 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.run_activities import RunActivities
     from activities.webhook_activities import WebhookActivities
     from activities.write_activities import WriteActivities
+    from roundtable.context_budget import fit_context
     from roundtable.models import (
         ActionRef,
         ApprovalRef,
@@ -63,6 +65,10 @@ WEBHOOK_RETRIES = RetryPolicy(
     non_retryable_error_types=["WebhookRejected"],
 )
 CONFLICT = "Conflict"
+# The update validator's answer when this run does not track an unknown
+# action: the caller reconciles it in the store instead.
+NOT_TRACKED = "NotTracked"
+SETTLED = ("succeeded", "failed")
 
 
 @workflow.defn(name="RoundtableWorkflow")
@@ -78,6 +84,11 @@ class RoundtableWorkflow:
         self._status_lock = asyncio.Lock()
         self._published: tuple[str, int, int] | None = None
         self._refreshes = 0
+        # Winding down: why the run is ending early (failed, cancelled), or None.
+        self._ending: str | None = None
+        self._tasks: list[asyncio.Task] = []  # every seat turn and tool call
+        self._interruptible: set = set()  # model turns and reads under way
+        self._failure: dict[str, str] | None = None
 
     # ================================================================= the process
 
@@ -95,13 +106,13 @@ class RoundtableWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(WorkflowArgs(request=self.request, carried=self.state))
             await self._conclude()
-        except (ActivityError, ApplicationError):
+        except (ActivityError, ApplicationError) as exc:
             # Regular activities fail as ActivityError, local ones as their own
             # ApplicationError: either way the store must say the run failed.
-            await self._finish("failed")
+            await self._end_early("failed", _failure_of(exc))
             raise
         except asyncio.CancelledError:
-            await self._finish("cancelled")
+            await self._end_early("cancelled", None)
             raise
         return RunResult(
             run_id=self.state.run_id,
@@ -134,17 +145,44 @@ class RoundtableWorkflow:
         if self.request.mode == "parallel":
             # Everyone speaks at once, seeing only what was said before the round.
             heard = list(self.state.transcript)
-            await asyncio.gather(
-                *(self._seat_turn(seat, round_number, heard) for seat in self.request.seats)
+            await self._all(
+                self._seat_turn(seat, round_number, heard) for seat in self.request.seats
             )
         else:
             for seat in self.request.seats:
-                await self._seat_turn(seat, round_number, None)
+                await self._all([self._seat_turn(seat, round_number, None)])
+
+    async def _all(self, coroutines) -> list:  # type: ignore[no-untyped-def]
+        """Run these as tracked tasks and wait for all; the first failure is
+        raised. The tasks are never cancelled with the caller: a run that ends
+        early winds each of them down (see _end_early) instead of abandoning
+        a write mid-flight."""
+        tasks = [asyncio.ensure_future(c) for c in coroutines]
+        if not tasks:
+            return []
+        self._tasks.extend(tasks)
+        await workflow.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        return [task.result() for task in tasks]
+
+    async def _interruptible_activity(self, activity, argument, **options):  # type: ignore[no-untyped-def]
+        """A side-effect-free activity (a model turn, a read) that a run ending
+        early may cancel."""
+        handle = workflow.start_activity_method(activity, argument, **options)
+        self._interruptible.add(handle)
+        try:
+            return await handle
+        finally:
+            self._interruptible.discard(handle)
 
     async def _seat_turn(self, seat: str, round_number: int, heard: list | None) -> None:
+        if self._ending:
+            return
         thread = self.state.threads.setdefault(seat, [])
         transcript = self.state.transcript if heard is None else heard
-        turn = await workflow.execute_activity_method(
+        turn = await self._interruptible_activity(
             RunActivities.take_turn,
             TakeTurnInput(
                 run_id=self.state.run_id,
@@ -178,13 +216,22 @@ class RoundtableWorkflow:
             )
             for o in outcomes
         )
+        # Everything a seat hears is carried from here on: keep the sum bounded.
+        fit_context(self.state.threads, self.state.transcript)
 
     async def _run_tool_calls(
         self, seat: str, round_number: int, calls: list[ToolCall]
     ) -> list[ToolOutcome]:
-        return list(await asyncio.gather(*(self._tool_call(seat, round_number, c) for c in calls)))
+        return await self._all(self._tool_call(seat, round_number, c) for c in calls)
 
     async def _tool_call(self, seat: str, round_number: int, call: ToolCall) -> ToolOutcome:
+        if self._ending:  # the run is winding down: start nothing new
+            return ToolOutcome(
+                call_id=call.id,
+                tool_name=call.name,
+                status="error",
+                content={"error_code": "run_ended", "message": "the run is ending"},
+            )
         if call.malformed:  # the model's call could not be read: tell it, run nothing
             return ToolOutcome(
                 call_id=call.id,
@@ -198,7 +245,7 @@ class RoundtableWorkflow:
             and spec.side_effect == "read"
             and self.state.snapshot.granted(seat, call.name)
         ):
-            return await workflow.execute_activity_method(
+            return await self._interruptible_activity(
                 RunActivities.run_read_tool,
                 ReadToolInput(
                     run_id=self.state.run_id, seat=seat, call=call, snapshot=self.state.snapshot
@@ -227,17 +274,24 @@ class RoundtableWorkflow:
     # ================================================================= the write path
 
     async def _see_write_through(self, write: PendingWrite) -> ToolOutcome:
+        """Steer a write from wherever the store says it stands to its end.
+        An action met again (after a reset or retry) may already be executing,
+        unknown or done: it is tracked exactly like one made just now."""
         if write.rejection is not None:
             return write.rejection
         status = write.status
         if status == "waiting_approval":
             status = await self._await_decision(write)
-        if status == "approved":
+        if status in ("approved", "executing"):
             outcome = await self._execute(write)
             edits = self._edits.get(write.approval_id or "")
             if edits:  # the seat learns what the operator changed before approving
                 outcome.content = {**outcome.content, "operator_edits": edits}
             return outcome
+        if status == "unknown":
+            return await self._await_reconciliation(write, write.result, self._refreshes)
+        if status in SETTLED:
+            return _outcome(write, status, write.result or {})
         return _outcome(write, status, {"error_code": "not_approved"})
 
     async def _await_decision(self, write: PendingWrite) -> str:
@@ -255,74 +309,106 @@ class RoundtableWorkflow:
         # the same commands as before webhooks existed, so old histories replay.
         warned = not self.state.webhook_urls
         seen_refreshes = self._refreshes
-        try:
-            while approval_id not in self._decided:
-                warn_at = write.approval_deadline - timedelta(
-                    seconds=self.state.expiring_lead_seconds
+
+        def woken(seen: int = seen_refreshes) -> bool:
+            return approval_id in self._decided or self._refreshes != seen or bool(self._ending)
+
+        while approval_id not in self._decided and not self._ending:
+            warn_at = write.approval_deadline - timedelta(seconds=self.state.expiring_lead_seconds)
+            if not warned and workflow.now() >= warn_at:
+                warned = True
+                self._notify(
+                    "approval.expiring",
+                    approval_id,
+                    {**about, "expires_at": write.approval_deadline.isoformat()},
                 )
-                if not warned and workflow.now() >= warn_at:
-                    warned = True
-                    self._notify(
-                        "approval.expiring",
-                        approval_id,
-                        {**about, "expires_at": write.approval_deadline.isoformat()},
-                    )
+            try:
                 if warned:
                     await workflow.wait_condition(
-                        lambda seen=seen_refreshes: (
-                            approval_id in self._decided or self._refreshes != seen
-                        ),
+                        lambda seen=seen_refreshes: woken(seen),
                         timeout=max(write.approval_deadline - workflow.now(), timedelta(0)),
                         timeout_summary=f"approval expiry {approval_id}",
                     )
                 else:
-                    with contextlib.suppress(TimeoutError):  # time to warn: loop round
-                        await workflow.wait_condition(
-                            lambda seen=seen_refreshes: (
-                                approval_id in self._decided or self._refreshes != seen
-                            ),
-                            timeout=max(warn_at - workflow.now(), timedelta(0)),
-                            timeout_summary=f"approval expiring soon {approval_id}",
-                        )
-                if approval_id not in self._decided and self._refreshes != seen_refreshes:
-                    seen_refreshes = self._refreshes  # the sweep or an extension: look again
-                    await self._check_approval(approval_id)
-        except TimeoutError:
-            expired = await workflow.execute_local_activity_method(
-                WriteActivities.expire_approval,
-                ApprovalRef(approval_id=approval_id),
+                    await workflow.wait_condition(
+                        lambda seen=seen_refreshes: woken(seen),
+                        timeout=max(warn_at - workflow.now(), timedelta(0)),
+                        timeout_summary=f"approval expiring soon {approval_id}",
+                    )
+            except TimeoutError:
+                if warned:  # the deadline the timer was armed for has come
+                    await self._expire(write)
+                continue  # otherwise it was time to warn: loop round
+            if approval_id not in self._decided and self._refreshes != seen_refreshes:
+                seen_refreshes = self._refreshes  # the sweep or an extension: look again
+                await self._check_approval(write)
+        if approval_id not in self._decided:  # the run is ending: nobody will decide
+            withdrawn = await workflow.execute_local_activity_method(
+                WriteActivities.withdraw_write,
+                ActionRef(action_id=write.action_id),
                 start_to_close_timeout=BOOKKEEPING,
-                summary="expire approval",
+                summary="withdraw approval: the run is ending",
             )
-            self._decided.setdefault(approval_id, expired.status)
+            self._decided[approval_id] = withdrawn.status
         self.state.pending_approvals.pop(approval_id, None)
         await self._publish_status()
         return self._decided[approval_id]
 
-    async def _check_approval(self, approval_id: str) -> None:
+    async def _expire(self, write: PendingWrite) -> None:
+        """Expire against the deadline the timer was armed for. If an extension
+        committed first, the database keeps the approval pending and tells us
+        its new deadline: wait for that one instead."""
+        expired = await workflow.execute_local_activity_method(
+            WriteActivities.expire_approval,
+            ApprovalRef(approval_id=write.approval_id, deadline=write.approval_deadline),
+            start_to_close_timeout=BOOKKEEPING,
+            summary="expire approval",
+        )
+        self._follow(write, expired)
+
+    async def _check_approval(self, write: PendingWrite) -> None:
         seen = await workflow.execute_local_activity_method(
             WriteActivities.approval_status,
-            ApprovalRef(approval_id=approval_id),
+            ApprovalRef(approval_id=write.approval_id),
             start_to_close_timeout=BOOKKEEPING,
             summary="check approval",
         )
+        self._follow(write, seen)
+
+    def _follow(self, write: PendingWrite, seen) -> None:  # type: ignore[no-untyped-def]
+        """Take the database's word on an approval: decided only once it is no
+        longer pending; while pending, its deadline is the one that counts."""
         if seen.approval_status != "pending":
-            self._decided.setdefault(approval_id, seen.status)
+            self._decided.setdefault(write.approval_id, seen.status)
+        elif seen.expires_at is not None and seen.expires_at > write.approval_deadline:
+            write.approval_deadline = seen.expires_at
 
     async def _execute(self, write: PendingWrite) -> ToolOutcome:
         """Claim and run the write; back off on a busy target; never re-run an
         attempt whose fate is unclear."""
         wait = RETRY_BUSY_FIRST
+        seen_refreshes = self._refreshes
         while True:
-            done = await self._attempt(write)
-            if done.status in ("succeeded", "failed"):
+            if self._ending:
+                done = await workflow.execute_local_activity_method(
+                    WriteActivities.withdraw_write,
+                    ActionRef(action_id=write.action_id),
+                    start_to_close_timeout=BOOKKEEPING,
+                    summary="withdraw write: the run is ending",
+                )
+            else:
+                done = await self._attempt(write)
+            if done.status in SETTLED:
                 self.state.blocked_reason = None
                 await self._publish_status()
                 return _outcome(write, done.status, done.result or {})
             if done.status == "unknown":
-                return await self._await_reconciliation(write, done)
-            # Still approved: the target is busy or blocked, or the attempt
-            # failed before it claimed. Wait on a durable timer and try again.
+                return await self._await_reconciliation(write, done.result, seen_refreshes)
+            if done.status == "rejected":  # withdrawn: the run is ending
+                return _outcome(write, done.status, done.result or {"error_code": "not_approved"})
+            # Still approved (or executing under another attempt's live lease):
+            # the target is busy or blocked, or the attempt failed before it
+            # claimed. Wait on a durable timer and try again.
             blocked = done.claim == "target_reconciliation_required"
             self.state.blocked_reason = (
                 f"{write.tool_name} for {write.seat} waits: another action on its target "
@@ -331,10 +417,17 @@ class RoundtableWorkflow:
                 else None
             )
             await self._publish_status()
-            await workflow.sleep(wait, summary=f"target busy, retry {write.tool_name}")
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: bool(self._ending),
+                    timeout=wait,
+                    timeout_summary=f"target busy, retry {write.tool_name}",
+                )
             wait = min(wait * 2, RETRY_BLOCKED_MAX if blocked else RETRY_BUSY_MAX)
 
     async def _attempt(self, write: PendingWrite) -> ExecuteWriteOutput:
+        """One execution. Never interrupted by the run ending: a write under
+        way always reaches a recorded outcome."""
         heartbeat = timedelta(seconds=self.request.heartbeat_timeout_seconds)
         try:
             return await workflow.execute_activity_method(
@@ -359,8 +452,12 @@ class RoundtableWorkflow:
             )
 
     async def _await_reconciliation(
-        self, write: PendingWrite, done: ExecuteWriteOutput
+        self, write: PendingWrite, result: dict | None, seen_refreshes: int
     ) -> ToolOutcome:
+        """Wait until someone reconciles the action: through this workflow's
+        update, or directly in the store (then a refresh signal wakes us to
+        read it). A run that ends meanwhile leaves it unknown, still
+        reconcilable in the store."""
         self.state.unknown_actions[write.action_id] = write
         await self._publish_status()
         self._notify(
@@ -368,11 +465,28 @@ class RoundtableWorkflow:
             write.action_id,
             {"action_id": write.action_id, "tool_name": write.tool_name, "seat": write.seat},
         )
-        await workflow.wait_condition(lambda: write.action_id in self._reconciled)
+        while write.action_id not in self._reconciled and not self._ending:
+            await workflow.wait_condition(
+                lambda seen=seen_refreshes: (
+                    write.action_id in self._reconciled
+                    or self._refreshes != seen
+                    or bool(self._ending)
+                )
+            )
+            if write.action_id not in self._reconciled and self._refreshes != seen_refreshes:
+                seen_refreshes = self._refreshes
+                now = await workflow.execute_local_activity_method(
+                    WriteActivities.action_status,
+                    ActionRef(action_id=write.action_id),
+                    start_to_close_timeout=BOOKKEEPING,
+                    summary="check reconciliation",
+                )
+                if now.status in SETTLED:
+                    self._reconciled.setdefault(write.action_id, now.status)
         self.state.unknown_actions.pop(write.action_id, None)
         await self._publish_status()
-        status = self._reconciled[write.action_id]
-        return _outcome(write, status, {"reconciled": True, **(done.result or {})})
+        status = self._reconciled.get(write.action_id, "unknown")
+        return _outcome(write, status, {"reconciled": status != "unknown", **(result or {})})
 
     # ================================================================= ending
 
@@ -428,6 +542,25 @@ class RoundtableWorkflow:
         pending, self._deliveries = self._deliveries, []
         await asyncio.gather(*pending, return_exceptions=True)
 
+    async def _end_early(self, status: str, failure: dict[str, str] | None) -> None:
+        """The run failed or was cancelled. It ends only once every seat's
+        writes are settled: model turns and reads are cancelled, writes under
+        way run to a recorded outcome, approvals still open are withdrawn and
+        unclaimed writes rejected (run_ended)."""
+        self._ending = status
+        for handle in list(self._interruptible):
+            handle.cancel()
+        while any(not task.done() for task in self._tasks):
+            await workflow.wait([t for t in self._tasks if not t.done()])
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        self._failure = failure
+        try:
+            await self._finish(status)
+        except (ActivityError, ApplicationError) as exc:
+            # The store could not be told (e.g. the run row was never made):
+            # the sweep settles runs whose workflow closed.
+            workflow.logger.warning("could not record the run as %s: %s", status, exc)
+
     async def _finish(self, status: str) -> None:
         self.state.status = status
         await self._publish_status(force=True)
@@ -452,7 +585,7 @@ class RoundtableWorkflow:
             self.state.status = status
             await workflow.execute_local_activity_method(
                 RunActivities.set_run_status,
-                RunStatusInput(run_id=self.state.run_id, status=status),
+                RunStatusInput(run_id=self.state.run_id, status=status, failure=self._failure),
                 start_to_close_timeout=BOOKKEEPING,
                 summary=f"run is {status}",
             )
@@ -527,9 +660,7 @@ class RoundtableWorkflow:
     @workflow.signal
     async def approval_decision(self, decision: DecisionInput) -> None:
         try:
-            await self._decide(
-                await self._signalled_by(decision, "approval_decision", decision.approval_id)
-            )
+            await self._decide(await self._signalled_by(decision, "approval_decision"))
         except ApplicationError as exc:
             workflow.logger.warning("approval decision refused: %s", exc)
 
@@ -548,8 +679,12 @@ class RoundtableWorkflow:
         )
         if out.edits:
             self._edits[out.approval_id] = out.edits
-        # The database's answer stands, whichever decision won.
-        self._decided.setdefault(out.approval_id, out.status)
+        # The database's answer stands, whichever decision won; a decision it
+        # refused while the approval stays pending (wrong digest, late edits)
+        # changes nothing here either.
+        write = self.state.pending_approvals.get(out.approval_id)
+        if write is not None:
+            self._follow(write, out)
         if out.conflict:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.approval_status
@@ -580,26 +715,27 @@ class RoundtableWorkflow:
     def _validate_reconcile(self, request: ReconcileInput) -> None:
         refusal = self._reconcile_refusal(request.action_id)
         if refusal:
-            raise ValueError(refusal)
+            raise refusal
 
-    def _reconcile_refusal(self, action_id: str) -> str | None:
-        if action_id not in self.state.unknown_actions:
-            return f"action {action_id!r} is not awaiting reconciliation"
+    def _reconcile_refusal(self, action_id: str) -> ApplicationError | None:
+        if action_id not in self.state.unknown_actions or action_id in self._reconciled:
+            return ApplicationError(
+                f"action {action_id!r} is not awaiting reconciliation in this run",
+                type=NOT_TRACKED,
+            )
         return None
 
     @workflow.signal(name="reconcile_action_signal")
     async def reconcile_action_signal(self, request: ReconcileInput) -> None:
         try:
-            await self._reconcile(
-                await self._signalled_by(request, "reconcile_action_signal", request.action_id)
-            )
+            await self._reconcile(await self._signalled_by(request, "reconcile_action_signal"))
         except ApplicationError as exc:
             workflow.logger.warning("reconciliation refused: %s", exc)
 
     async def _reconcile(self, request: ReconcileInput) -> str:
         refusal = self._reconcile_refusal(request.action_id)
         if refusal:
-            raise ApplicationError(refusal, type=CONFLICT)
+            raise refusal
         out = await self._bookkeeping(
             WriteActivities.reconcile_action, request, f"reconcile as {request.outcome}"
         )
@@ -609,26 +745,43 @@ class RoundtableWorkflow:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.status
 
-    async def _signalled_by(self, message, signal_name: str, subject_id: str):  # type: ignore[no-untyped-def]
-        """Whoever sent a raw signal is its Temporal identity (from the history),
-        never the name written in its body. Should the history not say, the
-        name is kept, marked as an unverified claim."""
+    async def _signalled_by(self, message, signal_name: str):  # type: ignore[no-untyped-def]
+        """Whoever sent a raw signal is its Temporal identity, found in the
+        history by this very signal's payload (its request id makes it one of
+        a kind), never the name written in its body. When the history cannot
+        say whose it was, it is recorded as ``temporal:unknown``."""
         identity = await self._bookkeeping(
             WriteActivities.signal_sender,
             SignalSender(
                 workflow_id=workflow.info().workflow_id,
                 signal_name=signal_name,
-                subject_id=subject_id,
+                payload=message.model_dump(mode="json", exclude_unset=True),
             ),
             "who sent this signal",
         )
-        who = f"temporal:{identity}" if identity else f"unverified:{message.decided_by}"
+        who = f"temporal:{identity or 'unknown'}"
         return message.model_copy(update={"decided_by": who[:255]})
 
     @workflow.signal
     def refresh(self) -> None:
         """The sweep changed something in the store: re-read what we wait on."""
         self._refreshes += 1
+
+
+def _failure_of(exc: BaseException) -> dict[str, str]:
+    """What the store records of why a run failed: the innermost application
+    error's type and message, or what kind of timeout it was."""
+    where = f"{exc.activity_type}: " if isinstance(exc, ActivityError) else ""
+    cause: BaseException | None = exc
+    while isinstance(cause, ActivityError) and cause.cause is not None:
+        cause = cause.cause
+    if isinstance(cause, ApplicationError):
+        code = cause.type or "ApplicationError"
+    elif isinstance(cause, TemporalTimeout):
+        code = f"timeout_{cause.type.name.lower()}" if cause.type else "timeout"
+    else:
+        code = type(cause).__name__
+    return {"code": code[:64], "message": f"{where}{cause}"[:1000]}
 
 
 def _since_last_turn(transcript: list[ChatMessage], seat: str) -> list[ChatMessage]:

@@ -346,9 +346,15 @@ class ExecutionOps(ApprovalOps):
             raise InvalidInputError("result must be a JSON object")
         async with self._transaction() as session:
             run, action = await self._lock_action(session, action_id)
-            if action.status != ActionStatus.EXECUTING:
-                return False
             if fencing_token is not None and action.fencing_token != fencing_token:
+                return False
+            if action.status == ActionStatus.UNKNOWN and attempt_over:
+                # Someone made it unknown while the attempt ran (a timeout, a
+                # closed run); the attempt has now ended: say so, so it can be
+                # reconciled without waiting out the lease.
+                await self._end_attempt(session, run, action)
+                return False
+            if action.status != ActionStatus.EXECUTING:
                 return False
             now = await database_now(session)
             values: dict[str, Any] = {
@@ -368,14 +374,7 @@ class ExecutionOps(ApprovalOps):
                     delete(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
                 )
             elif attempt_over:
-                await session.execute(
-                    update(ActionLeaseRow)
-                    .where(
-                        ActionLeaseRow.action_id == action_id,
-                        ActionLeaseRow.lease_expires_at > now,
-                    )
-                    .values(lease_expires_at=now)
-                )
+                await self._end_attempt(session, run, action, audit=False)
             payload: dict[str, Any] = {
                 "action_id": action_id,
                 "fencing_token": action.fencing_token,
@@ -384,6 +383,30 @@ class ExecutionOps(ApprovalOps):
                 payload["error_code"] = result["error_code"]  # type: ignore[index]
             await self._audit(session, run, f"action.{status}", payload, now)
         return True
+
+    async def _end_attempt(
+        self, session: AsyncSession, run: RunRow, action: ActionRow, audit: bool = True
+    ) -> None:
+        """The executing attempt has ended: stop its lease's clock. The row
+        stays (the target remains blocked until reconciled)."""
+        now = await database_now(session)
+        ended = await session.execute(
+            update(ActionLeaseRow)
+            .where(
+                ActionLeaseRow.action_id == action.id,
+                ActionLeaseRow.fencing_token == action.fencing_token,
+                ActionLeaseRow.lease_expires_at > now,
+            )
+            .values(lease_expires_at=now)
+        )
+        if audit and ended.rowcount:
+            await self._audit(
+                session,
+                run,
+                "action.attempt_ended",
+                {"action_id": action.id, "fencing_token": action.fencing_token},
+                now,
+            )
 
     async def recover_expired_action_leases(
         self, run_id: str | None = None, now: datetime | None = None

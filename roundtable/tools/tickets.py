@@ -30,6 +30,7 @@ from roundtable.tools.registry import (
 )
 
 NAMESPACE = "demo-tickets"
+REJECTED_STALE = "rejected_stale"
 
 
 class _Base(DeclarativeBase):
@@ -121,12 +122,18 @@ class TicketSystem:
     # ----------------------------------------------------------------- reads
 
     async def get(self, args: TicketRef, ctx: ToolContext) -> dict[str, Any]:
+        found = await self.read(args.tenant_id, args.ticket_id)
+        if found is None:
+            return {"found": False, "tenant_id": args.tenant_id, "ticket_id": args.ticket_id}
+        return {"found": True, **found}
+
+    async def read(self, tenant_id: str, ticket_id: str) -> dict[str, Any] | None:
+        """A ticket as it stands, or None if nothing was ever written to it."""
         async with self._sessions() as session:
-            row = await session.get(TicketRow, (args.tenant_id, args.ticket_id))
+            row = await session.get(TicketRow, (tenant_id, ticket_id))
             if row is None:
-                return {"found": False, "tenant_id": args.tenant_id, "ticket_id": args.ticket_id}
+                return None
             return {
-                "found": True,
                 "tenant_id": row.tenant_id,
                 "ticket_id": row.ticket_id,
                 "status": row.status,
@@ -178,9 +185,15 @@ class TicketSystem:
         first = await self._start(operation, args, ctx)
         if first is not None:
             return first
-        if self.write_delay_seconds:
-            await asyncio.sleep(self.write_delay_seconds)
-        result = await self._finish(args, ctx, apply)
+        try:
+            if self.write_delay_seconds:
+                await asyncio.sleep(self.write_delay_seconds)
+            result = await self._finish(args, ctx, apply)
+        except asyncio.CancelledError:
+            # The caller went away before the write applied: nothing changed,
+            # and the log says so (shielded: the note must outlive the cancel).
+            await asyncio.shield(self._close_log(ctx, "abandoned"))
+            raise
         if args.ticket_id in self.drop_after_write:
             raise ConnectionResetError("connection dropped after the ticket was written")
         return result
@@ -195,15 +208,13 @@ class TicketSystem:
                 )
             ).scalar_one_or_none()
             if seen is not None:
+                if seen.outcome == REJECTED_STALE:
+                    raise ToolDefiniteFailure("stale_fencing_token", "this write was refused")
                 return {**(seen.result or {}), "replayed": True}
             ticket = await self._ticket(session, args)
-            if ctx.fencing_token < ticket.highest_fencing_token:
-                raise ToolDefiniteFailure(
-                    "stale_fencing_token",
-                    f"fencing token {ctx.fencing_token} is older than "
-                    f"{ticket.highest_fencing_token} for this ticket",
-                )
-            ticket.highest_fencing_token = ctx.fencing_token
+            stale = ctx.fencing_token < ticket.highest_fencing_token
+            if not stale:
+                ticket.highest_fencing_token = ctx.fencing_token
             session.add(
                 TicketWriteRow(
                     idempotency_key=ctx.idempotency_key,
@@ -212,8 +223,16 @@ class TicketSystem:
                     ticket_id=args.ticket_id,
                     operation=operation,
                     started_at=datetime.now(UTC),
-                    outcome="started",
+                    # A refusal is logged as durably as a write: the log is the truth.
+                    finished_at=datetime.now(UTC) if stale else None,
+                    outcome=REJECTED_STALE if stale else "started",
                 )
+            )
+        if stale:
+            raise ToolDefiniteFailure(
+                "stale_fencing_token",
+                f"fencing token {ctx.fencing_token} is older than "
+                f"{ticket.highest_fencing_token} for this ticket",
             )
         return None
 
@@ -227,19 +246,33 @@ class TicketSystem:
                     )
                 )
             ).scalar_one()
-            if ctx.fencing_token < ticket.highest_fencing_token:
-                log.outcome, log.finished_at = "rejected_stale", datetime.now(UTC)
-                raise ToolDefiniteFailure("stale_fencing_token", "a newer writer took over")
-            # JSON columns track reassignment, not in-place edits: copy, change, assign.
-            ticket.fields, ticket.comments = dict(ticket.fields), list(ticket.comments)
-            apply(ticket)
-            result = {
-                "ticket_id": ticket.ticket_id,
-                "status": ticket.status,
-                "external_object_id": f"{ticket.tenant_id}/{ticket.ticket_id}",
-            }
-            log.outcome, log.finished_at, log.result = "applied", datetime.now(UTC), result
-            return result
+            stale = ctx.fencing_token < ticket.highest_fencing_token
+            if not stale:
+                # JSON columns track reassignment, not in-place edits: copy, change, assign.
+                ticket.fields, ticket.comments = dict(ticket.fields), list(ticket.comments)
+                apply(ticket)
+                result = {
+                    "ticket_id": ticket.ticket_id,
+                    "status": ticket.status,
+                    "external_object_id": f"{ticket.tenant_id}/{ticket.ticket_id}",
+                }
+                log.outcome, log.finished_at, log.result = "applied", datetime.now(UTC), result
+                return result
+            # Refused: committed as the write's end before the caller hears of it.
+            log.outcome, log.finished_at = REJECTED_STALE, datetime.now(UTC)
+        raise ToolDefiniteFailure("stale_fencing_token", "a newer writer took over")
+
+    async def _close_log(self, ctx: ToolContext, outcome: str) -> None:
+        async with self._sessions() as session, session.begin():
+            log = (
+                await session.execute(
+                    select(TicketWriteRow).where(
+                        TicketWriteRow.idempotency_key == ctx.idempotency_key
+                    )
+                )
+            ).scalar_one_or_none()
+            if log is not None and log.outcome == "started":
+                log.outcome, log.finished_at = outcome, datetime.now(UTC)
 
     @staticmethod
     async def _ticket(session: Any, args: TicketRef) -> TicketRow:

@@ -1,0 +1,186 @@
+"""A write whose lease is lost stops writing.
+
+Once seen on main: renewal failing, the tool went on; the action became
+unknown, an operator reconciled it, the next writer claimed the ticket, and
+then the old call finished its write. Now the moment the lease cannot be
+renewed the call is cancelled, and reconciliation waits until the attempt is
+over. The demo ticket system's log is the ground truth throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy.exc import OperationalError
+from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError
+
+from roundtable.store.schema import ActionLeaseRow
+from tests.helpers import set_column
+from tests.test_workflow_execution import attempt_ended, reconcile, wrap_tool
+from tests.workflow_harness import Harness, harness, script, ticket_call
+
+AUTO = "auto_approve_up_to:R3"
+ONE_UPDATE = script(("seat-1", 1, [ticket_call("ticket_update", fields={"owner": "first"})]))
+SECOND_UPDATE = script(("seat-1", 1, [ticket_call("ticket_update", fields={"owner": "second"})]))
+
+
+async def started_write(h: Harness, within: float = 20) -> dict:
+    for _ in range(int(within / 0.05)):
+        log = await h.tickets.write_log()
+        if log:
+            return log[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError("the write never reached the ticket system")
+
+
+async def executing_action(h: Harness, run_id: str) -> dict:
+    (action,) = await h.store.list_actions(run_id)
+    assert action["status"] == "executing"
+    return action
+
+
+def assert_no_overlap(log: list[dict]) -> None:
+    spans = sorted(
+        (datetime.fromisoformat(w["started_at"]), datetime.fromisoformat(w["finished_at"]))
+        for w in log
+    )
+    for (_, first_end), (second_start, _) in itertools.pairwise(spans):
+        assert first_end <= second_start, f"two writes to one ticket overlapped: {log}"
+
+
+async def test_a_refused_renewal_cancels_the_tool_before_it_writes(tmp_path) -> None:
+    async with harness(tmp_path, write_delay=3.0) as h:
+        first = await h.start(
+            task_text="t", script=ONE_UPDATE, write_policy=AUTO, heartbeat_timeout_seconds=3
+        )
+        await started_write(h)
+        action = await executing_action(h, first.id)
+        # The lease lapses under the call (a clock jump, a stalled renewal):
+        # the next renewal is refused.
+        await set_column(
+            h.store,
+            ActionLeaseRow,
+            ActionLeaseRow.action_id == action["id"],
+            lease_expires_at=datetime.now(UTC) - timedelta(seconds=1),
+        )
+        state = await h.wait_for(first, lambda s: bool(s.unknown_actions))
+        lost = await h.store.get_action(action["id"])
+        assert lost["status"] == "unknown"
+        assert lost["result"] == {"error_code": "lease_lost", "reason": "lease_renewal_refused"}
+        (written,) = await h.tickets.write_log()
+        assert written["outcome"] == "abandoned"  # cancelled before it applied
+        ticket = await h.tickets.read("acme", "T-1")
+        assert ticket is None or "owner" not in ticket["fields"]
+
+        # Nobody else writes the ticket until the unknown is settled.
+        second = await h.start(
+            task_text="t", script=SECOND_UPDATE, write_policy=AUTO, heartbeat_timeout_seconds=3
+        )
+        await h.wait_for(second, lambda s: s.blocked_reason is not None)
+        assert [a["status"] for a in await h.store.list_actions(second.id)] == ["approved"]
+
+        assert list(state.unknown_actions) == [action["id"]]
+        await reconcile(first, action["id"], "failed")  # the attempt is over: allowed at once
+        assert (await second.result()).status == "completed"
+        log = await h.tickets.write_log()
+        assert [w["outcome"] for w in log] == ["abandoned", "applied"]
+        assert log[1]["fencing_token"] > log[0]["fencing_token"]
+        assert_no_overlap(log)
+        assert (await h.tickets.read("acme", "T-1"))["fields"]["owner"] == "second"
+        assert (await first.result()).status == "completed"
+
+
+async def _raises(*args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
+    raise OperationalError("UPDATE action_leases", {}, Exception("database is gone"))
+
+
+async def _hangs(*args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
+    await asyncio.Event().wait()
+    return True
+
+
+@pytest.mark.parametrize(
+    ("renewal", "reason"),
+    [(_raises, "lease_renewal_failed"), (_hangs, "lease_renewal_timed_out")],
+    ids=["renewal_errors", "renewal_hangs_past_the_lease"],
+)
+async def test_a_renewal_that_fails_mid_call_cancels_the_tool(
+    tmp_path, monkeypatch, renewal, reason: str
+) -> None:
+    async with harness(tmp_path, write_delay=8.0) as h:
+        monkeypatch.setattr(h.store, "renew_action_lease", renewal)
+        handle = await h.start(
+            task_text="t",
+            script=ONE_UPDATE,
+            write_policy=AUTO,
+            heartbeat_timeout_seconds=3,
+            lease_seconds=6,
+        )
+        await h.wait_for(handle, lambda s: bool(s.unknown_actions), within=30)
+        (action,) = await h.store.list_actions(handle.id)
+        assert action["result"] == {"error_code": "lease_lost", "reason": reason}
+        (written,) = await h.tickets.write_log()
+        assert written["outcome"] == "abandoned"
+        # The call ended before the lease could lapse in the database.
+        lease_end = await lease_expiry(h, action["id"])
+        assert datetime.fromisoformat(written["finished_at"]) <= lease_end
+
+
+async def test_reconcile_is_refused_while_a_timed_out_attempt_may_still_run(
+    tmp_path, monkeypatch
+) -> None:
+    """Temporal gave up on the attempt (no heartbeats reach it), so the
+    workflow settled it unknown; but the worker is alive and its call goes
+    on. Reconciling now would let the next writer in beside it."""
+    calls, cancelled = [], []
+
+    def hangs(handler):  # type: ignore[no-untyped-def]
+        async def handle(args, ctx):  # type: ignore[no-untyped-def]
+            calls.append(ctx.idempotency_key)
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(ctx.idempotency_key)
+                raise
+
+        return handle
+
+    monkeypatch.setattr(activity, "heartbeat", lambda *details: None)
+    async with harness(
+        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_update", hangs)
+    ) as h:
+        monkeypatch.setattr(h.store, "renew_action_lease", _hangs)
+        handle = await h.start(
+            task_text="t",
+            script=ONE_UPDATE,
+            write_policy=AUTO,
+            heartbeat_timeout_seconds=2,
+            lease_seconds=8,
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions), within=30)
+        (action_id,) = state.unknown_actions
+        assert calls and not cancelled  # the call is still running
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await reconcile(handle, action_id, "failed")
+        assert "may still be executing" in str(refused.value.cause)
+        assert (await h.store.get_action(action_id))["status"] == "unknown"
+
+        await attempt_ended(h, handle.id, action_id, within=30)
+        assert cancelled == calls
+        assert await reconcile(handle, action_id, "failed") == "failed"
+        assert (await handle.result()).status == "completed"
+
+
+async def lease_expiry(h: Harness, action_id: str) -> datetime:
+    from sqlalchemy import select
+
+    async with h.store.session_factory() as session:
+        return (
+            await session.execute(
+                select(ActionLeaseRow.lease_expires_at).where(ActionLeaseRow.action_id == action_id)
+            )
+        ).scalar_one()
