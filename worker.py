@@ -24,6 +24,7 @@ from temporalio.client import (
     SchedulePolicy,
     ScheduleSpec,
 )
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.run_activities import RunActivities
@@ -38,10 +39,12 @@ from roundtable.tools.mcp import load_config, register_mcp_tools
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
 from roundtable.webhooks import signing_key
+from workflows.reconcile import ReconcileWorkflow
 from workflows.roundtable import RoundtableWorkflow
 from workflows.sweep import SweepWorkflow
 
 log = logging.getLogger("roundtable.worker")
+STICKY_QUEUE_TIMEOUT = timedelta(seconds=1)
 
 
 @dataclass
@@ -88,7 +91,11 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[RoundtableWorkflow, SweepWorkflow],
+        # When a worker dies, its runs' next workflow task waits this long on
+        # the dead worker's sticky queue before any other worker may take it:
+        # the SDK's 10 s default made "crash → unknown" heartbeat + ~10 s.
+        sticky_queue_schedule_to_start_timeout=STICKY_QUEUE_TIMEOUT,
+        workflows=[RoundtableWorkflow, SweepWorkflow, ReconcileWorkflow],
         activities=[
             runs.ensure_run,
             runs.take_turn,
@@ -102,6 +109,9 @@ def build_worker(
             writes.execute_write,
             writes.settle_write,
             writes.reconcile_action,
+            writes.reconcile_for_run,
+            writes.withdraw_write,
+            writes.action_status,
             writes.signal_sender,
             sweep.sweep_store,
             hooks.deliver_webhook,
@@ -129,37 +139,53 @@ async def worker_parts(settings: Settings) -> AsyncIterator[WorkerParts]:
             await tickets.close()
 
 
-async def ensure_sweep_schedule(client: Client, settings: Settings) -> bool:
-    """Create the sweep schedule once; an existing one is left as it is."""
+async def ensure_sweep_schedule(client: Client, settings: Settings) -> str:
+    """Make the sweep schedule match ``settings.sweep_enabled``: enabled, it is
+    created once (or resumed if paused); disabled, an existing one is paused
+    (never created). Returns what was done: created, resumed, paused, unchanged."""
+    handle = client.get_schedule_handle(SWEEP_SCHEDULE_ID)
     try:
-        await client.create_schedule(
-            SWEEP_SCHEDULE_ID,
-            Schedule(
-                action=ScheduleActionStartWorkflow(
-                    SweepWorkflow.run, id="roundtable-sweep-run", task_queue=settings.task_queue
-                ),
-                spec=ScheduleSpec(
-                    intervals=[
-                        ScheduleIntervalSpec(
-                            every=timedelta(seconds=settings.sweep_interval_seconds)
-                        )
-                    ]
-                ),
-                policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
-            ),
-        )
-        return True
-    except ScheduleAlreadyRunningError:
-        return False
+        paused = (await handle.describe()).schedule.state.paused
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        paused = None  # no schedule yet
+    if not settings.sweep_enabled:
+        if paused is False:
+            await handle.pause(note="ROUNDTABLE_SWEEP_ENABLED=false on a worker")
+            return "paused"
+        return "unchanged"
+    if paused is None:
+        try:
+            await client.create_schedule(SWEEP_SCHEDULE_ID, _sweep_schedule(settings))
+            return "created"
+        except ScheduleAlreadyRunningError:
+            return "unchanged"  # another worker made it first
+    if paused:
+        await handle.unpause(note="ROUNDTABLE_SWEEP_ENABLED=true on a worker")
+        return "resumed"
+    return "unchanged"
+
+
+def _sweep_schedule(settings: Settings) -> Schedule:
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            SweepWorkflow.run, id="roundtable-sweep-run", task_queue=settings.task_queue
+        ),
+        spec=ScheduleSpec(
+            intervals=[
+                ScheduleIntervalSpec(every=timedelta(seconds=settings.sweep_interval_seconds))
+            ]
+        ),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    )
 
 
 async def run_worker(settings: Settings | None = None, ready: asyncio.Event | None = None) -> None:
     settings = settings or load_settings()
     client = await connect(settings.temporal_address, settings.temporal_namespace)
     async with worker_parts(settings) as parts:
-        if settings.sweep_enabled:
-            created = await ensure_sweep_schedule(client, settings)
-            log.info("sweep schedule %s", "created" if created else "already present")
+        log.info("sweep schedule: %s", await ensure_sweep_schedule(client, settings))
         worker = build_worker(
             client,
             settings.task_queue,

@@ -31,6 +31,7 @@ from roundtable.models import (
     PendingWrite,
     ReconcileInput,
     ReconcileOutput,
+    ReconcileRequest,
     SignalSender,
     ToolOutcome,
 )
@@ -41,7 +42,14 @@ from roundtable.security import (
     derive_target,
     redact_text,
 )
-from roundtable.store import ClaimOutcome, ConflictError, InvalidInputError, Store
+from roundtable.store import (
+    AttemptMayBeRunningError,
+    ClaimOutcome,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    Store,
+)
 from roundtable.store.states import RUN_ENDED_REASON, ActionStatus
 from roundtable.tools.policy import initial_action_status
 from roundtable.tools.registry import (
@@ -376,6 +384,15 @@ class WriteActivities:
             )
         return await self._report(action_id, "settled")
 
+    @activity.defn(name="reconcile_for_run")
+    @typed_store_errors
+    async def reconcile_for_run(self, request: ReconcileRequest) -> ReconcileOutput:
+        """Reconcile in the store an action of ``request.run_id`` (and only of it)."""
+        action = await self.store.get_action(request.reconcile.action_id)
+        if action["run_id"] != request.run_id:
+            raise NotFoundError(f"action {action['id']!r} not found in run {request.run_id!r}")
+        return await self.reconcile_action(request.reconcile)
+
     @activity.defn(name="reconcile_action")
     @typed_store_errors
     async def reconcile_action(self, inp: ReconcileInput) -> ReconcileOutput:
@@ -383,10 +400,13 @@ class WriteActivities:
             action = await self.store.reconcile_action(
                 inp.action_id, inp.outcome, inp.decided_by, inp.note
             )
-            conflict = None
+            conflict, retry_at = None, None
         except ConflictError as exc:
             action, conflict = await self.store.get_action(inp.action_id), str(exc)
-        return ReconcileOutput(action_id=action["id"], status=action["status"], conflict=conflict)
+            retry_at = exc.retry_at if isinstance(exc, AttemptMayBeRunningError) else None
+        return ReconcileOutput(
+            action_id=action["id"], status=action["status"], conflict=conflict, retry_at=retry_at
+        )
 
 
 def _external_id(result: dict[str, Any] | None) -> str | None:

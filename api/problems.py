@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -10,7 +12,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from roundtable.operations import TemporalUnavailableError
-from roundtable.store import ConflictError, InvalidInputError, NotFoundError
+from roundtable.store import (
+    AttemptMayBeRunningError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+)
 
 PROBLEM = "application/problem+json"
 
@@ -64,6 +71,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ConflictError)
     async def _conflict(_: Request, exc: ConflictError) -> JSONResponse:
         return problem_response(409, "conflict", str(exc))
+
+    @app.exception_handler(AttemptMayBeRunningError)
+    async def _maybe_running(_: Request, exc: AttemptMayBeRunningError) -> JSONResponse:
+        response = problem_response(409, exc.code, str(exc), retry_at=exc.retry_at.isoformat())
+        wait = (exc.retry_at - datetime.now(UTC)).total_seconds()
+        response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+        return response
 
     @app.exception_handler(InvalidInputError)
     async def _bad_input(_: Request, exc: InvalidInputError) -> JSONResponse:

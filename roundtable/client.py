@@ -13,23 +13,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from roundtable import operations
 from roundtable.config import load_settings
 from roundtable.models import (
     DecisionInput,
     ReconcileInput,
+    ReconcileOutput,
+    ReconcileRequest,
     RunInput,
     RunResult,
     RunState,
     ScriptDocument,
     WorkflowArgs,
 )
-from roundtable.store import ConflictError, NotFoundError
-from roundtable.temporal import WORKFLOW_NAME, connect
+from roundtable.store import AttemptMayBeRunningError, ConflictError, NotFoundError
+from roundtable.temporal import RECONCILE_WORKFLOW_NAME, WORKFLOW_NAME, connect
 
 __all__ = [
+    "AttemptMayBeRunningError",
     "ConflictError",
     "DecisionInput",
     "NotFoundError",
@@ -104,16 +109,24 @@ class RoundtableClient:
         return cls(temporal, task_queue or settings.task_queue)
 
     async def start_run(self, request: RunInput) -> RunHandle:
-        """Start a run; ``request.run_id`` makes the start idempotent."""
+        """Start a run; ``request.run_id`` makes the start idempotent: the same
+        request again returns the same run and starts nothing, even after the
+        run has finished; another request under that id is a ConflictError."""
         run_id = request.run_id or operations.new_run_id()
         request = request.model_copy(update={"run_id": run_id})
-        await self.temporal.start_workflow(
-            WORKFLOW_NAME,
-            WorkflowArgs(request=request),
-            id=run_id,
-            task_queue=self.task_queue,
-            static_summary=f"Roundtable: {request.task_text[:100]}",
-        )
+        fingerprint = operations.request_fingerprint(request)
+        try:
+            await self.temporal.start_workflow(
+                WORKFLOW_NAME,
+                WorkflowArgs(request=request),
+                id=run_id,
+                task_queue=self.task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                memo={operations.FINGERPRINT_MEMO: fingerprint},
+                static_summary=f"Roundtable: {request.task_text[:100]}",
+            )
+        except WorkflowAlreadyStartedError:
+            await operations.same_request_or_conflict(self.temporal, run_id, fingerprint)
         return RunHandle(self, run_id)
 
     def handle(self, run_id: str) -> RunHandle:
@@ -158,9 +171,44 @@ class RoundtableClient:
         decided_by: str,
         note: str | None = None,
     ) -> str:
-        return await operations.send_update(
-            self.temporal,
-            run_id,
-            operations.RECONCILE_UPDATE,
-            ReconcileInput(action_id=action_id, outcome=outcome, decided_by=decided_by, note=note),
+        """Settle an unknown action of this run, whatever state the run's
+        workflow is in; ConflictError (AttemptMayBeRunningError, with
+        ``retry_at``) while its attempt may still be running."""
+        request = ReconcileInput(
+            action_id=action_id,
+            outcome=outcome,
+            decided_by=decided_by,
+            note=note,
+            request_id=operations.new_request_id(),
         )
+        try:
+            return await operations.send_update(
+                self.temporal, run_id, operations.RECONCILE_UPDATE, request
+            )
+        except (operations.NotTrackedError, operations.NoLiveWorkflowError):
+            pass  # the run does not wait on it: settle it in the store
+        try:
+            out = await self.temporal.execute_workflow(
+                RECONCILE_WORKFLOW_NAME,
+                ReconcileRequest(run_id=run_id, reconcile=request),
+                id=f"reconcile-{action_id}-{request.request_id}",
+                task_queue=self.task_queue,
+                result_type=ReconcileOutput,
+            )
+        except WorkflowFailureError as exc:
+            raise _store_error(exc) from exc
+        if out.retry_at is not None:
+            raise AttemptMayBeRunningError(action_id, out.retry_at, message=out.conflict)
+        if out.conflict:
+            raise ConflictError(out.conflict)
+        return out.status
+
+
+def _store_error(exc: WorkflowFailureError) -> Exception:
+    """A failed reconciliation workflow as the error its activity raised."""
+    cause = exc.cause
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause
+    if isinstance(cause, ApplicationError) and cause.type == "NotFound":
+        return NotFoundError(str(cause))
+    return ConflictError(str(cause or exc))

@@ -2,12 +2,16 @@
 
 AES-GCM with a 256-bit key derived (HKDF) from a secret; each payload names
 its key id in the metadata. Encoding uses the first key; decoding accepts any
-known key, so rotation is: put a new key first, keep the old ones until no
-history needs them. Payloads that were never encrypted decode as they are.
+known key. Rotation takes two phases (README, "Payload keys"): first add the
+new key *second* everywhere (every process can read it, none writes it yet),
+then move it first; keep the old key until no open history needs it.
+Payloads that were never encrypted decode as they are.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import secrets
 from collections.abc import Sequence
@@ -18,6 +22,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import PayloadCodec
+from temporalio.runtime import Runtime
 
 from roundtable.security import SECRET_ENV_VAR, ActionSecretKeyError
 
@@ -26,6 +31,7 @@ KEY_ID = "encryption-key-id"
 KEYS_ENV_VAR = "ROUNDTABLE_PAYLOAD_KEYS"
 DEFAULT_KEY_ID = "action-secret"
 _LABEL = b"roundtable/payload-codec/aes-gcm/v1"
+log = logging.getLogger("roundtable.codec")
 _NONCE = 12
 
 
@@ -59,6 +65,28 @@ def keys_from_environment() -> list[tuple[str, bytes]]:
     return [(DEFAULT_KEY_ID, derive_payload_key(secret))]
 
 
+_MISSING_KEYS_SEEN: set[str] = set()
+MISSING_KEY_METRIC = "roundtable_payload_key_missing"
+
+
+def report_missing_key(key_id: str) -> None:
+    """A payload sealed under a key this process lacks. Temporal retries the
+    workflow task that needs it forever, showing the run as running: say so
+    once per key id in the log, and count every time in the metrics."""
+    if key_id not in _MISSING_KEYS_SEEN:
+        _MISSING_KEYS_SEEN.add(key_id)
+        log.error(
+            "a Temporal payload is sealed with key id %r, which this process does not "
+            "have; runs that need it cannot proceed. Add the key to %s.",
+            key_id,
+            KEYS_ENV_VAR,
+        )
+    with contextlib.suppress(Exception):  # metrics never stop decoding
+        Runtime.default().metric_meter.create_counter(
+            MISSING_KEY_METRIC, "payloads that could not be decrypted: key id unknown"
+        ).add(1, {"key_id": key_id})
+
+
 class EncryptionCodec(PayloadCodec):
     def __init__(self, keys: Sequence[tuple[str, bytes]]) -> None:
         if not keys:
@@ -89,7 +117,11 @@ class EncryptionCodec(PayloadCodec):
             key_id = payload.metadata.get(KEY_ID, b"").decode()
             cipher = self._ciphers.get(key_id)
             if cipher is None:
-                raise PayloadKeyError(f"no key {key_id!r} to decrypt this payload")
+                report_missing_key(key_id)
+                raise PayloadKeyError(
+                    f"no key {key_id!r} to decrypt this payload: add it to {KEYS_ENV_VAR} "
+                    "(after the key that encodes) on every worker and client"
+                )
             try:
                 plain = cipher.decrypt(
                     payload.data[:_NONCE], payload.data[_NONCE:], key_id.encode()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -26,24 +26,40 @@ class Model(BaseModel):
 # ----------------------------------------------------------------- scripted model
 
 
+# Bounds on what a request may carry. Everything a run is asked for travels in
+# its workflow's history (and the script in every turn's input): Temporal
+# refuses payloads over 2 MiB and histories over 50 MB, and a workflow that
+# hits either is wedged, so the door refuses more than these.
+MAX_SEATS = 12
+MAX_TOOLS = 64
+MAX_NAME_CHARS = 128
+MAX_TEXT_CHARS = 20_000
+MAX_ROLE_CHARS = 4_000
+MAX_SCRIPT_TURNS = 1_000
+MAX_SCRIPT_BYTES = 256 * 1024
+MAX_CALLS_PER_TURN = 16
+
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
 class ScriptedToolCall(Model):
-    name: str
+    name: Name
     args: dict[str, Any] = Field(default_factory=dict)
-    id: str | None = None
+    id: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
 
 
 class ScriptedTurn(Model):
-    seat: str
-    round: int = Field(ge=1)
-    text: str = ""
-    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+    seat: Name
+    round: int = Field(ge=1, le=1_000)
+    text: str = Field(default="", max_length=MAX_TEXT_CHARS)
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list, max_length=MAX_CALLS_PER_TURN)
 
 
 class ScriptDocument(Model):
     """``{"turns": [{"seat", "round", "text", "tool_calls": [{"name", "args"}]}], "final"}``"""
 
-    turns: list[ScriptedTurn] = Field(default_factory=list)
-    final: str | None = None
+    turns: list[ScriptedTurn] = Field(default_factory=list, max_length=MAX_SCRIPT_TURNS)
+    final: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
 
     @model_validator(mode="after")
     def _one_entry_per_seat_and_round(self) -> ScriptDocument:
@@ -52,6 +68,9 @@ class ScriptDocument(Model):
             if (turn.seat, turn.round) in seen:
                 raise ValueError(f"two script entries for {turn.seat} in round {turn.round}")
             seen.add((turn.seat, turn.round))
+        size = len(self.model_dump_json().encode())
+        if size > MAX_SCRIPT_BYTES:
+            raise ValueError(f"the script is {size} bytes; at most {MAX_SCRIPT_BYTES}")
         return self
 
 
@@ -62,23 +81,29 @@ class RunInput(Model):
     """What a caller asks for. Validated at the door, so a run never starts
     with input it cannot finish."""
 
-    task_text: str = Field(min_length=1, max_length=20_000)
-    seats: list[str] = Field(default_factory=lambda: ["seat-1", "seat-2"], min_length=1)
+    task_text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
+    seats: list[str] = Field(
+        default_factory=lambda: ["seat-1", "seat-2"], min_length=1, max_length=MAX_SEATS
+    )
     manager: str | None = "manager"
     max_rounds: int = Field(default=1, ge=1, le=50)
     mode: RunMode = "structured"
     write_policy: str = "confirm_all_writes"
-    model: str = "scripted"
+    model: Name = "scripted"
     script: ScriptDocument | None = None
     approval_timeout_seconds: int = Field(default=3600, ge=1, le=30 * 24 * 3600)
-    user_id: str = "local-user"
-    tools: list[str] | None = None
+    user_id: str = Field(default="local-user", min_length=1, max_length=255)
+    tools: list[Name] | None = Field(default=None, max_length=MAX_TOOLS)
     # Per seat (and the manager): which model, which role, which tools.
-    seat_models: dict[str, str] = Field(default_factory=dict)
-    seat_roles: dict[str, str] = Field(default_factory=dict)
-    seat_tools: dict[str, list[str]] = Field(default_factory=dict)
+    seat_models: dict[str, Name] = Field(default_factory=dict, max_length=MAX_SEATS + 1)
+    seat_roles: dict[str, Annotated[str, Field(max_length=MAX_ROLE_CHARS)]] = Field(
+        default_factory=dict, max_length=MAX_SEATS + 1
+    )
+    seat_tools: dict[str, Annotated[list[Name], Field(max_length=MAX_TOOLS)]] = Field(
+        default_factory=dict, max_length=MAX_SEATS + 1
+    )
     reasoning_effort: Literal["low", "medium", "high"] | None = None
-    run_id: str | None = None
+    run_id: str | None = Field(default=None, min_length=1, max_length=64)
     # Execution knobs; defaults suit production, tests shorten them.
     lease_seconds: int = Field(default=30, ge=2, le=3600)
     heartbeat_timeout_seconds: int = Field(default=20, ge=1, le=3600)
@@ -101,6 +126,13 @@ class RunInput(Model):
                 "write_policy must be confirm_all_writes, deny_writes or auto_approve_up_to:R0..R3"
             )
         return policy
+
+    @field_validator("manager")
+    @classmethod
+    def _valid_manager(cls, manager: str | None) -> str | None:
+        if manager is not None and not _SEAT_ID.match(manager):
+            raise ValueError("the manager's id must be 1-64 letters, digits, '-', '_' or '.'")
+        return manager
 
     @model_validator(mode="after")
     def _consistent(self) -> RunInput:
@@ -383,10 +415,20 @@ class ReconcileInput(Model):
     note: str | None = Field(default=None, max_length=2000)
 
 
+class ReconcileRequest(Model):
+    """A reconciliation made outside the run's workflow (which is closed, or
+    not waiting on the action): done in the store by a short workflow."""
+
+    run_id: str
+    reconcile: ReconcileInput
+
+
 class ReconcileOutput(Model):
     action_id: str
     status: str
     conflict: str | None = None
+    # Set when refused because the attempt may still run: when to try again.
+    retry_at: datetime | None = None
 
 
 class RunStatusInput(Model):

@@ -7,12 +7,15 @@ refusals come back as the store's typed errors.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import uuid
+from datetime import datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -24,16 +27,34 @@ from roundtable.models import (
     RunInput,
     WorkflowArgs,
 )
-from roundtable.store import ConflictError, InvalidInputError, Store
+from roundtable.store import (
+    FINAL_RUN_STATUSES,
+    AttemptMayBeRunningError,
+    ConflictError,
+    InvalidInputError,
+    Store,
+)
 from roundtable.temporal import WORKFLOW_NAME
 
 DECIDE_UPDATE, RECONCILE_UPDATE = "decide_approval", "reconcile_action"
 EXTEND_UPDATE = "extend_approval"
+REFRESH_SIGNAL = "refresh"
 FINGERPRINT_MEMO = "request_fingerprint"
 
 
 class TemporalUnavailableError(RuntimeError):
     code = "temporal_unavailable"
+
+
+class NoLiveWorkflowError(ConflictError):
+    """The run's workflow is closed (or gone): it takes no more messages."""
+
+
+class NotTrackedError(ConflictError):
+    """The run's workflow is open but is not waiting on this action."""
+
+
+NOT_TRACKED, ATTEMPT_MAY_BE_RUNNING = "NotTracked", "AttemptMayBeRunning"
 
 
 def _typed(exc: WorkflowUpdateFailedError) -> Exception:
@@ -42,24 +63,44 @@ def _typed(exc: WorkflowUpdateFailedError) -> Exception:
     while cause is not None and not isinstance(cause, ApplicationError):
         cause = cause.cause
     message = str(cause or exc)
-    if isinstance(cause, ApplicationError) and cause.type == "InvalidInput":
+    kind = cause.type if isinstance(cause, ApplicationError) else None
+    if kind == "InvalidInput":
         return InvalidInputError(message)
+    if kind == NOT_TRACKED:
+        return NotTrackedError(message)
+    if kind == ATTEMPT_MAY_BE_RUNNING and cause.details:
+        return AttemptMayBeRunningError(
+            "", datetime.fromisoformat(str(cause.details[0])), message=message
+        )
     return ConflictError(message)
 
 
-async def send_update(client: Client, run_id: str, update: str, payload: Any) -> str:
+async def send_update(
+    client: Client, run_id: str, update: str, payload: Any, result_type: type = str
+) -> Any:
+    """An update to the run's workflow, its refusals as the store's typed errors."""
     try:
         return await client.get_workflow_handle(run_id).execute_update(
-            update, payload, result_type=str
+            update, payload, result_type=result_type
         )
     except WorkflowUpdateFailedError as exc:
         raise _typed(exc) from exc
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
-            raise ConflictError(f"run {run_id} has no live workflow ({exc.message})") from exc
+            raise NoLiveWorkflowError(f"run {run_id} has no live workflow ({exc.message})") from exc
         if exc.status == RPCStatusCode.UNAVAILABLE:
             raise TemporalUnavailableError(f"Temporal is unavailable: {exc.message}") from exc
         raise
+
+
+async def nudge(client: Client, run_id: str) -> None:
+    """Tell the run's workflow (if it is open) that the store changed under it."""
+    with contextlib.suppress(RPCError):
+        await client.get_workflow_handle(run_id).signal(REFRESH_SIGNAL)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
 
 
 async def decide(
@@ -111,16 +152,15 @@ async def extend(
         raise ConflictError(f"approval {approval_id} is already {approval['status']}")
     if seconds > max_seconds:
         raise InvalidInputError(f"an extension is at most {max_seconds} seconds")
-    try:
-        extended = await client.get_workflow_handle(approval["run_id"]).execute_update(
-            EXTEND_UPDATE,
-            ExtendInput(
-                approval_id=approval_id, seconds=seconds, extended_by=by, max_seconds=max_seconds
-            ),
-            result_type=ExtendOutput,
-        )
-    except WorkflowUpdateFailedError as exc:
-        raise _typed(exc) from exc
+    extended = await send_update(
+        client,
+        approval["run_id"],
+        EXTEND_UPDATE,
+        ExtendInput(
+            approval_id=approval_id, seconds=seconds, extended_by=by, max_seconds=max_seconds
+        ),
+        ExtendOutput,
+    )
     return {
         "approval_id": approval_id,
         "run_id": approval["run_id"],
@@ -131,16 +171,28 @@ async def extend(
 async def reconcile(
     client: Client, store: Store, action_id: str, outcome: str, decided_by: str, note: str | None
 ) -> dict[str, Any]:
+    """Settle an unknown action, whatever state its run's workflow is in:
+    through the workflow when it is open and waiting on the action, directly
+    in the store otherwise (same rules, audited), then the workflow, if open,
+    is told to look. Refused while the action's attempt may still be running."""
     action = await store.get_action(action_id)
     if action["status"] != "unknown":
         raise ConflictError(f"action {action_id} is {action['status']}, not unknown")
-    status = await send_update(
-        client,
-        action["run_id"],
-        RECONCILE_UPDATE,
-        ReconcileInput(action_id=action_id, outcome=outcome, decided_by=decided_by, note=note),
+    request = ReconcileInput(
+        action_id=action_id,
+        outcome=outcome,
+        decided_by=decided_by,
+        note=note,
+        request_id=new_request_id(),
     )
-    return {"action_id": action_id, "run_id": action["run_id"], "status": status}
+    try:
+        status = await send_update(client, action["run_id"], RECONCILE_UPDATE, request)
+        via = "workflow"
+    except (NotTrackedError, NoLiveWorkflowError):
+        settled = await store.reconcile_action(action_id, outcome, decided_by, note)
+        status, via = settled["status"], "store"
+        await nudge(client, action["run_id"])
+    return {"action_id": action_id, "run_id": action["run_id"], "status": status, "via": via}
 
 
 def new_run_id() -> str:
@@ -159,18 +211,28 @@ def idempotent_run_id(user_id: str, idempotency_key: str) -> str:
 async def start_run(
     client: Client, store: Store, request: RunInput, task_queue: str
 ) -> tuple[dict[str, Any], bool]:
-    """Create the run's rows, then its workflow. Returns ``(run, created)``;
-    an existing workflow with this id is reused if it was asked the same."""
+    """Create the run's rows, then its workflow. Returns ``(run, created)``.
+    The same request again (same run id) starts nothing, whatever state its
+    workflow is in, even closed; a different request under that id is a
+    conflict. A workflow id is never reused for a second execution."""
     run_id = request.run_id or new_run_id()
     request = request.model_copy(update={"run_id": run_id})
     fingerprint = request_fingerprint(request)
-    await store.ensure_run(run_id=run_id, user_id=request.user_id, task_text=request.task_text)
+    run = await store.ensure_run(
+        run_id=run_id,
+        user_id=request.user_id,
+        task_text=request.task_text,
+        request_fingerprint=fingerprint,
+    )
+    if run["status"] in FINAL_RUN_STATUSES:
+        return {"run_id": run_id, "workflow_id": run_id, "status": run["status"]}, False
     try:
         await client.start_workflow(
             WORKFLOW_NAME,
             WorkflowArgs(request=request),
             id=run_id,
             task_queue=task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             memo={FINGERPRINT_MEMO: fingerprint},
             static_summary=f"Roundtable: {request.task_text[:100]}",
             static_details=(
@@ -180,11 +242,7 @@ async def start_run(
         )
         created = True
     except WorkflowAlreadyStartedError:
-        described = await client.get_workflow_handle(run_id).describe()
-        if await described.memo_value(FINGERPRINT_MEMO, None, type_hint=str) != fingerprint:
-            raise ConflictError(
-                "this Idempotency-Key was already used for a different request"
-            ) from None
+        await same_request_or_conflict(client, run_id, fingerprint)
         created = False
     except RPCError as exc:
         if exc.status == RPCStatusCode.UNAVAILABLE:
@@ -192,3 +250,9 @@ async def start_run(
         raise
     run = await store.get_run(run_id)
     return {"run_id": run_id, "workflow_id": run_id, "status": run["status"]}, created
+
+
+async def same_request_or_conflict(client: Client, run_id: str, fingerprint: str) -> None:
+    described = await client.get_workflow_handle(run_id).describe()
+    if await described.memo_value(FINGERPRINT_MEMO, None, type_hint=str) != fingerprint:
+        raise ConflictError("this Idempotency-Key was already used for a different request")

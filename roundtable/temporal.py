@@ -14,6 +14,7 @@ from temporalio.converter import DataConverter
 from roundtable.codec import EncryptionCodec, keys_from_environment
 
 WORKFLOW_NAME = "RoundtableWorkflow"
+RECONCILE_WORKFLOW_NAME = "RoundtableReconcileWorkflow"
 SWEEP_SCHEDULE_ID = "roundtable-sweep"
 
 SEARCH_ATTRIBUTE_TYPES = {

@@ -32,6 +32,8 @@ async def run_view(store: Store, run_id: str) -> dict[str, Any]:
         "run_id": run["id"],
         "user_id": run["user_id"],
         "status": run["status"],
+        # Why it failed, was terminated or is stalled: {"code", "message"}.
+        "failure": run["failure"],
         "usage": {
             "turns": len(turns),
             "prompt_tokens": sum(t["prompt_tokens"] for t in turns),

@@ -6,7 +6,13 @@ import asyncio
 
 import pytest
 
-from roundtable.client import ConflictError, RoundtableClient, RunInput, ScriptDocument
+from roundtable.client import (
+    ConflictError,
+    NotFoundError,
+    RoundtableClient,
+    RunInput,
+    ScriptDocument,
+)
 from tests.workflow_harness import harness, script, ticket_call
 
 
@@ -36,5 +42,5 @@ async def test_start_decide_and_result(tmp_path) -> None:
         result = await handle.result()
         assert (result.status, result.final_answer) == ("completed", "ok")
         assert (await h.store.get_run(handle.run_id))["user_id"] == "svc-42"
-        with pytest.raises(ConflictError):
+        with pytest.raises(NotFoundError):  # the run is over: asked of the store, not there
             await client.reconcile(handle.run_id, "nothing", "failed", decided_by="svc-42")

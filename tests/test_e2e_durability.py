@@ -47,7 +47,7 @@ async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path
             "--heartbeat-timeout",
             "3",
             "--lease-seconds",
-            "10",
+            "15",
         )
         run_id = started["run_id"]
         await asyncio.to_thread(stack.until, lambda: stack.cli("tickets")[1], "the write to start")
@@ -63,8 +63,7 @@ async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path
         _, log = await asyncio.to_thread(stack.cli, "tickets")
         assert [w["outcome"] for w in log] == ["started"]  # in doubt, as the outside saw it
 
-        code, _ = await asyncio.to_thread(
-            stack.cli,
+        reconcile = (
             "reconcile",
             action["id"],
             "--outcome",
@@ -72,7 +71,12 @@ async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path
             "--note",
             "ticket shows no change",
         )
-        assert code == 0
+        # The dead worker cannot say its attempt ended: its lease must run out first.
+        code, refused = await asyncio.to_thread(stack.cli, *reconcile)
+        assert code == 3 and refused["error"]["code"] == "attempt_may_be_running"
+        await asyncio.to_thread(
+            stack.until, lambda: stack.cli(*reconcile)[0] == 0, "the lease to run out", 45
+        )
         await asyncio.to_thread(
             stack.until, stack.run_with_status(run_id, "completed"), "completion"
         )
@@ -101,7 +105,7 @@ async def test_sweep_schedule_expires_approvals_of_runs_without_a_workflow(
             database_url=stack.vars["ROUNDTABLE_DATABASE_URL"],
             task_queue=stack.vars["ROUNDTABLE_TASK_QUEUE"],
         )
-        assert await ensure_sweep_schedule(stack.env.client, settings) is False  # idempotent
+        assert await ensure_sweep_schedule(stack.env.client, settings) == "unchanged"
 
         async with open_store(settings.database_url) as store:
             session = await store.create_session(user_id="u", task_text="orphaned run")

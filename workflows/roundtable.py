@@ -68,6 +68,7 @@ CONFLICT = "Conflict"
 # The update validator's answer when this run does not track an unknown
 # action: the caller reconciles it in the store instead.
 NOT_TRACKED = "NotTracked"
+ATTEMPT_MAY_BE_RUNNING = "AttemptMayBeRunning"
 SETTLED = ("succeeded", "failed")
 
 
@@ -739,8 +740,12 @@ class RoundtableWorkflow:
         out = await self._bookkeeping(
             WriteActivities.reconcile_action, request, f"reconcile as {request.outcome}"
         )
-        if out.status in ("succeeded", "failed"):
+        if out.status in SETTLED:
             self._reconciled.setdefault(out.action_id, out.status)
+        if out.retry_at is not None:
+            raise ApplicationError(
+                out.conflict, out.retry_at.isoformat(), type=ATTEMPT_MAY_BE_RUNNING
+            )
         if out.conflict:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.status

@@ -45,7 +45,7 @@ def as_cli_error(error: Exception) -> CliError:
     if isinstance(error, NotFoundError):
         return CliError(str(error), "not_found", EXIT_NOT_FOUND)
     if isinstance(error, ConflictError):
-        return conflict(str(error))
+        return CliError(str(error), error.code, EXIT_CONFLICT)
     if isinstance(error, InvalidInputError):
         return usage_error(str(error))
     if isinstance(error, TemporalUnavailableError):

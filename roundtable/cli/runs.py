@@ -114,6 +114,11 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id.")], as_json: JsonFl
     human = "\n".join(
         [
             f"run {view['run_id']}  status {view['status']}  user {view['user_id']}",
+            *(
+                [f"failure: {view['failure']['code']}: {view['failure']['message']}"]
+                if view["failure"]
+                else []
+            ),
             "",
             "actions:",
             table(

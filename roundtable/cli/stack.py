@@ -249,7 +249,11 @@ async def _dev(
             {worker_task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED
         )
         if worker_task.done():
-            worker_task.result()  # raises the worker's start-up error
+            try:
+                worker_task.result()
+            except Exception as exc:
+                raise CliError(f"the worker did not start: {_cause(exc)}") from exc
+            raise CliError("the worker stopped as it started")
         background.append(await _serve_api(api_port))
         env_prefix = "" if port == 7233 else f"ROUNDTABLE_TEMPORAL_ADDRESS=127.0.0.1:{port} "
         typer.echo(
@@ -278,6 +282,13 @@ async def _dev(
         typer.echo("stack stopped")
 
 
+def _cause(exc: BaseException) -> str:
+    """An exception as one line a person can act on (groups unwrapped)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def dev(
     demo: Annotated[bool, typer.Option("--demo", help="Start the demo run once up.")] = False,
     temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
@@ -300,3 +311,5 @@ def dev(
         _run_until_stopped(_dev(settings, temporal_port, ui_port, api_port, demo, state_dir))
     except CliError as exc:
         fail(exc, False)
+    except Exception as exc:
+        fail(CliError(f"the stack stopped: {_cause(exc)}"), False)

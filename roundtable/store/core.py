@@ -170,7 +170,12 @@ class StoreCore:
             return row_to_dict(row)
 
     async def create_run(
-        self, *, session_id: str, user_id: str, run_id: str | None = None
+        self,
+        *,
+        session_id: str,
+        user_id: str,
+        run_id: str | None = None,
+        request_fingerprint: str | None = None,
     ) -> dict[str, Any]:
         require_text("user_id", user_id)
         async with self._transaction() as session:
@@ -186,6 +191,7 @@ class StoreCore:
                 status=RunStatus.PENDING,
                 last_event_seq=0,
                 last_event_hash=GENESIS_HASH,
+                request_fingerprint=request_fingerprint,
                 created_at=now,
                 updated_at=now,
             )
@@ -193,21 +199,36 @@ class StoreCore:
             await self._audit(session, run, "run.created", {"session_id": session_id}, now)
         return row_to_dict(run)
 
-    async def ensure_run(self, *, run_id: str, user_id: str, task_text: str) -> dict[str, Any]:
+    async def ensure_run(
+        self,
+        *,
+        run_id: str,
+        user_id: str,
+        task_text: str,
+        request_fingerprint: str | None = None,
+    ) -> dict[str, Any]:
         """The run with this id, created (with its session) if it does not exist yet.
-        Callers that start a workflow create the run first, so it is readable at once."""
+        Callers that start a workflow create the run first, so it is readable at once.
+        With ``request_fingerprint``, an existing run made for another request
+        is a conflict (an Idempotency-Key reused for a different body)."""
         try:
             run = await self.get_run(run_id)
         except NotFoundError:
             session = await self.create_session(user_id=user_id, task_text=task_text)
             try:
                 return await self.create_run(
-                    session_id=session["id"], user_id=user_id, run_id=run_id
+                    session_id=session["id"],
+                    user_id=user_id,
+                    run_id=run_id,
+                    request_fingerprint=request_fingerprint,
                 )
             except IntegrityError:  # created concurrently; theirs stands
                 run = await self.get_run(run_id)
         if run["user_id"] != user_id:
             raise ConflictError(f"run {run_id!r} belongs to another user")
+        known = run["request_fingerprint"]
+        if request_fingerprint and known and known != request_fingerprint:
+            raise ConflictError("this Idempotency-Key was already used for a different request")
         return run
 
     async def get_run(self, run_id: str) -> dict[str, Any]:

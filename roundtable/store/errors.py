@@ -33,9 +33,10 @@ class AttemptMayBeRunningError(ConflictError):
 
     code = "attempt_may_be_running"
 
-    def __init__(self, action_id: str, retry_at: datetime) -> None:
+    def __init__(self, action_id: str, retry_at: datetime, message: str | None = None) -> None:
         super().__init__(
-            f"action {action_id!r} may still be executing: its attempt holds the target's "
+            message
+            or f"action {action_id!r} may still be executing: its attempt holds the target's "
             f"lease until {retry_at.isoformat()}, and whatever the real system shows now "
             "could still change. Reconcile after that time."
         )

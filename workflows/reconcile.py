@@ -1,0 +1,37 @@
+"""ReconcileWorkflow: settle an unknown action in the store, for callers that
+speak only to Temporal (the typed client) when the run's own workflow is
+closed or not waiting on the action; then nudge the run, if it is open."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.write_activities import WriteActivities
+    from roundtable.models import ReconcileOutput, ReconcileRequest
+    from roundtable.temporal import RECONCILE_WORKFLOW_NAME
+
+
+@workflow.defn(name=RECONCILE_WORKFLOW_NAME)
+class ReconcileWorkflow:
+    @workflow.run
+    async def run(self, request: ReconcileRequest) -> ReconcileOutput:
+        # Once: a retry after a reconciliation that committed would report a
+        # conflict for what in fact succeeded; the caller may simply ask again.
+        out = await workflow.execute_activity_method(
+            WriteActivities.reconcile_for_run,
+            request,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+            summary=f"reconcile {request.reconcile.action_id} in the store",
+        )
+        if out.conflict is None:
+            try:
+                await workflow.get_external_workflow_handle(request.run_id).signal("refresh")
+            except ApplicationError:
+                workflow.logger.info("run %s has no live workflow to nudge", request.run_id)
+        return out
