@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from temporalio.client import (
     Client,
@@ -78,7 +79,9 @@ def build_worker(
     store: Store,
     registry: ToolRegistry,
     webhooks: WebhookConfig | None = None,
+    **worker_options: Any,
 ) -> Worker:
+    """The worker for these parts; ``worker_options`` go to temporalio's Worker."""
     runs = RunActivities(
         store,
         registry,
@@ -95,6 +98,7 @@ def build_worker(
         # the dead worker's sticky queue before any other worker may take it:
         # the SDK's 10 s default made "crash → unknown" heartbeat + ~10 s.
         sticky_queue_schedule_to_start_timeout=STICKY_QUEUE_TIMEOUT,
+        **worker_options,
         workflows=[RoundtableWorkflow, SweepWorkflow, ReconcileWorkflow],
         activities=[
             runs.ensure_run,

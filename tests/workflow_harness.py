@@ -43,7 +43,24 @@ class Harness:
     tickets: TicketSystem
     registry: ToolRegistry
     task_queue: str
+    make_worker: Callable[[], Worker]
+    worker: Worker
     handles: list[WorkflowHandle] = field(default_factory=list)
+    _restarted: list[asyncio.Task] = field(default_factory=list)
+
+    async def stop_worker(self) -> None:
+        """No worker polls until start_worker: messages sent meanwhile wait
+        in the history and arrive together, in one workflow task."""
+        await self.worker.shutdown()
+
+    async def start_worker(self) -> None:
+        self.worker = self.make_worker()
+        self._restarted.append(asyncio.create_task(self.worker.run()))
+
+    async def _stop_restarted(self) -> None:
+        await self.worker.shutdown()
+        for task in self._restarted:
+            await task
 
     async def start(self, **fields: Any) -> WorkflowHandle:
         run_id = fields.pop("run_id", None) or f"run-{uuid.uuid4().hex[:12]}"
@@ -82,7 +99,11 @@ async def harness(
     write_delay: float = 0.0,
     customize: Callable[[ToolRegistry, TicketSystem], None] | None = None,
     worker_factory: Callable[..., Worker] | None = None,
+    restartable: bool = False,
 ) -> AsyncIterator[Harness]:
+    """``restartable``: the test stops and starts workers (stop_worker,
+    start_worker). Workers then keep no sticky cache: the time-skipping server
+    never hands a stopped worker's sticky tasks to another worker."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=venv_binary("temporal-test-server"),
@@ -97,12 +118,22 @@ async def harness(
             if customize is not None:
                 customize(registry, tickets)
             queue = f"rt-test-{uuid.uuid4().hex[:8]}"
-            make = worker_factory or build_worker
+            factory = worker_factory or build_worker
+
+            options = {"max_cached_workflows": 0} if restartable else {}
+
+            def make() -> Worker:
+                return factory(env.client, queue, store, registry, **options)
+
+            first = make()
             try:
-                async with make(env.client, queue, store, registry):
-                    made = Harness(env, env.client, store, tickets, registry, queue)
-                    yield made
-                    await _record_histories(made)
+                async with first:
+                    made = Harness(env, env.client, store, tickets, registry, queue, make, first)
+                    try:
+                        yield made
+                        await _record_histories(made)
+                    finally:
+                        await made._stop_restarted()
             finally:
                 await tickets.close()
     finally:
