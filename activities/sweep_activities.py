@@ -72,13 +72,15 @@ class SweepActivities:
         as closed and the runs found stalled."""
         client = self._client or activity.client()
         settled, stalled = [], []
-        for status in OPEN_STATUSES:
-            for run in await self.store.list_runs(status=status):
-                verdict = await self._check_run(client, run)
-                if verdict == "settled":
-                    settled.append(run["id"])
-                elif verdict == "stalled":
-                    stalled.append(run["id"])
+        open_runs = [
+            r for status in OPEN_STATUSES for r in await self.store.list_runs(status=status)
+        ]
+        for run in open_runs:
+            verdict = await self._check_run(client, run)
+            if verdict == "settled":
+                settled.append(run["id"])
+            elif verdict == "stalled":
+                stalled.append(run["id"])
         return settled, stalled
 
     async def _check_run(self, client: Client, run: dict[str, Any]) -> str | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
+from temporalio.converter import DataConverter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -22,6 +23,7 @@ from roundtable.temporal import data_converter, register_search_attributes
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
 from worker import build_worker
+from workflows import search_attributes
 from workflows.roundtable import RoundtableWorkflow
 
 
@@ -43,7 +45,7 @@ class Harness:
     tickets: TicketSystem
     registry: ToolRegistry
     task_queue: str
-    make_worker: Callable[[], Worker]
+    make_worker: Callable[[Client], Worker]
     worker: Worker
     handles: list[WorkflowHandle] = field(default_factory=list)
     _restarted: list[asyncio.Task] = field(default_factory=list)
@@ -53,8 +55,9 @@ class Harness:
         in the history and arrive together, in one workflow task."""
         await self.worker.shutdown()
 
-    async def start_worker(self) -> None:
-        self.worker = self.make_worker()
+    async def start_worker(self, client: Client | None = None) -> None:
+        """A new worker, connected through ``client`` (e.g. other payload keys)."""
+        self.worker = self.make_worker(client or self.client)
         self._restarted.append(asyncio.create_task(self.worker.run()))
 
     async def _stop_restarted(self) -> None:
@@ -100,17 +103,30 @@ async def harness(
     customize: Callable[[ToolRegistry, TicketSystem], None] | None = None,
     worker_factory: Callable[..., Worker] | None = None,
     restartable: bool = False,
+    dev_server: bool = False,
+    converter: DataConverter | None = None,
 ) -> AsyncIterator[Harness]:
     """``restartable``: the test stops and starts workers (stop_worker,
     start_worker). Workers then keep no sticky cache: the time-skipping server
-    never hands a stopped worker's sticky tasks to another worker."""
+    never hands a stopped worker's sticky tasks to another worker.
+    ``dev_server``: the real Temporal dev server instead (real time, real
+    sticky queues, schedules); ``converter``: the harness client's own."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=venv_binary("temporal-test-server"),
-        data_converter=data_converter(),
-    )
+    if dev_server:
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=venv_binary("temporal"),
+            search_attributes=list(search_attributes.ALL),
+            data_converter=converter or data_converter(),
+            ui=False,
+        )
+    else:
+        env = await WorkflowEnvironment.start_time_skipping(
+            test_server_existing_path=venv_binary("temporal-test-server"),
+            data_converter=converter or data_converter(),
+        )
     try:
-        await register_search_attributes(env.client)
+        if not dev_server:
+            await register_search_attributes(env.client)
         async with open_store(url) as store:
             tickets = await TicketSystem.open(url, write_delay_seconds=write_delay)
             registry = ToolRegistry()
@@ -120,12 +136,12 @@ async def harness(
             queue = f"rt-test-{uuid.uuid4().hex[:8]}"
             factory = worker_factory or build_worker
 
-            options = {"max_cached_workflows": 0} if restartable else {}
+            options = {"max_cached_workflows": 0} if restartable and not dev_server else {}
 
-            def make() -> Worker:
-                return factory(env.client, queue, store, registry, **options)
+            def make(client: Client) -> Worker:
+                return factory(client, queue, store, registry, **options)
 
-            first = make()
+            first = make(env.client)
             try:
                 async with first:
                     made = Harness(env, env.client, store, tickets, registry, queue, make, first)

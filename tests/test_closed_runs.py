@@ -1,0 +1,187 @@
+"""Runs whose workflow closed under them: nothing is left that nobody can settle.
+
+Once seen on main: terminate or cancel a run while an action is unknown, and
+`roundtable reconcile` and the API answered 409 "no live workflow" for ever,
+while another run's write to the same ticket waited for ever; a terminated
+run stayed `running` in the store, and its event stream never ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from activities.sweep_activities import SweepActivities
+from roundtable.client import RoundtableClient
+from tests.api_server import Api, serve_api
+from tests.conftest import TEST_SECRET
+from tests.test_workflow_execution import wrap_tool
+from tests.workflow_harness import Harness, harness, script, ticket_call
+
+AUTO = "auto_approve_up_to:R3"
+CLI = str(Path(sys.executable).parent / "roundtable")
+
+
+def acts_then_raises(handler):  # type: ignore[no-untyped-def]
+    async def handle(args, ctx):  # type: ignore[no-untyped-def]
+        if ctx.fencing_token == 1:  # only the first writer's answer is lost
+            await handler(args, ctx)
+            raise ConnectionResetError("connection reset after the write")
+        return await handler(args, ctx)
+
+    return handle
+
+
+def update(ticket: str = "T-1", owner: str = "a") -> dict:
+    return script(("seat-1", 1, [ticket_call("ticket_update", ticket, fields={"owner": owner})]))
+
+
+async def unknown_then_closed(h: Harness, how: str) -> tuple[str, str]:
+    """A run whose write is unknown, then its workflow closed by ``how``."""
+    handle = await h.start(task_text="t", script=update(), write_policy=AUTO)
+    state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+    (action_id,) = state.unknown_actions
+    if how == "terminate":
+        await handle.terminate(reason="stuck, said the on-call")
+    else:
+        await handle.cancel()
+        await h.wait_for(handle, lambda s: s.status == "cancelled")
+    return handle.id, action_id
+
+
+def cli_reconcile(h: Harness, tmp_path: Path, action_id: str) -> tuple[int, dict]:
+    done = subprocess.run(
+        [CLI, "reconcile", action_id, "--outcome", "succeeded", "--note", "seen", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={
+            "PATH": str(Path(sys.executable).parent),
+            "ROUNDTABLE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}",
+            "ROUNDTABLE_TEMPORAL_ADDRESS": h.client.service_client.config.target_host,
+            "ROUNDTABLE_ACTION_SECRET_KEY": TEST_SECRET,
+        },
+    )
+    return done.returncode, json.loads(done.stdout)
+
+
+async def reconcile_via(via: str, h: Harness, api: Api, tmp_path: Path, run_id: str, action: str):  # type: ignore[no-untyped-def]
+    if via == "api":
+        answer = await api.http.post(
+            f"/v1/actions/{action}/reconcile",
+            headers=api.auth("ops"),
+            json={"outcome": "succeeded", "note": "the ticket shows the write"},
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.json()["status"]
+    if via == "cli":
+        code, answer = await asyncio.to_thread(cli_reconcile, h, tmp_path, action)
+        assert code == 0, answer
+        return answer["status"]
+    client = RoundtableClient(h.client, h.task_queue)
+    return await client.reconcile(run_id, action, "succeeded", decided_by="svc")
+
+
+@pytest.mark.parametrize("how", ["terminate", "cancel"])
+@pytest.mark.parametrize("via", ["api", "cli", "client"])
+async def test_an_unknown_of_a_closed_run_is_reconciled_and_unblocks_its_target(
+    tmp_path, how: str, via: str
+) -> None:
+    async with (
+        harness(
+            tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_update", acts_then_raises)
+        ) as h,
+        serve_api(h) as api,
+    ):
+        run_id, action_id = await unknown_then_closed(h, how)
+        waiting = await h.start(task_text="t", script=update(owner="b"), write_policy=AUTO)
+        await h.wait_for(waiting, lambda s: s.blocked_reason is not None)
+
+        assert await reconcile_via(via, h, api, tmp_path, run_id, action_id) == "succeeded"
+        settled = await h.store.get_action(action_id)
+        assert settled["status"] == "succeeded" and settled["result"]["reconciled_outcome"]
+        assert (await waiting.result()).status == "completed"  # the ticket is free again
+        log = await h.tickets.write_log()
+        assert [w["outcome"] for w in log] == ["applied", "applied"]
+        events = [e["event_type"] for e in await h.store.list_events(run_id)]
+        assert "action.reconciled" in events
+
+
+async def test_the_sweep_settles_a_terminated_run_and_its_stream_ends(tmp_path) -> None:
+    slow = script(
+        ("seat-1", 1, [ticket_call("ticket_update", "T-1")]),
+        ("seat-2", 1, [ticket_call("ticket_close", "T-2")]),
+    )
+    async with harness(tmp_path, write_delay=3.0) as h, serve_api(h) as api:
+        handle = await h.start(
+            task_text="t",
+            script=slow,
+            mode="parallel",
+            write_policy="auto_approve_up_to:R2",  # the update runs, the close waits
+            heartbeat_timeout_seconds=2,
+            user_id="alice",
+        )
+        await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        for _ in range(200):
+            if await h.tickets.write_log():
+                break
+            await asyncio.sleep(0.05)
+        await handle.terminate(reason="stuck, said the on-call")
+        assert (await h.store.get_run(handle.id))["status"] == "waiting_input"  # not yet told
+
+        stream = asyncio.create_task(follow_events(api, handle.id))
+        settled, stalled = await SweepActivities(h.store, h.client).check_runs()
+        assert (settled, stalled) == ([handle.id], [])
+        run = await h.store.get_run(handle.id)
+        assert run["status"] == "terminated"
+        assert run["failure"] == {
+            "code": "workflow_terminated",
+            "message": "terminated: stuck, said the on-call",
+        }
+        by_tool = {a["tool_name"]: a for a in await h.store.list_actions(handle.id)}
+        assert by_tool["ticket_update"]["status"] == "unknown"
+        assert by_tool["ticket_update"]["result"]["error_code"] == (
+            "workflow_closed_during_execution"
+        )
+        assert by_tool["ticket_close"]["status"] == "rejected"
+        (approval,) = await h.store.list_approvals(run_id=handle.id)
+        assert approval["status"] == "withdrawn"
+        shown = (await api.http.get(f"/v1/runs/{handle.id}", headers=api.auth("alice"))).json()
+        assert shown["status"] == "terminated" and shown["failure"]["code"] == "workflow_terminated"
+        events = await asyncio.wait_for(stream, 10)  # the stream ends with the run
+        assert "run.status_changed" in [e["event_type"] for e in events]
+        assert await SweepActivities(h.store, h.client).check_runs() == ([], [])  # idempotent
+
+
+async def follow_events(api: Api, run_id: str) -> list[dict]:
+    received = []
+    headers = {**api.auth("alice"), "Accept": "text/event-stream"}
+    async with api.http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as stream:
+        async for line in stream.aiter_lines():
+            if line.startswith("data: "):
+                received.append(json.loads(line[6:]))
+    return received
+
+
+async def test_a_run_that_fails_says_why(tmp_path) -> None:
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        response = await api.http.post(
+            "/v1/runs",
+            headers=api.auth("alice"),
+            json={"task_text": "t", "model": "no-such-vendor:model"},
+        )
+        run_id = response.json()["run_id"]
+        for _ in range(200):
+            shown = (await api.http.get(f"/v1/runs/{run_id}", headers=api.auth("alice"))).json()
+            if shown["status"] == "failed":
+                break
+            await asyncio.sleep(0.05)
+        assert shown["status"] == "failed"
+        assert shown["failure"]["code"] == "InvalidInput"
+        assert "no-such-vendor" in shown["failure"]["message"]

@@ -1,0 +1,68 @@
+"""The sweep's gate, both ways, through the worker's own start-up on the dev
+server: disabled, a worker creates no schedule and pauses one that exists;
+enabled again, a worker resumes it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from roundtable.config import Settings
+from roundtable.temporal import SWEEP_SCHEDULE_ID, data_converter
+from tests.workflow_harness import venv_binary
+from worker import run_worker
+from workflows import search_attributes
+
+
+async def start_and_stop_a_worker(settings: Settings) -> None:
+    ready = asyncio.Event()
+    running = asyncio.create_task(run_worker(settings, ready))
+    await asyncio.wait(
+        {running, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED
+    )
+    assert ready.is_set(), running.exception() if running.done() else "worker not ready"
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+
+
+async def test_the_sweep_gate_pauses_and_resumes_the_schedule(tmp_path) -> None:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=venv_binary("temporal"),
+        search_attributes=list(search_attributes.ALL),
+        data_converter=data_converter(),
+        ui=False,
+    )
+    try:
+        base = Settings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}",
+            temporal_address=env.client.service_client.config.target_host,
+            task_queue=f"gate-{uuid.uuid4().hex[:8]}",
+        )
+        schedule = env.client.get_schedule_handle(SWEEP_SCHEDULE_ID)
+
+        async def paused() -> bool | None:
+            try:
+                return (await schedule.describe()).schedule.state.paused
+            except RPCError:
+                return None  # no schedule
+
+        await start_and_stop_a_worker(base.model_copy(update={"sweep_enabled": False}))
+        assert await paused() is None  # disabled: none is created
+
+        await start_and_stop_a_worker(base)
+        assert await paused() is False  # enabled: created and running
+
+        await start_and_stop_a_worker(base.model_copy(update={"sweep_enabled": False}))
+        assert await paused() is True  # disabled: the existing one is paused
+        description = await schedule.describe()
+        assert "ROUNDTABLE_SWEEP_ENABLED=false" in description.schedule.state.note
+
+        await start_and_stop_a_worker(base)
+        assert await paused() is False  # enabled again: resumed
+    finally:
+        await env.shutdown()
