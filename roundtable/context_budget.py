@@ -20,6 +20,7 @@ from roundtable.models import ChatMessage
 # stays well under Temporal's 2 MiB payload limit.
 CONTEXT_BUDGET_BYTES = 768 * 1024
 ELIDED_PREFIX = "[elided to keep the run within its size limit:"
+MIN_ELIDED_BYTES = 256
 
 
 def _size(message: ChatMessage) -> int:
@@ -61,8 +62,8 @@ def fit_context(
         if total <= budget:
             break
         message = lst[index]
-        if message.content.startswith(ELIDED_PREFIX) or _size(message) < len(ELIDED_PREFIX) * 2:
-            continue
+        if message.content.startswith(ELIDED_PREFIX) or _size(message) < MIN_ELIDED_BYTES:
+            continue  # already elided, or too small for eliding to help
         replacement = _elided(message)
         total -= _size(message) - _size(replacement)
         lst[index] = replacement

@@ -341,3 +341,23 @@ async def test_extend_an_approval(tmp_path) -> None:
         ).json()
         extension = next(e for e in events if e["event_type"] == "approval.extended")
         assert extension["payload"]["by"] == "alice"
+
+
+async def test_an_idempotent_replay_after_the_run_finished_starts_nothing(tmp_path) -> None:
+    """Once seen on main: a replay after the run's workflow closed started a
+    new execution under the same workflow id (Completed, then Failed)."""
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        headers = {**api.auth("alice"), "Idempotency-Key": "order-7"}
+        body = {"task_text": "t"}
+        first = await api.http.post("/v1/runs", json=body, headers=headers)
+        run_id = first.json()["run_id"]
+        assert (await finished(api, run_id))["status"] == "completed"
+        execution = (await h.client.get_workflow_handle(run_id).describe()).run_id
+
+        again = await api.http.post("/v1/runs", json=body, headers=headers)
+        assert again.status_code == 201 and again.headers.get("idempotent-replayed") == "true"
+        assert again.json() == {"run_id": run_id, "workflow_id": run_id, "status": "completed"}
+        assert (await h.client.get_workflow_handle(run_id).describe()).run_id == execution
+        other = await api.http.post("/v1/runs", json={"task_text": "else"}, headers=headers)
+        assert other.status_code == 409
+        assert (await h.client.get_workflow_handle(run_id).describe()).run_id == execution

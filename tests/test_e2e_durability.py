@@ -168,3 +168,39 @@ async def test_long_runs_continue_as_new_and_keep_their_state(tmp_path: Path) ->
 async def _first_run_id(stack: Stack, workflow_id: str) -> str:
     runs = [w async for w in stack.env.client.list_workflows(f"WorkflowId = '{workflow_id}'")]
     return min(runs, key=lambda w: w.start_time).run_id
+
+
+async def test_a_crash_is_unknown_within_the_heartbeat_timeout_and_two_seconds(
+    tmp_path: Path,
+) -> None:
+    """Once the next workflow task waited out the dead worker's sticky queue
+    (10 s by default) before another worker could take it."""
+    heartbeat = 3
+    async with running_stack(tmp_path, demo_ticket_write_delay_seconds="60") as stack:
+        started = await stack.start(
+            "--task",
+            "t",
+            "--script",
+            one_write_script(tmp_path / "s.json"),
+            "--policy",
+            "auto_approve_up_to:R3",
+            "--heartbeat-timeout",
+            str(heartbeat),
+            "--lease-seconds",
+            "30",
+        )
+        await asyncio.to_thread(stack.until, lambda: stack.cli("tickets")[1], "the write")
+        stack.start_worker()  # warm before the crash: we time detection, not start-up
+        log = tmp_path / "worker.log"
+        await asyncio.to_thread(
+            stack.until, lambda: log.read_text().count("worker polling") >= 2, "a second worker"
+        )
+        async with open_store(stack.vars["ROUNDTABLE_DATABASE_URL"]) as store:
+            (action,) = await store.list_actions(started["run_id"])
+            crashed = asyncio.get_running_loop().time()
+            stack.kill_worker(stack.workers[0])
+            while (await store.get_action(action["id"]))["status"] != "unknown":
+                assert asyncio.get_running_loop().time() - crashed < 60, "never became unknown"
+                await asyncio.sleep(0.05)
+            took = asyncio.get_running_loop().time() - crashed
+        assert took <= heartbeat + 2, f"crash → unknown took {took:.1f} s"
