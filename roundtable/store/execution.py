@@ -1,6 +1,6 @@
 """Executing approved actions: claim under a target lease, renew, record, recover, reconcile.
 
-The rules (DESIGN.md, "Safety rules"):
+The rules (docs/architecture.md, section 5):
 - the lease row's primary key (the target key) admits one holder per target;
 - a lease is removed only by a definite result or an operator's reconciliation,
   never by expiry, so clock trouble costs liveness, never safety;

@@ -1,4 +1,4 @@
-"""The state machines of DESIGN.md as enums; the store is the only writer."""
+"""The state machines of docs/architecture.md (section 4) as enums; the store is the only writer."""
 
 from __future__ import annotations
 
