@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import pytest
 
-from tests.api_server import Api, serve_api
+from api.app import create_app
+from roundtable.config import Settings
+from tests.api_server import Api, serve_api, serving
 from tests.workflow_harness import harness, script, ticket_call
 
 ONE_WRITE = script(("seat-1", 1, [ticket_call("ticket_update")]), final="done")
@@ -361,3 +364,37 @@ async def test_an_idempotent_replay_after_the_run_finished_starts_nothing(tmp_pa
         other = await api.http.post("/v1/runs", json={"task_text": "else"}, headers=headers)
         assert other.status_code == 409
         assert (await h.client.get_workflow_handle(run_id).describe()).run_id == execution
+
+
+async def test_extend_on_a_closed_run_is_409_and_without_temporal_503(tmp_path) -> None:
+    """Once a plain-text 500 for a closed run."""
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started = await start(api)
+        approval = await pending_approval(api, started["run_id"])
+        await h.client.get_workflow_handle(started["run_id"]).terminate(reason="test")
+        closed = await api.http.post(
+            f"/v1/approvals/{approval['id']}/extend",
+            headers=api.auth("alice"),
+            json={"seconds": 60},
+        )
+        assert closed.status_code == 409, closed.text
+        assert closed.headers["content-type"] == "application/problem+json"
+        assert "no live workflow" in closed.json()["detail"]
+
+        other = await start(api)
+        waiting = await pending_approval(api, other["run_id"])
+        nowhere = Settings(database_url="sqlite+aiosqlite://", temporal_address="127.0.0.1:1")
+        async with (
+            serving(create_app(nowhere, store=h.store)) as port,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http,
+        ):
+            for path, body in (
+                (f"/v1/approvals/{waiting['id']}/extend", {"seconds": 60}),
+                (
+                    f"/v1/approvals/{waiting['id']}/decision",
+                    {"decision": "approved", "arguments_digest": waiting["arguments_digest"]},
+                ),
+            ):
+                answer = await http.post(path, headers=api.auth("alice"), json=body)
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["code"] == "temporal_unavailable"

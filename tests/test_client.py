@@ -44,3 +44,17 @@ async def test_start_decide_and_result(tmp_path) -> None:
         assert (await h.store.get_run(handle.run_id))["user_id"] == "svc-42"
         with pytest.raises(NotFoundError):  # the run is over: asked of the store, not there
             await client.reconcile(handle.run_id, "nothing", "failed", decided_by="svc-42")
+
+
+async def test_starting_the_same_run_twice_starts_it_once(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        client = RoundtableClient(h.client, h.task_queue)
+        request = RunInput(task_text="t", run_id="run-order-7")
+        first = await client.start_run(request)
+        assert (await first.result()).status == "completed"
+        execution = (await h.client.get_workflow_handle(first.run_id).describe()).run_id
+        again = await client.start_run(request)  # after it finished: nothing new
+        assert again.run_id == first.run_id
+        assert (await h.client.get_workflow_handle(first.run_id).describe()).run_id == execution
+        with pytest.raises(ConflictError):
+            await client.start_run(RunInput(task_text="other", run_id="run-order-7"))

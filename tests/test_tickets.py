@@ -1,0 +1,64 @@
+"""The demo ticket system is the ground truth: its log must never lie.
+
+Once seen on main: a finish refused for a stale fencing token was recorded in
+the same transaction the refusal rolled back, so the log showed the write
+`started` for ever, as if it might have happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from roundtable.tools.registry import ToolContext, ToolDefiniteFailure
+from roundtable.tools.tickets import TicketSystem, TicketUpdateArgs
+
+
+def writer(key: str, token: int) -> ToolContext:
+    return ToolContext(run_id="r", seat="s", idempotency_key=key, fencing_token=token)
+
+
+ARGS = TicketUpdateArgs(tenant_id="acme", ticket_id="T-1", fields={"owner": "x"})
+
+
+@pytest.fixture
+async def tickets(database_url: str):  # type: ignore[no-untyped-def]
+    system = await TicketSystem.open(database_url, write_delay_seconds=0.5)
+    yield system
+    await system.close()
+
+
+async def test_a_stale_finish_is_logged_as_refused(tickets: TicketSystem) -> None:
+    old = asyncio.create_task(tickets.update(ARGS, writer("old", 1)))
+    await asyncio.sleep(0.1)  # the old writer has started and waits mid-write
+    assert (await tickets.update(ARGS, writer("new", 2)))["ticket_id"] == "T-1"
+    with pytest.raises(ToolDefiniteFailure) as refused:
+        await old
+    assert refused.value.code == "stale_fencing_token"
+    log = {w["idempotency_key"]: w for w in await tickets.write_log()}
+    assert log["old"]["outcome"] == "rejected_stale" and log["old"]["finished_at"]
+    assert log["new"]["outcome"] == "applied"
+
+
+async def test_a_stale_start_is_logged_as_refused_and_stays_refused(tickets: TicketSystem) -> None:
+    await tickets.update(ARGS, writer("new", 5))
+    for _ in range(2):  # asked again with the same key: the same refusal
+        with pytest.raises(ToolDefiniteFailure):
+            await tickets.update(ARGS, writer("late", 4))
+    log = {w["idempotency_key"]: w for w in await tickets.write_log()}
+    assert log["late"]["outcome"] == "rejected_stale" and log["late"]["finished_at"]
+    assert (await tickets.read("acme", "T-1"))["fields"] == {"owner": "x"}
+
+
+async def test_a_write_whose_caller_went_away_is_logged_as_abandoned(
+    tickets: TicketSystem,
+) -> None:
+    call = asyncio.create_task(tickets.update(ARGS, writer("gone", 1)))
+    await asyncio.sleep(0.1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    (entry,) = await tickets.write_log()
+    assert entry["outcome"] == "abandoned" and entry["finished_at"]
+    assert (await tickets.read("acme", "T-1") or {}).get("fields", {}) == {}  # never applied
