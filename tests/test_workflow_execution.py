@@ -227,3 +227,31 @@ async def test_reconcile_validator_refuses_actions_not_awaiting_it(tmp_path) -> 
         with pytest.raises(WorkflowUpdateFailedError):
             await reconcile(handle, "not-an-action", "failed")
         await handle.terminate()
+
+
+async def test_a_tool_errors_message_is_kept_without_the_arguments(tmp_path) -> None:
+    canary = "CANARY-sk-live-7f3a"
+
+    def echoes_its_arguments(handler):  # type: ignore[no-untyped-def]
+        async def handle(args, ctx):  # type: ignore[no-untyped-def]
+            raise RuntimeError(f"upstream said 502 while posting body={args.body!r}")
+
+        return handle
+
+    comment = ticket_call("ticket_comment", body=f"please call me, {canary}")
+    async with harness(
+        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", echoes_its_arguments)
+    ) as h:
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, [comment])), write_policy=AUTO
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+        (action_id,) = state.unknown_actions
+        result = (await h.store.get_action(action_id))["result"]
+        assert result["error_type"] == "RuntimeError"
+        assert result["message"].startswith("upstream said 502 while posting body=")
+        assert canary not in json.dumps(result) and "[redacted]" in result["message"]
+        assert canary not in json.dumps(
+            [e["payload"] for e in await h.store.list_events(handle.id)]
+        )
+        await handle.terminate()

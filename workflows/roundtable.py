@@ -553,6 +553,9 @@ class RoundtableWorkflow:
             handle.cancel()
         while any(not task.done() for task in self._tasks):
             await workflow.wait([t for t in self._tasks if not t.done()])
+        for task in self._tasks:  # their failures are the run's failure, already told
+            if not task.cancelled():
+                task.exception()
         await workflow.wait_condition(workflow.all_handlers_finished)
         self._failure = failure
         try:
