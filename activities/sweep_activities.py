@@ -13,21 +13,26 @@ Idempotent: a second run, or a concurrent one, finds nothing left to change.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import Field
 from temporalio import activity
+from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from roundtable.models import Model
+from roundtable.models import Model, RunState
 from roundtable.store import Store
-from roundtable.store.states import RunStatus
+from roundtable.store.states import ActionStatus, RunStatus
 
 # A run row is written just before its workflow starts: give the start time
 # to happen before calling a missing workflow lost.
 MISSING_WORKFLOW_GRACE = timedelta(minutes=2)
+CHECKS_AT_ONCE = 8
+log = logging.getLogger("roundtable.sweep")
 # Workflow task attempts after which a run counts as stalled.
 STALLED_AFTER_ATTEMPTS = 3
 OPEN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING_INPUT, RunStatus.STALLED)
@@ -71,16 +76,24 @@ class SweepActivities:
         """Hold every open run against its workflow; returns the runs settled
         as closed and the runs found stalled."""
         client = self._client or activity.client()
-        settled, stalled = [], []
         open_runs = [
             r for status in OPEN_STATUSES for r in await self.store.list_runs(status=status)
         ]
-        for run in open_runs:
-            verdict = await self._check_run(client, run)
-            if verdict == "settled":
-                settled.append(run["id"])
-            elif verdict == "stalled":
-                stalled.append(run["id"])
+        limit = asyncio.Semaphore(CHECKS_AT_ONCE)
+
+        async def check(run: dict[str, Any]) -> str | None:
+            async with limit:
+                if activity.in_activity():
+                    activity.heartbeat()
+                try:
+                    return await self._check_run(client, run)
+                except Exception as exc:  # one run's trouble never stops the sweep
+                    log.warning("could not check run %s: %s", run["id"], exc)
+                    return None
+
+        verdicts = await asyncio.gather(*(check(run) for run in open_runs))
+        settled = [r["id"] for r, v in zip(open_runs, verdicts, strict=True) if v == "settled"]
+        stalled = [r["id"] for r, v in zip(open_runs, verdicts, strict=True) if v == "stalled"]
         return settled, stalled
 
     async def _check_run(self, client: Client, run: dict[str, Any]) -> str | None:
@@ -101,7 +114,7 @@ class SweepActivities:
         closed_as = CLOSED_AS.get(described.status)  # type: ignore[arg-type]
         if closed_as is not None:
             name = described.status.name.lower()  # type: ignore[union-attr]
-            message = await _closing_reason(handle) or f"the workflow closed as {name}"
+            message = await _closing_reason(client, handle) or f"the workflow closed as {name}"
             await self.store.settle_closed_run(
                 run["id"], closed_as, {"code": f"workflow_{name}", "message": message}
             )
@@ -109,7 +122,7 @@ class SweepActivities:
         task = described.raw_description.pending_workflow_task
         if task.attempt >= STALLED_AFTER_ATTEMPTS:
             if run["status"] != RunStatus.STALLED:
-                cause = await _last_task_failure(handle) or "workflow tasks keep failing"
+                cause = await _last_task_failure(client, handle) or "workflow tasks keep failing"
                 await self.store.set_run_status(
                     run["id"],
                     RunStatus.STALLED,
@@ -123,7 +136,23 @@ class SweepActivities:
             said = described.search_attributes.get("RoundtableStatus") or [RunStatus.RUNNING]
             back = said[0] if said[0] in (RunStatus.RUNNING, RunStatus.WAITING_INPUT) else "running"
             await self.store.set_run_status(run["id"], back)
+        elif run["status"] == RunStatus.WAITING_INPUT:
+            await self._nudge_if_settled(handle)
         return None
+
+    async def _nudge_if_settled(self, handle: WorkflowHandle) -> None:
+        """A run waiting on an action the store says is settled (reconciled
+        in the store, the nudge lost) is told to look. A query adds nothing
+        to the run's history; only a run that needs it gets the signal."""
+        try:
+            state = await handle.query("state", result_type=RunState)
+        except Exception:  # no worker can answer now: next time
+            return
+        for action_id in state.unknown_actions:
+            action = await self.store.get_action(action_id)
+            if action["status"] in (ActionStatus.SUCCEEDED, ActionStatus.FAILED):
+                await handle.signal("refresh")
+                return
 
 
 async def _last_events(handle: WorkflowHandle, limit: int = 50) -> list[Any]:
@@ -134,7 +163,7 @@ async def _last_events(handle: WorkflowHandle, limit: int = 50) -> list[Any]:
     return events
 
 
-async def _closing_reason(handle: WorkflowHandle) -> str | None:
+async def _closing_reason(client: Client, handle: WorkflowHandle) -> str | None:
     for event in reversed(await _last_events(handle, 1)):
         if event.HasField("workflow_execution_terminated_event_attributes"):
             reason = event.workflow_execution_terminated_event_attributes.reason
@@ -142,12 +171,20 @@ async def _closing_reason(handle: WorkflowHandle) -> str | None:
         if event.HasField("workflow_execution_timed_out_event_attributes"):
             return "the workflow timed out"
         if event.HasField("workflow_execution_failed_event_attributes"):
-            return event.workflow_execution_failed_event_attributes.failure.message
+            return await _message(client, event.workflow_execution_failed_event_attributes.failure)
     return None
 
 
-async def _last_task_failure(handle: WorkflowHandle) -> str | None:
+async def _last_task_failure(client: Client, handle: WorkflowHandle) -> str | None:
     for event in reversed(await _last_events(handle)):
         if event.HasField("workflow_task_failed_event_attributes"):
-            return event.workflow_task_failed_event_attributes.failure.message[:1000]
+            return await _message(client, event.workflow_task_failed_event_attributes.failure)
     return None
+
+
+async def _message(client: Client, failure: Failure) -> str:
+    """A failure's message; failures are encrypted like payloads."""
+    try:
+        return str(await client.data_converter.decode_failure(failure))[:1000]
+    except Exception:  # a key this process lacks: say so rather than nothing
+        return "the failure's message is sealed with a payload key this worker lacks"

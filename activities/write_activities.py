@@ -17,7 +17,7 @@ from temporalio.client import Client
 
 from activities.bounded import bounded_result
 from activities.errors import typed_store_errors
-from activities.lease_keeper import LeaseTerms, call_under_lease
+from activities.lease_keeper import LeaseTerms, call_under_lease, heartbeating
 from roundtable.models import (
     ActionRef,
     ApprovalRef,
@@ -117,7 +117,32 @@ class WriteActivities:
         except (ToolArgumentsError, CapabilityError) as exc:
             return _refused(inp, "invalid_arguments", str(exc))
         status = initial_action_status(inp.write_policy, spec.risk_level)
-        action = await self.store.create_action(
+        try:
+            action = await self._create_action(inp, arguments, target, status, spec)
+        except ConflictError as exc:
+            # The call's id already names another write of this run (a model
+            # reusing ids across a reset, say): never merged, never run.
+            return _refused(inp, "call_id_reused", str(exc))
+        approval = (
+            await self.store.get_approval(action["approval_id"]) if action["approval_id"] else None
+        )
+        return PendingWrite(
+            action_id=action["id"],
+            call_id=call.id,
+            seat=inp.seat,
+            tool_name=call.name,
+            status=action["status"],
+            approval_id=action["approval_id"],
+            approval_deadline=approval["expires_at"] if approval else None,
+            # Met again after a reset, retry or continue-as-new: what it came to.
+            result=await self._bounded(action, action["result"]),
+        )
+
+    async def _create_action(
+        self, inp: InterceptInput, arguments: dict[str, Any], target: Any, status: str, spec: Any
+    ) -> dict[str, Any]:
+        call = inp.call
+        return await self.store.create_action(
             {
                 "session_id": inp.session_id,
                 "run_id": inp.run_id,
@@ -139,20 +164,6 @@ class WriteActivities:
                     else {}
                 ),
             }
-        )
-        approval = (
-            await self.store.get_approval(action["approval_id"]) if action["approval_id"] else None
-        )
-        return PendingWrite(
-            action_id=action["id"],
-            call_id=call.id,
-            seat=inp.seat,
-            tool_name=call.name,
-            status=action["status"],
-            approval_id=action["approval_id"],
-            approval_deadline=approval["expires_at"] if approval else None,
-            # Met again after a reset, retry or continue-as-new: what it came to.
-            result=await self._bounded(action, action["result"]),
         )
 
     # ----------------------------------------------------------------- decisions
@@ -189,7 +200,8 @@ class WriteActivities:
                 action["tool_name"], arguments, request.snapshot.model_dump(), action["agent_id"]
             )
         except (ToolArgumentsError, CapabilityError) as exc:
-            raise InvalidInputError(f"edited arguments refused: {exc}") from exc
+            said = redact_text(str(exc), inp.arguments, action["safe_argument_fields"])
+            raise InvalidInputError(f"edited arguments refused: {said}") from exc
         if initial_action_status(request.write_policy, action["risk_level"]) == (
             ActionStatus.REJECTED
         ):
@@ -248,31 +260,33 @@ class WriteActivities:
     @activity.defn(name="execute_write")
     @typed_store_errors
     async def execute_write(self, inp: ExecuteWriteInput) -> ExecuteWriteOutput:
-        """Claim, invoke once under the lease, record. Runs with maximum_attempts=1."""
-        claimed_at = asyncio.get_running_loop().time()
-        claim = await self.store.claim_action_for_execution(inp.action_id, inp.lease_seconds)
-        if claim != ClaimOutcome.CLAIMED:
+        """Claim, invoke once under the lease, record. Runs with maximum_attempts=1.
+        Heartbeats cover all of it: a claim slowed by the database is alive."""
+        async with heartbeating(inp.heartbeat_interval_seconds):
+            claimed_at = asyncio.get_running_loop().time()
+            claim = await self.store.claim_action_for_execution(inp.action_id, inp.lease_seconds)
+            if claim != ClaimOutcome.CLAIMED:
+                return await self._report(inp.action_id, claim)
+            action = await self.store.get_action(inp.action_id)
+            terms = LeaseTerms(inp.lease_seconds, inp.heartbeat_interval_seconds, claimed_at)
+            status, result, over, interrupted = await self._invoke_under_lease(action, terms)
+            recording = self.store.record_action_terminal_result(
+                inp.action_id,
+                status,
+                result,
+                fencing_token=action["fencing_token"],
+                external_object_id=_external_id(result),
+                attempt_over=over,
+            )
+            if interrupted:
+                # Cancelled from outside (worker shutdown, the server gave up on
+                # us): record what we know, best effort, then let go.
+                with contextlib.suppress(Exception):
+                    await recording
+                raise asyncio.CancelledError()
+            await recording
+            # Report what the database says: recovery may have made it unknown first.
             return await self._report(inp.action_id, claim)
-        action = await self.store.get_action(inp.action_id)
-        terms = LeaseTerms(inp.lease_seconds, inp.heartbeat_interval_seconds, claimed_at)
-        status, result, attempt_over, interrupted = await self._invoke_under_lease(action, terms)
-        recording = self.store.record_action_terminal_result(
-            inp.action_id,
-            status,
-            result,
-            fencing_token=action["fencing_token"],
-            external_object_id=_external_id(result),
-            attempt_over=attempt_over,
-        )
-        if interrupted:
-            # Cancelled from outside (worker shutdown, the server gave up on
-            # us): record what we know, best effort, then let go.
-            with contextlib.suppress(Exception):
-                await recording
-            raise asyncio.CancelledError()
-        await recording
-        # Report what the database says: recovery may have made it unknown first.
-        return await self._report(inp.action_id, claim)
 
     async def _invoke_under_lease(
         self, action: dict[str, Any], terms: LeaseTerms
@@ -281,13 +295,19 @@ class WriteActivities:
         tool = self.registry.get(action["tool_name"])
         if tool is None:
             return ActionStatus.FAILED, {"error_code": "tool_unavailable"}, True, False
+        # Nothing is invoked if the arguments cannot be read or do not fit:
+        # a definite failure, not an unknown.
         try:
             arguments = await self.store.get_action_arguments(action["id"])
+        except (ArgumentsDecryptionError, ActionSecretKeyError) as exc:
+            unreadable = {"error_code": "arguments_unreadable", "message": str(exc)}
+            return ActionStatus.FAILED, unreadable, True, False
+        try:
             parsed = tool.parse(arguments)
-        except (ToolArgumentsError, ArgumentsDecryptionError, ActionSecretKeyError) as exc:
-            # Nothing was invoked: a definite failure, not an unknown.
-            failure = {"error_code": "invalid_arguments", "message": str(exc)}
-            return ActionStatus.FAILED, failure, True, False
+        except ToolArgumentsError as exc:  # schema messages may quote values
+            message = redact_text(str(exc), arguments, action["safe_argument_fields"])
+            invalid = {"error_code": "invalid_arguments", "message": message}
+            return ActionStatus.FAILED, invalid, True, False
         context = ToolContext(
             run_id=action["run_id"],
             seat=action["agent_id"],
@@ -296,12 +316,14 @@ class WriteActivities:
             fencing_token=action["fencing_token"],
         )
 
-        async def renew() -> bool:
-            return await self.store.renew_action_lease(
+        async def hold() -> str | None:
+            return await self.store.hold_action_lease(
                 action["id"], action["fencing_token"], terms.lease_seconds
             )
 
-        outcome = await call_under_lease(lambda: tool.handler(parsed, context), terms, renew)
+        outcome = await call_under_lease(lambda: tool.handler(parsed, context), terms, hold)
+        # Only a tool whose effects end with its call is over when the call is.
+        over = outcome.finished and tool.effects_end_with_call
         said = redact_text(str(outcome.error or ""), arguments, action["safe_argument_fields"])
         if outcome.stopped:
             code = LEASE_LOST if outcome.lease_lost else EXECUTION_INTERRUPTED
@@ -310,16 +332,12 @@ class WriteActivities:
                 result["reason"] = outcome.lease_lost
             if not outcome.finished:
                 result["tool_call_abandoned"] = True  # it ignored cancellation
-            return ActionStatus.UNKNOWN, result, outcome.finished, outcome.interrupted
+            return ActionStatus.UNKNOWN, result, over, outcome.interrupted
         if outcome.error is None:
             return ActionStatus.SUCCEEDED, outcome.result, True, False
         if isinstance(outcome.error, ToolDefiniteFailure):
-            return (
-                ActionStatus.FAILED,
-                {"error_code": outcome.error.code, "message": said},
-                True,
-                False,
-            )
+            failure = {"error_code": outcome.error.code, "message": said}
+            return ActionStatus.FAILED, failure, True, False
         # Any other error: the tool may or may not have acted. Keep what it
         # said (redacted of the arguments) for whoever reconciles it.
         unknown = {
@@ -327,7 +345,7 @@ class WriteActivities:
             "error_type": type(outcome.error).__name__,
             "message": said,
         }
-        return ActionStatus.UNKNOWN, unknown, True, False
+        return ActionStatus.UNKNOWN, unknown, over, False
 
     async def _report(self, action_id: str, claim: str) -> ExecuteWriteOutput:
         action = await self.store.get_action(action_id)

@@ -177,6 +177,10 @@ async def reconcile(
     is told to look. Refused while the action's attempt may still be running."""
     action = await store.get_action(action_id)
     if action["status"] != "unknown":
+        if (action["result"] or {}).get("reconciled_outcome"):
+            # Settled, perhaps by an earlier call whose nudge was lost: make
+            # sure the run has looked, so it does not wait for ever.
+            await nudge(client, action["run_id"])
         raise ConflictError(f"action {action_id} is {action['status']}, not unknown")
     request = ReconcileInput(
         action_id=action_id,

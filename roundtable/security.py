@@ -285,7 +285,9 @@ def redact_arguments(
 
 
 _MIN_REDACTED_LENGTH = 4  # shorter values would blank out ordinary words
+_QUOTE_WINDOW = 12  # a message quoting this much of a value, in any form, is withheld
 MAX_ERROR_MESSAGE_CHARS = 500
+WITHHELD = "[message withheld: it quoted the tool's arguments]"
 
 
 def _leaves(value: Any) -> Iterable[str]:
@@ -299,26 +301,46 @@ def _leaves(value: Any) -> Iterable[str]:
         yield str(value)
 
 
+def _spellings(value: str) -> set[str]:
+    """How a value may appear in a message: as is, JSON- or repr-escaped."""
+    return {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        repr(value)[1:-1],
+        value.encode("unicode_escape").decode("ascii"),
+    }
+
+
 def redact_text(
     text: str, arguments: Mapping[str, Any] | None, safe_fields: Iterable[str] | None = None
 ) -> str:
-    """A tool's error message, safe to store and show: every argument value
+    """A tool's error message, safe to store and show. Every argument value
     that is not a safe field (at any depth, four characters or longer) is
-    replaced by ``[redacted]``, and the message is bounded."""
+    replaced by ``[redacted]``, however it was escaped; a message that still
+    quotes a long value in part (truncated, re-encoded) is withheld whole.
+    The result is bounded."""
     safe = set(safe_fields or ())
-    secrets_seen = sorted(
-        {
-            leaf
-            for name, value in (arguments or {}).items()
-            if name not in safe
-            for leaf in _leaves(value)
-            if len(leaf) >= _MIN_REDACTED_LENGTH
-        },
-        key=len,
-        reverse=True,  # longest first, so a value containing another goes whole
-    )
-    for secret in secrets_seen:
-        text = text.replace(secret, REDACTED)
+    values = {
+        leaf
+        for name, value in (arguments or {}).items()
+        if name not in safe
+        for leaf in _leaves(value)
+        if len(leaf) >= _MIN_REDACTED_LENGTH
+    }
+    spelled = sorted({form for v in values for form in _spellings(v)}, key=len, reverse=True)
+    for form in spelled:  # longest first, so a value containing another goes whole
+        text = text.replace(form, REDACTED)
+    windows = {
+        form[i : i + _QUOTE_WINDOW]
+        for form in spelled
+        if len(form) >= _QUOTE_WINDOW
+        for i in range(len(form) - _QUOTE_WINDOW + 1)
+    }
+    if windows and any(
+        text[i : i + _QUOTE_WINDOW] in windows for i in range(len(text) - _QUOTE_WINDOW + 1)
+    ):
+        return WITHHELD
     if len(text) > MAX_ERROR_MESSAGE_CHARS:
         text = text[:MAX_ERROR_MESSAGE_CHARS] + "…"
     return text

@@ -9,7 +9,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter
+from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
 
 from roundtable.codec import EncryptionCodec, keys_from_environment
 
@@ -33,9 +33,15 @@ SEARCH_ATTRIBUTE_FLAGS = {
 
 
 def data_converter(codec: EncryptionCodec | None = None) -> DataConverter:
-    """Pydantic models in, ciphertext out. Keys from the environment by default."""
+    """Pydantic models in, ciphertext out. Keys from the environment by default.
+    Failure messages and stack traces are encrypted too: an error can quote
+    what it failed on (a validation message quoting an edited argument)."""
     codec = codec or EncryptionCodec(keys_from_environment())
-    return dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+    return dataclasses.replace(
+        pydantic_data_converter,
+        payload_codec=codec,
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
 
 
 async def connect(address: str, namespace: str) -> Client:

@@ -185,3 +185,20 @@ async def test_a_run_that_fails_says_why(tmp_path) -> None:
         assert shown["status"] == "failed"
         assert shown["failure"]["code"] == "InvalidInput"
         assert "no-such-vendor" in shown["failure"]["message"]
+
+
+async def test_a_run_whose_nudge_was_lost_is_nudged_by_the_sweep(tmp_path) -> None:
+    """Found in review: reconciled in the store, the refresh signal lost (a
+    Temporal blip, a crashed API): the run waited for ever, and asking again
+    was refused because the action was no longer unknown."""
+    async with harness(
+        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_update", acts_then_raises)
+    ) as h:
+        handle = await h.start(task_text="t", script=update(), write_policy=AUTO)
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+        (action_id,) = state.unknown_actions
+        await h.store.reconcile_action(action_id, "succeeded", "op-1", "seen")  # no nudge
+        await asyncio.sleep(0.5)
+        assert (await h.state(handle)).unknown_actions  # still waiting
+        await SweepActivities(h.store, h.client).check_runs()
+        assert (await handle.result()).status == "completed"

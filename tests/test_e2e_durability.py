@@ -35,20 +35,25 @@ async def test_a_restarted_worker_resumes_waiting_runs(tmp_path: Path) -> None:
         assert [w["outcome"] for w in log] == ["applied"]
 
 
+async def start_auto_write(stack: Stack, workdir: Path, heartbeat: int, lease: int) -> dict:
+    """A run whose one write needs nobody's approval, with these timings."""
+    return await stack.start(
+        "--task",
+        "t",
+        "--script",
+        one_write_script(workdir / "s.json"),
+        "--policy",
+        "auto_approve_up_to:R3",
+        "--heartbeat-timeout",
+        str(heartbeat),
+        "--lease-seconds",
+        str(lease),
+    )
+
+
 async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path: Path) -> None:
     async with running_stack(tmp_path, demo_ticket_write_delay_seconds="30") as stack:
-        started = await stack.start(
-            "--task",
-            "t",
-            "--script",
-            one_write_script(tmp_path / "s.json"),
-            "--policy",
-            "auto_approve_up_to:R3",
-            "--heartbeat-timeout",
-            "3",
-            "--lease-seconds",
-            "15",
-        )
+        started = await start_auto_write(stack, tmp_path, heartbeat=3, lease=15)
         run_id = started["run_id"]
         await asyncio.to_thread(stack.until, lambda: stack.cli("tickets")[1], "the write to start")
         stack.kill_worker(stack.workers[0])  # mid-write: the ticket is half done
@@ -177,18 +182,7 @@ async def test_a_crash_is_unknown_within_the_heartbeat_timeout_and_two_seconds(
     (10 s by default) before another worker could take it."""
     heartbeat = 3
     async with running_stack(tmp_path, demo_ticket_write_delay_seconds="60") as stack:
-        started = await stack.start(
-            "--task",
-            "t",
-            "--script",
-            one_write_script(tmp_path / "s.json"),
-            "--policy",
-            "auto_approve_up_to:R3",
-            "--heartbeat-timeout",
-            str(heartbeat),
-            "--lease-seconds",
-            "30",
-        )
+        started = await start_auto_write(stack, tmp_path, heartbeat=heartbeat, lease=30)
         await asyncio.to_thread(stack.until, lambda: stack.cli("tickets")[1], "the write")
         stack.start_worker()  # warm before the crash: we time detection, not start-up
         log = tmp_path / "worker.log"

@@ -19,6 +19,8 @@ from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
 
 from roundtable.store.schema import ActionLeaseRow
+from roundtable.tools.registry import ToolDefinition
+from roundtable.tools.tickets import TicketRef
 from tests.helpers import set_column
 from tests.test_workflow_execution import attempt_ended, reconcile, wrap_tool
 from tests.workflow_harness import Harness, harness, script, ticket_call
@@ -94,11 +96,23 @@ async def test_a_refused_renewal_cancels_the_tool_before_it_writes(tmp_path) -> 
         assert (await first.result()).status == "completed"
 
 
-async def _raises(*args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
+async def update_until_unknown(h: Harness, heartbeat: int, lease: int):  # type: ignore[no-untyped-def]
+    """Start a run whose one auto-approved update ends unknown; (handle, state)."""
+    handle = await h.start(
+        task_text="t",
+        script=ONE_UPDATE,
+        write_policy=AUTO,
+        heartbeat_timeout_seconds=heartbeat,
+        lease_seconds=lease,
+    )
+    return handle, await h.wait_for(handle, lambda s: bool(s.unknown_actions), within=30)
+
+
+async def _raises(*args, **kwargs) -> str | None:  # type: ignore[no-untyped-def]
     raise OperationalError("UPDATE action_leases", {}, Exception("database is gone"))
 
 
-async def _hangs(*args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
+async def _hangs(*args, **kwargs) -> str | None:  # type: ignore[no-untyped-def]
     await asyncio.Event().wait()
     return True
 
@@ -112,15 +126,8 @@ async def test_a_renewal_that_fails_mid_call_cancels_the_tool(
     tmp_path, monkeypatch, renewal, reason: str
 ) -> None:
     async with harness(tmp_path, write_delay=8.0) as h:
-        monkeypatch.setattr(h.store, "renew_action_lease", renewal)
-        handle = await h.start(
-            task_text="t",
-            script=ONE_UPDATE,
-            write_policy=AUTO,
-            heartbeat_timeout_seconds=3,
-            lease_seconds=6,
-        )
-        await h.wait_for(handle, lambda s: bool(s.unknown_actions), within=30)
+        monkeypatch.setattr(h.store, "hold_action_lease", renewal)
+        handle, _ = await update_until_unknown(h, heartbeat=3, lease=6)
         (action,) = await h.store.list_actions(handle.id)
         assert action["result"] == {"error_code": "lease_lost", "reason": reason}
         (written,) = await h.tickets.write_log()
@@ -153,15 +160,8 @@ async def test_reconcile_is_refused_while_a_timed_out_attempt_may_still_run(
     async with harness(
         tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_update", hangs)
     ) as h:
-        monkeypatch.setattr(h.store, "renew_action_lease", _hangs)
-        handle = await h.start(
-            task_text="t",
-            script=ONE_UPDATE,
-            write_policy=AUTO,
-            heartbeat_timeout_seconds=2,
-            lease_seconds=8,
-        )
-        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions), within=30)
+        monkeypatch.setattr(h.store, "hold_action_lease", _hangs)
+        handle, state = await update_until_unknown(h, heartbeat=2, lease=8)
         (action_id,) = state.unknown_actions
         assert calls and not cancelled  # the call is still running
         with pytest.raises(WorkflowUpdateFailedError) as refused:
@@ -184,3 +184,90 @@ async def lease_expiry(h: Harness, action_id: str) -> datetime:
                 select(ActionLeaseRow.lease_expires_at).where(ActionLeaseRow.action_id == action_id)
             )
         ).scalar_one()
+
+
+def slow_to_stop(handler):  # type: ignore[no-untyped-def]
+    """Honours cancellation only once its request is done, like a client
+    waiting for a remote call to come back before it can give up."""
+
+    async def handle(args, ctx):  # type: ignore[no-untyped-def]
+        work = asyncio.ensure_future(handler(args, ctx))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            await work
+            raise
+
+    return handle
+
+
+async def test_a_call_slow_to_stop_keeps_its_lease_until_it_has_ended(
+    tmp_path, monkeypatch
+) -> None:
+    """Found in review: the call was cancelled one renewal before the lease
+    could lapse, then given 30 s to wind down, unrenewed. The lease lapsed,
+    an operator reconciled, a successor claimed, and the old call was still
+    running. Now its lease is held for as long as the call runs."""
+    monkeypatch.setattr(activity, "heartbeat", lambda *details: None)  # Temporal gives up
+    async with harness(
+        tmp_path,
+        write_delay=14.0,  # the call ends ~14 s in: far past its 6 s lease
+        customize=lambda reg, _t: wrap_tool(reg, "ticket_update", slow_to_stop),
+    ) as h:
+        first, state = await update_until_unknown(h, heartbeat=2, lease=6)
+        (action_id,) = state.unknown_actions
+        second = await h.start(task_text="t", script=SECOND_UPDATE, write_policy=AUTO)
+        for _ in range(8):  # well past the lease's first expiry, the call still runs
+            assert (
+                await h.tickets.write_log() and not (await h.tickets.write_log())[0]["finished_at"]
+            )
+            with pytest.raises(WorkflowUpdateFailedError):
+                await reconcile(first, action_id, "failed")
+            await asyncio.sleep(1)
+        await attempt_ended(h, first.id, action_id, within=30)
+        assert await reconcile(first, action_id, "succeeded") == "succeeded"
+        assert (await second.result()).status == "completed"
+        log = await h.tickets.write_log()
+        assert [w["outcome"] for w in log] == ["applied", "applied"]
+        assert_no_overlap(log)
+
+
+def remote_write(registry, _tickets) -> None:  # type: ignore[no-untyped-def]
+    """A write whose effects may outlive its call (a remote API)."""
+
+    async def post(args, ctx) -> dict:  # type: ignore[no-untyped-def]
+        raise TimeoutError("no answer from the remote system")
+
+    registry.register(
+        ToolDefinition(
+            name="remote_post",
+            description="Post to a remote system.",
+            side_effect="write",
+            risk_level="R2",
+            handler=post,
+            args_model=TicketRef,
+            target_key_fields=("tenant_id", "ticket_id"),
+        )
+    )
+
+
+async def test_a_remote_call_that_gave_up_is_not_over_until_its_lease_runs_out(
+    tmp_path,
+) -> None:
+    call = {"name": "remote_post", "args": {"tenant_id": "acme", "ticket_id": "T-9"}}
+    async with harness(tmp_path, customize=remote_write) as h:
+        handle = await h.start(
+            task_text="t",
+            script=script(("seat-1", 1, [call])),
+            write_policy=AUTO,
+            heartbeat_timeout_seconds=2,
+            lease_seconds=4,
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+        (action_id,) = state.unknown_actions
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await reconcile(handle, action_id, "failed")  # the request may still land
+        assert "may still be executing" in str(refused.value.cause)
+        await asyncio.sleep(4.5)
+        assert await reconcile(handle, action_id, "failed") == "failed"
+        assert (await handle.result()).status == "completed"

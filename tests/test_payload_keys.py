@@ -114,11 +114,12 @@ async def test_a_key_no_worker_has_stalls_the_run_visibly_until_it_is_added(
     async with harness(tmp_path, dev_server=True, converter=first) as h:
         run_id = await start(h, h.client)
         approval_id = await pending(h, h.client, run_id)
+        lacking = client_with(h, other)
         await h.stop_worker()
-        await h.start_worker(client_with(h, other))  # a worker without the run's key
+        await h.start_worker(lacking)  # a worker without the run's key
         await h.client.get_workflow_handle(run_id).signal(RoundtableWorkflow.refresh)
 
-        sweep = SweepActivities(h.store, h.client)
+        sweep = SweepActivities(h.store, lacking)  # the sweep runs on such a worker
         for _ in range(300):
             _, stalled = await sweep.check_runs()
             if stalled:

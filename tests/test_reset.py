@@ -93,3 +93,27 @@ async def test_a_reset_run_follows_an_action_still_executing(tmp_path) -> None:
         assert (await again.result()).status == "completed"
         assert len(await h.store.list_actions(handle.id)) == 1  # never a second action
         assert len(await h.tickets.write_log()) == 1  # never a second write
+
+
+async def test_a_reset_run_cancelled_while_the_old_attempt_runs_waits_quietly(tmp_path) -> None:
+    """Found in review: the ending run saw the action still executing under
+    the old attempt and looped with no timer, thousands of events a second."""
+    async with harness(tmp_path, dev_server=True, write_delay=6.0) as h:
+        handle = await h.start(
+            task_text="t", script=ONE_UPDATE, write_policy=AUTO, heartbeat_timeout_seconds=2
+        )
+        for _ in range(200):
+            if await h.tickets.write_log():
+                break
+            await asyncio.sleep(0.05)
+        again = await reset_to_start(h, handle)
+        await asyncio.sleep(1)
+        await again.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(again.result(), 60)
+        history = await again.fetch_history()
+        assert len(history.events) < 300, len(history.events)
+        (action,) = await h.store.list_actions(handle.id)
+        assert action["status"] in ("succeeded", "unknown")  # the old attempt's own end
+        assert (await h.store.get_run(handle.id))["status"] == "cancelled"
+        assert len(await h.tickets.write_log()) == 1

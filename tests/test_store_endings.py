@@ -124,3 +124,32 @@ async def test_large_tool_results_are_kept_encrypted_by_reference(store) -> None
     assert "CANARY" not in str(raw)
     with pytest.raises(NotFoundError):
         await store.get_tool_result("result-nope")
+
+
+async def test_what_an_attempt_reports_after_it_was_made_unknown_is_kept(store) -> None:
+    """Found in review: a late definite result was dropped without a trace, so
+    the operator reconciled blind."""
+    run = await new_run(store)
+    action = await new_action(store, run, key="late", target_key=target_for("late"))
+    assert await store.claim_action_for_execution(action["id"], 30) == "claimed"
+    token = (await store.get_action(action["id"]))["fencing_token"]
+    # The workflow gave up on it (a heartbeat timeout): unknown, the lease left running.
+    assert await store.record_action_terminal_result(action["id"], "unknown", {"error_code": "x"})
+    # Then the attempt comes back with a definite answer.
+    assert not await store.record_action_terminal_result(
+        action["id"],
+        "succeeded",
+        {"external_object_id": "T-7"},
+        fencing_token=token,
+        attempt_over=True,
+    )
+    stored = await store.get_action(action["id"])
+    assert stored["status"] == "unknown"  # still for a person to settle...
+    assert stored["result"]["attempt_reported"] == {
+        "status": "succeeded",
+        "result": {"external_object_id": "T-7"},
+    }  # ...with what the attempt said
+    types = [e["event_type"] for e in await store.list_events(run["id"])]
+    assert types[-2:] == ["action.attempt_reported", "action.attempt_ended"]
+    settled = await store.reconcile_action(action["id"], "succeeded", "op-1", "as reported")
+    assert settled["status"] == "succeeded"

@@ -133,10 +133,15 @@ async def test_lost_heartbeat_is_unknown_and_the_tool_is_not_called_again(
         (action_id,) = state.unknown_actions
         action = await h.store.get_action(action_id)
         assert action["status"] == "unknown"
-        assert action["result"] == {"error_code": "execution_interrupted"}
+        assert action["result"]["error_code"] == "execution_interrupted"
         assert calls == [action["idempotency_key"]]
         await attempt_ended(h, handle.id, action_id)
         assert cancelled == calls
+        # What the attempt saw, kept for whoever reconciles it.
+        assert (await h.store.get_action(action_id))["result"]["attempt_reported"] == {
+            "status": "unknown",
+            "result": {"error_code": "lease_lost", "reason": "action_no_longer_executing"},
+        }
         await reconcile(handle, action_id, "failed")
         assert (await handle.result()).status == "completed"
         assert len(calls) == 1
@@ -238,7 +243,8 @@ async def test_a_tool_errors_message_is_kept_without_the_arguments(tmp_path) -> 
 
         return handle
 
-    comment = ticket_call("ticket_comment", body=f"please call me, {canary}")
+    # Escaped when quoted (a newline, quotes): redaction must see through it.
+    comment = ticket_call("ticket_comment", body=f'please call me,\n"{canary}"')
     async with harness(
         tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", echoes_its_arguments)
     ) as h:

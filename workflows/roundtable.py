@@ -70,6 +70,10 @@ CONFLICT = "Conflict"
 NOT_TRACKED = "NotTracked"
 ATTEMPT_MAY_BE_RUNNING = "AttemptMayBeRunning"
 SETTLED = ("succeeded", "failed")
+# Runs started before the safety-holes fixes keep their old behaviour to the
+# end (their histories must replay); runs started after take the new rules.
+# See _new_rules for where the two differ.
+SAFETY_RULES_PATCH = "safety-rules-v1"
 
 
 @workflow.defn(name="RoundtableWorkflow")
@@ -90,11 +94,17 @@ class RoundtableWorkflow:
         self._tasks: list[asyncio.Task] = []  # every seat turn and tool call
         self._interruptible: set = set()  # model turns and reads under way
         self._failure: dict[str, str] | None = None
+        self._new_rules = True  # decided for good at the top of run()
 
     # ================================================================= the process
 
     @workflow.run
     async def run(self, args: WorkflowArgs) -> RunResult:
+        # Where the new rules differ from the old (each guarded by this flag):
+        # writes met again in any state; decisions and expiry follow the
+        # database; reconciliation re-read on refresh; a run ending early
+        # settles its writes; a withdrawn write ends the busy-target loop.
+        self._new_rules = workflow.patched(SAFETY_RULES_PATCH)
         try:
             if args.carried is None:
                 await self._open_run()
@@ -110,9 +120,15 @@ class RoundtableWorkflow:
         except (ActivityError, ApplicationError) as exc:
             # Regular activities fail as ActivityError, local ones as their own
             # ApplicationError: either way the store must say the run failed.
+            if not self._new_rules:
+                await self._finish("failed")
+                raise
             await self._end_early("failed", _failure_of(exc))
             raise
         except asyncio.CancelledError:
+            if not self._new_rules:
+                await self._finish("cancelled")
+                raise
             await self._end_early("cancelled", None)
             raise
         return RunResult(
@@ -283,6 +299,8 @@ class RoundtableWorkflow:
         status = write.status
         if status == "waiting_approval":
             status = await self._await_decision(write)
+        if not self._new_rules and status != "approved":
+            return _outcome(write, status, {"error_code": "not_approved"})
         if status in ("approved", "executing"):
             outcome = await self._execute(write)
             edits = self._edits.get(write.approval_id or "")
@@ -361,7 +379,10 @@ class RoundtableWorkflow:
         its new deadline: wait for that one instead."""
         expired = await workflow.execute_local_activity_method(
             WriteActivities.expire_approval,
-            ApprovalRef(approval_id=write.approval_id, deadline=write.approval_deadline),
+            ApprovalRef(
+                approval_id=write.approval_id,
+                deadline=write.approval_deadline if self._new_rules else None,
+            ),
             start_to_close_timeout=BOOKKEEPING,
             summary="expire approval",
         )
@@ -379,6 +400,9 @@ class RoundtableWorkflow:
     def _follow(self, write: PendingWrite, seen) -> None:  # type: ignore[no-untyped-def]
         """Take the database's word on an approval: decided only once it is no
         longer pending; while pending, its deadline is the one that counts."""
+        if not self._new_rules:  # before: whatever the answer, the wait was over
+            self._decided.setdefault(write.approval_id, seen.status)
+            return
         if seen.approval_status != "pending":
             self._decided.setdefault(write.approval_id, seen.status)
         elif seen.expires_at is not None and seen.expires_at > write.approval_deadline:
@@ -405,7 +429,7 @@ class RoundtableWorkflow:
                 return _outcome(write, done.status, done.result or {})
             if done.status == "unknown":
                 return await self._await_reconciliation(write, done.result, seen_refreshes)
-            if done.status == "rejected":  # withdrawn: the run is ending
+            if done.status == "rejected" and self._new_rules:  # withdrawn
                 return _outcome(write, done.status, done.result or {"error_code": "not_approved"})
             # Still approved (or executing under another attempt's live lease):
             # the target is busy or blocked, or the attempt failed before it
@@ -418,9 +442,13 @@ class RoundtableWorkflow:
                 else None
             )
             await self._publish_status()
+            ending = bool(self._ending)
             with contextlib.suppress(TimeoutError):
+                # Woken early when the run starts ending; once it is ending, a
+                # plain timer (an attempt of another run of this workflow, say
+                # before a reset, still holds the action: wait for its end).
                 await workflow.wait_condition(
-                    lambda: bool(self._ending),
+                    lambda ending=ending: bool(self._ending) and not ending,
                     timeout=wait,
                     timeout_summary=f"target busy, retry {write.tool_name}",
                 )
@@ -474,8 +502,9 @@ class RoundtableWorkflow:
                     or bool(self._ending)
                 )
             )
-            if write.action_id not in self._reconciled and self._refreshes != seen_refreshes:
-                seen_refreshes = self._refreshes
+            refreshed = self._refreshes != seen_refreshes
+            seen_refreshes = self._refreshes
+            if refreshed and self._new_rules and write.action_id not in self._reconciled:
                 now = await workflow.execute_local_activity_method(
                     WriteActivities.action_status,
                     ActionRef(action_id=write.action_id),

@@ -130,6 +130,9 @@ class ExecutionOps(ApprovalOps):
                     index_elements=["scope_key"], set_={"claims": TargetScopeRow.claims}
                 )
             )
+            # The lock may have been waited for: the lease runs from now, so
+            # leases and tokens of one scope are granted in the same order.
+            now = await database_now(session)
             overlapping = self._overlaps(
                 action, ActionLeaseRow.scope_key, ActionLeaseRow.namespace_wide
             )
@@ -301,25 +304,50 @@ class ExecutionOps(ApprovalOps):
     async def renew_action_lease(
         self, action_id: str, fencing_token: int, lease_seconds: float
     ) -> bool:
-        """Extend a live lease held under ``fencing_token``. An expired lease is
-        not renewed: once it lapsed, the action's outcome is already in doubt."""
+        """Extend a live lease held under ``fencing_token`` of an ``executing``
+        action. An expired lease is not renewed: once it lapsed, the action's
+        outcome is already in doubt."""
+        held = await self._extend_lease(
+            action_id, fencing_token, lease_seconds, (ActionStatus.EXECUTING,)
+        )
+        return held is not None
+
+    async def hold_action_lease(
+        self, action_id: str, fencing_token: int, lease_seconds: float
+    ) -> str | None:
+        """What an attempt that is still running does: extend its live lease,
+        whether its action is still ``executing`` or was meanwhile made
+        ``unknown`` by someone else (its call may still be under way, so the
+        target stays held and reconciliation refused). Returns the action's
+        status, or None when the lease is lost (lapsed, gone, another token)."""
+        return await self._extend_lease(
+            action_id,
+            fencing_token,
+            lease_seconds,
+            (ActionStatus.EXECUTING, ActionStatus.UNKNOWN),
+        )
+
+    async def _extend_lease(
+        self, action_id: str, fencing_token: int, lease_seconds: float, statuses: tuple
+    ) -> str | None:
         length = _lease_length(lease_seconds)
         async with self._transaction() as session:
             now = await database_now(session)
-            executing = select(ActionRow.id).where(
-                ActionRow.id == action_id, ActionRow.status == ActionStatus.EXECUTING
-            )
+            status = (
+                await session.execute(select(ActionRow.status).where(ActionRow.id == action_id))
+            ).scalar_one_or_none()
+            if status not in statuses:
+                return None
             result = await session.execute(
                 update(ActionLeaseRow)
                 .where(
                     ActionLeaseRow.action_id == action_id,
                     ActionLeaseRow.fencing_token == fencing_token,
                     ActionLeaseRow.lease_expires_at > now,
-                    ActionLeaseRow.action_id.in_(executing),
                 )
                 .values(lease_expires_at=now + length)
             )
-            return result.rowcount == 1
+            return status if result.rowcount == 1 else None
 
     async def record_action_terminal_result(
         self,
@@ -348,11 +376,13 @@ class ExecutionOps(ApprovalOps):
             run, action = await self._lock_action(session, action_id)
             if fencing_token is not None and action.fencing_token != fencing_token:
                 return False
-            if action.status == ActionStatus.UNKNOWN and attempt_over:
+            if action.status == ActionStatus.UNKNOWN:
                 # Someone made it unknown while the attempt ran (a timeout, a
-                # closed run); the attempt has now ended: say so, so it can be
-                # reconciled without waiting out the lease.
-                await self._end_attempt(session, run, action)
+                # closed run). What the attempt then saw is kept as evidence for
+                # whoever reconciles it; the status stays unknown.
+                await self._attempt_reported(session, run, action, status, result)
+                if attempt_over:  # and it has ended: no need to wait out the lease
+                    await self._end_attempt(session, run, action)
                 return False
             if action.status != ActionStatus.EXECUTING:
                 return False
@@ -383,6 +413,32 @@ class ExecutionOps(ApprovalOps):
                 payload["error_code"] = result["error_code"]  # type: ignore[index]
             await self._audit(session, run, f"action.{status}", payload, now)
         return True
+
+    async def _attempt_reported(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        action: ActionRow,
+        status: str,
+        result: dict[str, Any] | None,
+    ) -> None:
+        now = await database_now(session)
+        action.result = {
+            **(action.result or {}),
+            "attempt_reported": {
+                "status": status,
+                **({"result": result} if result is not None else {}),
+            },
+        }
+        action.updated_at = now
+        payload: dict[str, Any] = {
+            "action_id": action.id,
+            "fencing_token": action.fencing_token,
+            "status": status,
+        }
+        if isinstance((result or {}).get("error_code"), str):
+            payload["error_code"] = result["error_code"]  # type: ignore[index]
+        await self._audit(session, run, "action.attempt_reported", payload, now)
 
     async def _end_attempt(
         self, session: AsyncSession, run: RunRow, action: ActionRow, audit: bool = True

@@ -56,6 +56,12 @@ class ToolDefinition:
     target_key_fields: tuple[str, ...] = ()
     target_key_namespace: str | None = None
     safe_argument_fields: tuple[str, ...] = ()
+    # True only for a tool whose effects cannot outlive its call: once the
+    # call has returned, raised or been cancelled to its end, nothing of it
+    # is still under way (an in-process write, say). A remote call may go on
+    # at the server after the client gave up, so by default an attempt is
+    # never taken to be over before its lease has run out.
+    effects_end_with_call: bool = False
 
     def __post_init__(self) -> None:
         if (self.args_model is None) == (self.input_schema is None):

@@ -200,13 +200,7 @@ class TicketSystem:
 
     async def _start(self, operation: str, args: TicketRef, ctx: ToolContext) -> dict | None:
         async with self._sessions() as session, session.begin():
-            seen = (
-                await session.execute(
-                    select(TicketWriteRow).where(
-                        TicketWriteRow.idempotency_key == ctx.idempotency_key
-                    )
-                )
-            ).scalar_one_or_none()
+            seen = await _log_entry(session, ctx)
             if seen is not None:
                 if seen.outcome == REJECTED_STALE:
                     raise ToolDefiniteFailure("stale_fencing_token", "this write was refused")
@@ -239,13 +233,7 @@ class TicketSystem:
     async def _finish(self, args: TicketRef, ctx: ToolContext, apply: Any) -> dict[str, Any]:
         async with self._sessions() as session, session.begin():
             ticket = await self._ticket(session, args)
-            log = (
-                await session.execute(
-                    select(TicketWriteRow).where(
-                        TicketWriteRow.idempotency_key == ctx.idempotency_key
-                    )
-                )
-            ).scalar_one()
+            log = await _log_entry(session, ctx)
             stale = ctx.fencing_token < ticket.highest_fencing_token
             if not stale:
                 # JSON columns track reassignment, not in-place edits: copy, change, assign.
@@ -264,13 +252,7 @@ class TicketSystem:
 
     async def _close_log(self, ctx: ToolContext, outcome: str) -> None:
         async with self._sessions() as session, session.begin():
-            log = (
-                await session.execute(
-                    select(TicketWriteRow).where(
-                        TicketWriteRow.idempotency_key == ctx.idempotency_key
-                    )
-                )
-            ).scalar_one_or_none()
+            log = await _log_entry(session, ctx)
             if log is not None and log.outcome == "started":
                 log.outcome, log.finished_at = outcome, datetime.now(UTC)
 
@@ -289,6 +271,15 @@ class TicketSystem:
             session.add(ticket)
             await session.flush()
         return ticket
+
+
+async def _log_entry(session: Any, ctx: ToolContext) -> TicketWriteRow | None:
+    """The write log's entry for this call's idempotency key, if any."""
+    return (
+        await session.execute(
+            select(TicketWriteRow).where(TicketWriteRow.idempotency_key == ctx.idempotency_key)
+        )
+    ).scalar_one_or_none()
 
 
 def register_ticket_tools(registry: ToolRegistry, system: TicketSystem) -> None:
@@ -340,5 +331,8 @@ def register_ticket_tools(registry: ToolRegistry, system: TicketSystem) -> None:
                 target_key_fields=("tenant_id", "ticket_id"),
                 target_key_namespace=NAMESPACE,
                 safe_argument_fields=("tenant_id", "ticket_id", "fields"),
+                # The demo system writes in this process, in one transaction:
+                # when the call has ended, so has everything it did.
+                effects_end_with_call=True,
             )
         )
