@@ -46,6 +46,7 @@ from workflows.sweep import SweepWorkflow
 
 log = logging.getLogger("roundtable.worker")
 STICKY_QUEUE_TIMEOUT = timedelta(seconds=1)
+SHUTDOWN_GRACE = timedelta(seconds=30)
 
 
 @dataclass
@@ -98,6 +99,9 @@ def build_worker(
         # the dead worker's sticky queue before any other worker may take it:
         # the SDK's 10 s default made "crash → unknown" heartbeat + ~10 s.
         sticky_queue_schedule_to_start_timeout=STICKY_QUEUE_TIMEOUT,
+        # On shutdown (a deploy, Ctrl-C), writes under way get this long to
+        # finish before they are cancelled (and would then end unknown).
+        graceful_shutdown_timeout=SHUTDOWN_GRACE,
         **worker_options,
         workflows=[RoundtableWorkflow, SweepWorkflow, ReconcileWorkflow],
         activities=[

@@ -32,6 +32,7 @@ from roundtable.store.states import ActionStatus, RunStatus
 # to happen before calling a missing workflow lost.
 MISSING_WORKFLOW_GRACE = timedelta(minutes=2)
 CHECKS_AT_ONCE = 8
+QUERY_TIMEOUT = timedelta(seconds=5)
 log = logging.getLogger("roundtable.sweep")
 # Workflow task attempts after which a run counts as stalled.
 STALLED_AFTER_ATTEMPTS = 3
@@ -145,9 +146,11 @@ class SweepActivities:
         in the store, the nudge lost) is told to look. A query adds nothing
         to the run's history; only a run that needs it gets the signal."""
         try:
-            state = await handle.query("state", result_type=RunState)
+            state = await handle.query("state", result_type=RunState, rpc_timeout=QUERY_TIMEOUT)
         except Exception:  # no worker can answer now: next time
             return
+        if not state.reads_store_on_refresh:
+            return  # started before refreshes were read: a nudge would only grow its history
         for action_id in state.unknown_actions:
             action = await self.store.get_action(action_id)
             if action["status"] in (ActionStatus.SUCCEEDED, ActionStatus.FAILED):

@@ -322,6 +322,9 @@ class WriteActivities:
             )
 
         outcome = await call_under_lease(lambda: tool.handler(parsed, context), terms, hold)
+        if not outcome.started:  # the lease was in doubt before the call: nothing ran
+            failure = {"error_code": "lease_lost_before_start", "reason": outcome.lease_lost}
+            return ActionStatus.FAILED, failure, True, False
         # Only a tool whose effects end with its call is over when the call is.
         over = outcome.finished and tool.effects_end_with_call
         said = redact_text(str(outcome.error or ""), arguments, action["safe_argument_fields"])

@@ -470,6 +470,10 @@ class RunState(Model):
     blocked_reason: str | None = None
     webhook_urls: list[str] = Field(default_factory=list)
     expiring_lead_seconds: int = 300
+    # Whether a refresh signal makes this run re-read what it waits on from the
+    # store (runs started before that rule ignore it: the sweep must not nudge
+    # them over and over).
+    reads_store_on_refresh: bool = False
 
 
 class WorkflowArgs(Model):

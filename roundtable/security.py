@@ -13,7 +13,9 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -302,13 +304,19 @@ def _leaves(value: Any) -> Iterable[str]:
 
 
 def _spellings(value: str) -> set[str]:
-    """How a value may appear in a message: as is, JSON- or repr-escaped."""
+    """How a value may appear in a message: as is, JSON-, repr- or
+    URL-escaped, or base64-encoded (as in an echoed Basic credential)."""
+    raw = value.encode()
     return {
         value,
         json.dumps(value)[1:-1],
         json.dumps(value, ensure_ascii=False)[1:-1],
         repr(value)[1:-1],
         value.encode("unicode_escape").decode("ascii"),
+        urllib.parse.quote(value, safe=""),
+        urllib.parse.quote_plus(value),
+        base64.b64encode(raw).decode().rstrip("="),
+        base64.urlsafe_b64encode(raw).decode().rstrip("="),
     }
 
 
@@ -330,15 +338,16 @@ def redact_text(
     }
     spelled = sorted({form for v in values for form in _spellings(v)}, key=len, reverse=True)
     for form in spelled:  # longest first, so a value containing another goes whole
-        text = text.replace(form, REDACTED)
+        text = re.sub(re.escape(form), REDACTED, text, flags=re.IGNORECASE)
     windows = {
-        form[i : i + _QUOTE_WINDOW]
+        form[i : i + _QUOTE_WINDOW].casefold()
         for form in spelled
         if len(form) >= _QUOTE_WINDOW
         for i in range(len(form) - _QUOTE_WINDOW + 1)
     }
+    folded = text.casefold()
     if windows and any(
-        text[i : i + _QUOTE_WINDOW] in windows for i in range(len(text) - _QUOTE_WINDOW + 1)
+        folded[i : i + _QUOTE_WINDOW] in windows for i in range(len(folded) - _QUOTE_WINDOW + 1)
     ):
         return WITHHELD
     if len(text) > MAX_ERROR_MESSAGE_CHARS:

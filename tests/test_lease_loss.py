@@ -108,13 +108,26 @@ async def update_until_unknown(h: Harness, heartbeat: int, lease: int):  # type:
     return handle, await h.wait_for(handle, lambda s: bool(s.unknown_actions), within=30)
 
 
-async def _raises(*args, **kwargs) -> str | None:  # type: ignore[no-untyped-def]
+async def _raises() -> str | None:
     raise OperationalError("UPDATE action_leases", {}, Exception("database is gone"))
 
 
-async def _hangs(*args, **kwargs) -> str | None:  # type: ignore[no-untyped-def]
+async def _hangs() -> str | None:
     await asyncio.Event().wait()
-    return True
+    return None
+
+
+def after_the_call_started(real, failure):  # type: ignore[no-untyped-def]
+    """The store's hold, failing from the keeper's first renewal on (the hold
+    made just before the call started still succeeds)."""
+    holds = 0
+
+    async def hold(*args, **kwargs) -> str | None:  # type: ignore[no-untyped-def]
+        nonlocal holds
+        holds += 1
+        return await (real(*args, **kwargs) if holds == 1 else failure())
+
+    return hold
 
 
 @pytest.mark.parametrize(
@@ -126,7 +139,9 @@ async def test_a_renewal_that_fails_mid_call_cancels_the_tool(
     tmp_path, monkeypatch, renewal, reason: str
 ) -> None:
     async with harness(tmp_path, write_delay=8.0) as h:
-        monkeypatch.setattr(h.store, "hold_action_lease", renewal)
+        monkeypatch.setattr(
+            h.store, "hold_action_lease", after_the_call_started(h.store.hold_action_lease, renewal)
+        )
         handle, _ = await update_until_unknown(h, heartbeat=3, lease=6)
         (action,) = await h.store.list_actions(handle.id)
         assert action["result"] == {"error_code": "lease_lost", "reason": reason}
@@ -135,44 +150,6 @@ async def test_a_renewal_that_fails_mid_call_cancels_the_tool(
         # The call ended before the lease could lapse in the database.
         lease_end = await lease_expiry(h, action["id"])
         assert datetime.fromisoformat(written["finished_at"]) <= lease_end
-
-
-async def test_reconcile_is_refused_while_a_timed_out_attempt_may_still_run(
-    tmp_path, monkeypatch
-) -> None:
-    """Temporal gave up on the attempt (no heartbeats reach it), so the
-    workflow settled it unknown; but the worker is alive and its call goes
-    on. Reconciling now would let the next writer in beside it."""
-    calls, cancelled = [], []
-
-    def hangs(handler):  # type: ignore[no-untyped-def]
-        async def handle(args, ctx):  # type: ignore[no-untyped-def]
-            calls.append(ctx.idempotency_key)
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                cancelled.append(ctx.idempotency_key)
-                raise
-
-        return handle
-
-    monkeypatch.setattr(activity, "heartbeat", lambda *details: None)
-    async with harness(
-        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_update", hangs)
-    ) as h:
-        monkeypatch.setattr(h.store, "hold_action_lease", _hangs)
-        handle, state = await update_until_unknown(h, heartbeat=2, lease=8)
-        (action_id,) = state.unknown_actions
-        assert calls and not cancelled  # the call is still running
-        with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await reconcile(handle, action_id, "failed")
-        assert "may still be executing" in str(refused.value.cause)
-        assert (await h.store.get_action(action_id))["status"] == "unknown"
-
-        await attempt_ended(h, handle.id, action_id, within=30)
-        assert cancelled == calls
-        assert await reconcile(handle, action_id, "failed") == "failed"
-        assert (await handle.result()).status == "completed"
 
 
 async def lease_expiry(h: Harness, action_id: str) -> datetime:

@@ -105,6 +105,7 @@ class RoundtableWorkflow:
         # database; reconciliation re-read on refresh; a run ending early
         # settles its writes; a withdrawn write ends the busy-target loop.
         self._new_rules = workflow.patched(SAFETY_RULES_PATCH)
+        self.state.reads_store_on_refresh = self._new_rules
         try:
             if args.carried is None:
                 await self._open_run()
@@ -178,7 +179,13 @@ class RoundtableWorkflow:
         if not tasks:
             return []
         self._tasks.extend(tasks)
-        await workflow.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        try:
+            await workflow.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:
+            if not self._new_rules:  # as asyncio.gather and a plain await did
+                for task in tasks:
+                    task.cancel()
+            raise
         for task in tasks:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
@@ -386,7 +393,7 @@ class RoundtableWorkflow:
             start_to_close_timeout=BOOKKEEPING,
             summary="expire approval",
         )
-        self._follow(write, expired)
+        self._follow(write, expired, answered=True)
 
     async def _check_approval(self, write: PendingWrite) -> None:
         seen = await workflow.execute_local_activity_method(
@@ -397,11 +404,14 @@ class RoundtableWorkflow:
         )
         self._follow(write, seen)
 
-    def _follow(self, write: PendingWrite, seen) -> None:  # type: ignore[no-untyped-def]
+    def _follow(self, write: PendingWrite, seen, answered: bool = False) -> None:  # type: ignore[no-untyped-def]
         """Take the database's word on an approval: decided only once it is no
-        longer pending; while pending, its deadline is the one that counts."""
-        if not self._new_rules:  # before: whatever the answer, the wait was over
-            self._decided.setdefault(write.approval_id, seen.status)
+        longer pending; while pending, its deadline is the one that counts.
+        (Old rules: an expiry or a decision ended the wait whatever the
+        database answered; a mere look ended it only once not pending.)"""
+        if not self._new_rules:
+            if answered or seen.approval_status != "pending":
+                self._decided.setdefault(write.approval_id, seen.status)
             return
         if seen.approval_status != "pending":
             self._decided.setdefault(write.approval_id, seen.status)
@@ -717,7 +727,9 @@ class RoundtableWorkflow:
         # changes nothing here either.
         write = self.state.pending_approvals.get(out.approval_id)
         if write is not None:
-            self._follow(write, out)
+            self._follow(write, out, answered=True)
+        elif not self._new_rules:
+            self._decided.setdefault(out.approval_id, out.status)
         if out.conflict:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.approval_status
@@ -751,7 +763,8 @@ class RoundtableWorkflow:
             raise refusal
 
     def _reconcile_refusal(self, action_id: str) -> ApplicationError | None:
-        if action_id not in self.state.unknown_actions or action_id in self._reconciled:
+        settled = action_id in self._reconciled and self._new_rules
+        if action_id not in self.state.unknown_actions or settled:
             return ApplicationError(
                 f"action {action_id!r} is not awaiting reconciliation in this run",
                 type=NOT_TRACKED,

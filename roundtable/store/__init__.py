@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from roundtable.completion import complete_every_public_coroutine
 from roundtable.config import load_settings
 from roundtable.store.engine import create_engine_for
 from roundtable.store.errors import (
@@ -43,9 +44,16 @@ __all__ = [
 ]
 
 
+@complete_every_public_coroutine
 class Store(ToolResultOps):
     """Sessions, runs, actions, approvals, leases and audit; every method is one
-    or more atomic transactions and returns plain dicts or outcome strings."""
+    or more atomic transactions and returns plain dicts or outcome strings.
+
+    A caller cancelled mid-call (an activity cancelled, a timeout) never
+    abandons a database call half-way: the call runs to its own end first,
+    then the cancellation goes on. Abandoned mid-transaction, an aiosqlite
+    connection was seen to keep SQLite's write lock for a minute, stalling
+    every writer (test_store_cancellation.py)."""
 
 
 @asynccontextmanager

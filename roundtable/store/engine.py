@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, text
+from sqlalchemy import event, func, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
@@ -89,3 +89,12 @@ async def database_now(session: AsyncSession) -> datetime:
         value = (await session.execute(text("SELECT clock_timestamp()"))).scalar_one()
         return value.astimezone(UTC)
     return datetime.now(UTC)
+
+
+def database_clock(session: AsyncSession) -> Any | None:
+    """On PostgreSQL, ``clock_timestamp()`` as an SQL expression, evaluated
+    where the statement uses it (after its row locks); None on SQLite, whose
+    clock is this process's and whose writers are already serialised."""
+    if is_postgresql(session):
+        return func.clock_timestamp()
+    return None

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.store.approvals import ApprovalOps
 from roundtable.store.core import require_aware, require_text, row_to_dict
-from roundtable.store.engine import database_now, insert_for
+from roundtable.store.engine import database_clock, database_now, insert_for
 from roundtable.store.errors import AttemptMayBeRunningError, ConflictError, InvalidInputError
 from roundtable.store.schema import (
     ActionLeaseRow,
@@ -332,12 +332,16 @@ class ExecutionOps(ApprovalOps):
     ) -> str | None:
         length = _lease_length(lease_seconds)
         async with self._transaction() as session:
-            now = await database_now(session)
             status = (
                 await session.execute(select(ActionRow.status).where(ActionRow.id == action_id))
             ).scalar_one_or_none()
             if status not in statuses:
                 return None
+            # The clock is read by the statement itself on PostgreSQL, after
+            # any wait for the row: a lease that lapsed meanwhile is not held.
+            now = database_clock(session)
+            if now is None:
+                now = await database_now(session)
             result = await session.execute(
                 update(ActionLeaseRow)
                 .where(

@@ -21,6 +21,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, select
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from roundtable.completion import to_completion
 from roundtable.store.engine import create_engine_for
 from roundtable.tools.registry import (
     ToolContext,
@@ -198,6 +199,7 @@ class TicketSystem:
             raise ConnectionResetError("connection dropped after the ticket was written")
         return result
 
+    @to_completion
     async def _start(self, operation: str, args: TicketRef, ctx: ToolContext) -> dict | None:
         async with self._sessions() as session, session.begin():
             seen = await _log_entry(session, ctx)
@@ -230,6 +232,7 @@ class TicketSystem:
             )
         return None
 
+    @to_completion
     async def _finish(self, args: TicketRef, ctx: ToolContext, apply: Any) -> dict[str, Any]:
         async with self._sessions() as session, session.begin():
             ticket = await self._ticket(session, args)
@@ -250,6 +253,7 @@ class TicketSystem:
             log.outcome, log.finished_at = REJECTED_STALE, datetime.now(UTC)
         raise ToolDefiniteFailure("stale_fencing_token", "a newer writer took over")
 
+    @to_completion
     async def _close_log(self, ctx: ToolContext, outcome: str) -> None:
         async with self._sessions() as session, session.begin():
             log = await _log_entry(session, ctx)
