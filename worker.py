@@ -33,6 +33,7 @@ from activities.sweep_activities import SweepActivities
 from activities.webhook_activities import WebhookActivities
 from activities.write_activities import WriteActivities
 from roundtable.config import Settings, load_settings
+from roundtable.permissions import Authority
 from roundtable.security import read_action_secret
 from roundtable.store import Store, open_store
 from roundtable.temporal import SWEEP_SCHEDULE_ID, connect
@@ -80,16 +81,21 @@ def build_worker(
     store: Store,
     registry: ToolRegistry,
     webhooks: WebhookConfig | None = None,
+    authority: Authority | None = None,
     **worker_options: Any,
 ) -> Worker:
-    """The worker for these parts; ``worker_options`` go to temporalio's Worker."""
+    """The worker for these parts; ``worker_options`` go to temporalio's Worker.
+    ``authority``: who may ask for what (default: from the environment)."""
+    authority = authority or Authority.from_settings(load_settings())
     runs = RunActivities(
         store,
         registry,
         webhooks.urls if webhooks else [],
         webhooks.expiring_lead_seconds if webhooks else 300,
+        authority=authority,
     )
-    writes, sweep = WriteActivities(store, registry, client), SweepActivities(store)
+    writes = WriteActivities(store, registry, client, authority=authority)
+    sweep = SweepActivities(store)
     # Without receivers no run ever asks for a delivery, so no key is needed.
     hooks = WebhookActivities(store, webhooks.signing_key if webhooks else b"")
     return Worker(
@@ -200,6 +206,7 @@ async def run_worker(settings: Settings | None = None, ready: asyncio.Event | No
             parts.store,
             parts.registry,
             WebhookConfig.from_settings(settings),
+            Authority.from_settings(settings),
         )
         log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
         async with worker:

@@ -9,9 +9,16 @@ from typing import ParamSpec, TypeVar
 
 from temporalio.exceptions import ApplicationError
 
-from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+from roundtable.store.errors import (
+    FORBIDDEN_PREFIX,
+    ConflictError,
+    ForbiddenError,
+    InvalidInputError,
+    NotFoundError,
+)
 
 CONFLICT, NOT_FOUND, INVALID_INPUT = "Conflict", "NotFound", "InvalidInput"
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -28,5 +35,9 @@ def typed_store_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R
             raise ApplicationError(str(exc), type=NOT_FOUND, non_retryable=True) from exc
         except InvalidInputError as exc:
             raise ApplicationError(str(exc), type=INVALID_INPUT, non_retryable=True) from exc
+        except ForbiddenError as exc:
+            raise ApplicationError(
+                str(exc), type=FORBIDDEN_PREFIX + exc.code, non_retryable=True
+            ) from exc
 
     return wrapper

@@ -24,6 +24,7 @@ from roundtable.models import (
     ToolOutcome,
     TurnRequest,
 )
+from roundtable.permissions import Authority, ModelNotAllowedError, PolicyNotAllowedError
 from roundtable.store import Store
 from roundtable.tools.registry import ToolArgumentsError, ToolContext, ToolRegistry
 
@@ -35,9 +36,12 @@ class RunActivities:
         registry: ToolRegistry,
         webhook_urls: list[str] | None = None,
         expiring_lead_seconds: int = 300,
+        *,
+        authority: Authority,
     ) -> None:
         self.store = store
         self.registry = registry
+        self.authority = authority
         self.webhook_urls = list(webhook_urls or [])
         self.expiring_lead_seconds = expiring_lead_seconds
 
@@ -52,6 +56,7 @@ class RunActivities:
         run = await self.store.ensure_run(
             run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
         )
+        self._check_granted(run, inp)
         return EnsureRunOutput(
             run_id=run["id"],
             session_id=run["session_id"],
@@ -59,6 +64,21 @@ class RunActivities:
             webhook_urls=self.webhook_urls,
             expiring_lead_seconds=self.expiring_lead_seconds,
         )
+
+    def _check_granted(self, run: dict, inp: EnsureRunInput) -> None:
+        """The worker's own check of what the server allows, so a run started
+        straight through Temporal gets no more than the service ceiling."""
+        try:
+            if inp.write_policy is not None:
+                granted = self.authority.granted_policy(run, inp.write_policy)
+                if granted != inp.write_policy:
+                    raise PolicyNotAllowedError(
+                        f"write_policy {inp.write_policy!r} was not granted to this run "
+                        f"(at most {granted!r} without the API or CLI)"
+                    )
+            self.authority.check_models(inp.models)
+        except (PolicyNotAllowedError, ModelNotAllowedError) as exc:
+            raise ApplicationError(str(exc), type=exc.code, non_retryable=True) from exc
 
     @activity.defn(name="take_turn")
     async def take_turn(self, inp: TakeTurnInput) -> TakeTurnOutput:

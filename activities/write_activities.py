@@ -22,6 +22,7 @@ from roundtable.models import (
     ActionRef,
     ApprovalRef,
     DecideRequest,
+    DecisionInput,
     DecisionOutput,
     ExecuteWriteInput,
     ExecuteWriteOutput,
@@ -34,6 +35,13 @@ from roundtable.models import (
     ReconcileRequest,
     SignalSender,
     ToolOutcome,
+)
+from roundtable.permissions import (
+    Authority,
+    Decider,
+    TenantNotAllowedError,
+    attested,
+    check_tenant,
 )
 from roundtable.security import (
     ActionSecretKeyError,
@@ -56,6 +64,7 @@ from roundtable.tools.registry import (
     ToolArgumentsError,
     ToolContext,
     ToolDefiniteFailure,
+    ToolDefinition,
     ToolRegistry,
 )
 
@@ -65,11 +74,17 @@ LEASE_LOST = "lease_lost"
 
 class WriteActivities:
     def __init__(
-        self, store: Store, registry: ToolRegistry, temporal: Client | None = None
+        self,
+        store: Store,
+        registry: ToolRegistry,
+        temporal: Client | None = None,
+        *,
+        authority: Authority,
     ) -> None:
         self.store = store
         self.registry = registry
         self.temporal = temporal  # to read who sent a signal, from the history
+        self.authority = authority
 
     @activity.defn(name="signal_sender")
     async def signal_sender(self, inp: SignalSender) -> str | None:
@@ -116,7 +131,22 @@ class WriteActivities:
             target = derive_target(call.name, arguments, inp.snapshot.model_dump(), inp.seat)
         except (ToolArgumentsError, CapabilityError) as exc:
             return _refused(inp, "invalid_arguments", str(exc))
-        status = initial_action_status(inp.write_policy, spec.risk_level)
+        run = await self.store.get_run(inp.run_id)
+        try:
+            check_tenant(run["tenants"], _tenant_of(tool, arguments), f"run {inp.run_id}")
+        except TenantNotAllowedError as exc:
+            await self.store.record_refusal(
+                inp.run_id,
+                call_key=f"{inp.seat}:r{inp.round}:{call.id}",
+                seat=inp.seat,
+                tool_name=call.name,
+                code=exc.code,
+                message=str(exc),
+            )
+            return _refused(inp, exc.code, str(exc))
+        # What the server granted this run, whatever the workflow was started with.
+        policy = self.authority.granted_policy(run, inp.write_policy)
+        status = initial_action_status(policy, spec.risk_level)
         try:
             action = await self._create_action(inp, arguments, target, status, spec)
         except ConflictError as exc:
@@ -174,8 +204,13 @@ class WriteActivities:
         """Compare-and-set the decision. A conflict is reported with the
         approval's real status, so the workflow follows the database."""
         inp = request.decision
+        decider = self._decider(inp)
+        approval = await self.store.get_approval(inp.approval_id)
+        action = await self.store.get_action(approval["action_id"])
+        run = await self.store.get_run(approval["run_id"])
+        self.authority.check_decider(decider, run["user_id"], action["risk_level"])
         if inp.arguments is not None:
-            return await self._approve_with_edits(request)
+            return await self._approve_with_edits(request, decider, run)
         try:
             await self.store.decide_approval(
                 inp.approval_id, inp.decision, inp.decided_by, inp.reason, inp.arguments_digest
@@ -184,7 +219,20 @@ class WriteActivities:
         except ConflictError as exc:
             return await self._decision_view(inp.approval_id, conflict=str(exc))
 
-    async def _approve_with_edits(self, request: DecideRequest) -> DecisionOutput:
+    def _decider(self, decision: DecisionInput) -> Decider:
+        """Who decides: as the API or CLI attested, or nobody vouched for."""
+        if attested(decision.attested_fields(), decision.attestation):
+            tenants = decision.decider_tenants
+            return Decider(
+                user_id=decision.decided_by,
+                role=decision.decider_role,
+                tenants=tuple(tenants) if tenants is not None else None,
+            )
+        return Decider(user_id=decision.decided_by, role=None)
+
+    async def _approve_with_edits(
+        self, request: DecideRequest, decider: Decider, run: dict[str, Any]
+    ) -> DecisionOutput:
         """Edited arguments meet every check the original ones met: the tool's
         schema, the run's write policy and grants, a freshly derived target."""
         inp = request.decision
@@ -202,6 +250,10 @@ class WriteActivities:
         except (ToolArgumentsError, CapabilityError) as exc:
             said = redact_text(str(exc), inp.arguments, action["safe_argument_fields"])
             raise InvalidInputError(f"edited arguments refused: {said}") from exc
+        # Edits may not move a write to a tenant the run or the approver may not act for.
+        tenant = _tenant_of(tool, arguments)
+        check_tenant(run["tenants"], tenant, f"run {run['id']}")
+        check_tenant(decider.tenants, tenant, decider.user_id)
         if initial_action_status(request.write_policy, action["risk_level"]) == (
             ActionStatus.REJECTED
         ):
@@ -449,6 +501,11 @@ def _refused(inp: InterceptInput, code: str, message: str) -> PendingWrite:
             content={"error_code": code, "message": message},
         ),
     )
+
+
+def _tenant_of(tool: ToolDefinition, arguments: dict[str, Any]) -> Any:
+    """The tenant a write names, or None for a tool without tenants."""
+    return arguments.get(tool.tenant_field) if tool.tenant_field else None
 
 
 def _refusal(inp: InterceptInput, spec: Any) -> PendingWrite | None:

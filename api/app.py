@@ -11,7 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from temporalio.client import Client
 
-from api import problems
+from api import access_log, problems
 from api.context import ApiContext
 from api.routes import actions, approvals, codec, health, runs, webhooks
 from roundtable.codec import EncryptionCodec, keys_from_environment
@@ -95,6 +95,7 @@ def create_app(
         lifespan=lifespan,
     )
     problems.install(app)
+    access_log.install()
     for module in (runs, approvals, actions, health, codec, webhooks):
         app.include_router(module.router)
     app.state.codec = EncryptionCodec(keys_from_environment())

@@ -10,6 +10,7 @@ from temporalio.client import Client
 
 from roundtable.config import Settings
 from roundtable.operations import TemporalUnavailableError
+from roundtable.permissions import Authority
 from roundtable.store import Store
 from roundtable.temporal import connect
 
@@ -20,6 +21,10 @@ class ApiContext:
     store: Store
     client: Client | None = None
     _connecting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    authority: Authority = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.authority = Authority.from_settings(self.settings)
 
     async def temporal(self) -> Client:
         """Connect on first use, so the API serves reads while Temporal is down."""

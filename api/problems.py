@@ -15,6 +15,7 @@ from roundtable.operations import TemporalUnavailableError
 from roundtable.store import (
     AttemptMayBeRunningError,
     ConflictError,
+    ForbiddenError,
     InvalidInputError,
     NotFoundError,
 )
@@ -81,7 +82,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidInputError)
     async def _bad_input(_: Request, exc: InvalidInputError) -> JSONResponse:
-        return problem_response(422, "invalid_input", str(exc))
+        return problem_response(422, exc.code, str(exc))
+
+    @app.exception_handler(ForbiddenError)
+    async def _forbidden(_: Request, exc: ForbiddenError) -> JSONResponse:
+        return problem_response(403, exc.code, str(exc))
 
     @app.exception_handler(TemporalUnavailableError)
     async def _unavailable(_: Request, exc: TemporalUnavailableError) -> JSONResponse:

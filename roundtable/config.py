@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,6 +49,20 @@ class Settings(BaseSettings):
     demo_ticket_write_delay_seconds: float = Field(default=0.5, ge=0)
     # Chaos for demos and tests: writes to these demo ticket ids apply, then fail.
     demo_ticket_drop_after_write: list[str] = Field(default_factory=list)
+    # Who may ask for what (roundtable/permissions.py). The write policy a run
+    # may use is capped by its starter's role; runs started straight through
+    # Temporal are held to the service ceiling by the worker.
+    policy_ceiling_user: str = "confirm_all_writes"
+    policy_ceiling_service: str = "confirm_all_writes"
+    policy_ceiling_operator: str = "auto_approve_up_to:R1"
+    # "owner": a run's owner may decide its approvals; "others": never the
+    # person who started the run. Writes at or above operator_approval_risk
+    # are decided by operators only.
+    approvers: Literal["owner", "others"] = "owner"
+    operator_approval_risk: Literal["R0", "R1", "R2", "R3", "none"] = "R3"
+    # Models a run may name; empty: "scripted" and default_model.
+    allowed_models: list[str] = Field(default_factory=list)
+    default_model: str | None = None
 
 
 def load_settings() -> Settings:

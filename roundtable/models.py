@@ -108,6 +108,10 @@ class RunInput(Model):
     lease_seconds: int = Field(default=30, ge=2, le=3600)
     heartbeat_timeout_seconds: int = Field(default=20, ge=1, le=3600)
 
+    def models(self) -> set[str]:
+        """Every model this run would call."""
+        return {self.model, *self.seat_models.values()}
+
     @field_validator("seats")
     @classmethod
     def _valid_seats(cls, seats: list[str]) -> list[str]:
@@ -249,6 +253,9 @@ class EnsureRunInput(Model):
     seats: list[str]
     tools: list[str] | None = None
     seat_tools: dict[str, list[str]] = Field(default_factory=dict)
+    # Checked against what the server granted the run (roundtable/permissions.py).
+    write_policy: str | None = None
+    models: list[str] = Field(default_factory=list)
 
 
 class EnsureRunOutput(Model):
@@ -360,6 +367,24 @@ class DecisionInput(Model):
     arguments_digest: str | None = Field(default=None, max_length=80)
     # Approve with edits: the corrected full arguments (approvals only).
     arguments: dict[str, Any] | None = None
+    # Who decides as the API or CLI authenticated them, and the server's
+    # attestation of it (roundtable/permissions.py). Without a valid one the
+    # worker knows no role: a raw signal or update vouches for nobody.
+    decider_role: str | None = Field(default=None, max_length=16)
+    decider_tenants: list[str] | None = Field(default=None, max_length=1000)
+    attestation: str | None = Field(default=None, max_length=128)
+
+    def attested_fields(self) -> dict[str, Any]:
+        """What the attestation covers: everything that says who decided what."""
+        return {
+            "approval_id": self.approval_id,
+            "decision": self.decision,
+            "request_id": self.request_id,
+            "decided_by": self.decided_by,
+            "decider_role": self.decider_role,
+            "decider_tenants": self.decider_tenants,
+            "arguments_digest": self.arguments_digest,
+        }
 
     @model_validator(mode="after")
     def _edits_only_when_approving(self) -> DecisionInput:

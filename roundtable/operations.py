@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,13 +28,16 @@ from roundtable.models import (
     RunInput,
     WorkflowArgs,
 )
+from roundtable.permissions import Authority, Decider, attest
 from roundtable.store import (
     FINAL_RUN_STATUSES,
     AttemptMayBeRunningError,
     ConflictError,
     InvalidInputError,
+    RunGrant,
     Store,
 )
+from roundtable.store.errors import FORBIDDEN_PREFIX, forbidden
 from roundtable.temporal import WORKFLOW_NAME
 
 DECIDE_UPDATE, RECONCILE_UPDATE = "decide_approval", "reconcile_action"
@@ -66,6 +70,8 @@ def _typed(exc: WorkflowUpdateFailedError) -> Exception:
     kind = cause.type if isinstance(cause, ApplicationError) else None
     if kind == "InvalidInput":
         return InvalidInputError(message)
+    if kind and kind.startswith(FORBIDDEN_PREFIX):
+        return forbidden(kind.removeprefix(FORBIDDEN_PREFIX), message)
     if kind == NOT_TRACKED:
         return NotTrackedError(message)
     if kind == ATTEMPT_MAY_BE_RUNNING and cause.details:
@@ -112,9 +118,13 @@ async def decide(
     reason: str | None = None,
     arguments_digest: str | None = None,
     arguments: dict[str, Any] | None = None,
+    *,
+    decider: Decider | None = None,
 ) -> dict[str, Any]:
     """Decide a pending approval, optionally approving edited ``arguments``.
-    NotFoundError / ConflictError / InvalidInputError as the store raises them."""
+    ``decider``: who the API or CLI authenticated (role and tenants), attested
+    for the worker, which checks separation of duties (permissions.py).
+    NotFoundError / ConflictError / InvalidInputError / ForbiddenError."""
     approval = await store.get_approval(approval_id)
     if approval["status"] != "pending":
         raise ConflictError(f"approval {approval_id} is already {approval['status']}")
@@ -126,13 +136,17 @@ async def decide(
         client,
         approval["run_id"],
         DECIDE_UPDATE,
-        DecisionInput(
-            approval_id=approval_id,
-            decision=decision,
-            decided_by=decided_by,
-            reason=reason,
-            arguments_digest=arguments_digest,
-            arguments=arguments,
+        attested_decision(
+            DecisionInput(
+                approval_id=approval_id,
+                decision=decision,
+                request_id=new_request_id(),
+                decided_by=decided_by,
+                reason=reason,
+                arguments_digest=arguments_digest,
+                arguments=arguments,
+            ),
+            decider,
         ),
     )
     return {
@@ -141,6 +155,20 @@ async def decide(
         "action_id": approval["action_id"],
         "status": status,
     }
+
+
+def attested_decision(decision: DecisionInput, decider: Decider | None) -> DecisionInput:
+    """The decision with its decider's role and tenants, and the server's word for them."""
+    if decider is None:
+        return decision
+    decision = decision.model_copy(
+        update={
+            "decided_by": decider.user_id,
+            "decider_role": decider.role,
+            "decider_tenants": list(decider.tenants) if decider.tenants is not None else None,
+        }
+    )
+    return decision.model_copy(update={"attestation": attest(decision.attested_fields())})
 
 
 async def extend(
@@ -213,12 +241,24 @@ def idempotent_run_id(user_id: str, idempotency_key: str) -> str:
 
 
 async def start_run(
-    client: Client, store: Store, request: RunInput, task_queue: str
+    client: Client,
+    store: Store,
+    request: RunInput,
+    task_queue: str,
+    *,
+    authority: Authority,
+    role: str,
+    tenants: Sequence[str] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Create the run's rows, then its workflow. Returns ``(run, created)``.
     The same request again (same run id) starts nothing, whatever state its
     workflow is in, even closed; a different request under that id is a
-    conflict. A workflow id is never reused for a second execution."""
+    conflict. A workflow id is never reused for a second execution.
+
+    ``role`` (of whoever asked) caps the write policy; ``tenants`` (None: any)
+    bound which tenants the run's writes may name. Both are recorded with the
+    run, where the worker checks them again."""
+    request = authority.admit(role, request)
     run_id = request.run_id or new_run_id()
     request = request.model_copy(update={"run_id": run_id})
     fingerprint = request_fingerprint(request)
@@ -227,6 +267,11 @@ async def start_run(
         user_id=request.user_id,
         task_text=request.task_text,
         request_fingerprint=fingerprint,
+        grant=RunGrant(
+            write_policy=request.write_policy,
+            role=role,
+            tenants=tuple(tenants) if tenants is not None else None,
+        ),
     )
     if run["status"] in FINAL_RUN_STATUSES:
         return {"run_id": run_id, "workflow_id": run_id, "status": run["status"]}, False

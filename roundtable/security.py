@@ -97,7 +97,7 @@ def read_action_secret() -> bytes:
 
 
 @functools.lru_cache(maxsize=16)
-def _derive_subkey(secret: bytes, label: bytes) -> bytes:
+def derive_subkey(secret: bytes, label: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label).derive(secret)
 
 
@@ -182,7 +182,7 @@ def derive_target(
     """
     tool = _find_tool(capability_snapshot, tool_name)
     _require_grant(capability_snapshot, tool_name, agent_id)
-    hmac_key = _derive_subkey(read_action_secret(), _TARGET_KEY_LABEL)
+    hmac_key = derive_subkey(read_action_secret(), _TARGET_KEY_LABEL)
     namespace = str(tool.get("target_key_namespace") or tool_name)
     fields = sorted({str(f) for f in tool.get("target_key_fields") or []})
 
@@ -226,7 +226,7 @@ _DIGEST_LABEL = b"roundtable/arguments-digest/v1"
 def arguments_digest(action_id: str, tool_name: str, arguments: Mapping[str, Any]) -> str:
     """Binds an approval to the exact full arguments, without revealing them:
     a decision carrying another digest was made about other arguments."""
-    key = _derive_subkey(read_action_secret(), _DIGEST_LABEL)
+    key = derive_subkey(read_action_secret(), _DIGEST_LABEL)
     material = _canonical_json(["digest", action_id, tool_name, dict(arguments)])
     return "sha256:" + hmac.new(key, material, hashlib.sha256).hexdigest()
 
@@ -243,7 +243,7 @@ def _key_id(key: bytes) -> str:
 def encrypt_arguments(arguments: Mapping[str, Any], *, associated_data: bytes = b"") -> str:
     """Seal tool arguments with AES-GCM. ``associated_data`` binds the ciphertext
     to its owner (the store passes the action id), so it cannot be moved."""
-    key = _derive_subkey(read_action_secret(), _ARGUMENTS_KEY_LABEL)
+    key = derive_subkey(read_action_secret(), _ARGUMENTS_KEY_LABEL)
     nonce = secrets.token_bytes(_NONCE_BYTES)
     sealed = AESGCM(key).encrypt(nonce, _canonical_json(dict(arguments)), associated_data)
     blob = base64.urlsafe_b64encode(nonce + sealed).decode("ascii")
@@ -252,7 +252,7 @@ def encrypt_arguments(arguments: Mapping[str, Any], *, associated_data: bytes = 
 
 def decrypt_arguments(ciphertext: str, *, associated_data: bytes = b"") -> dict[str, Any]:
     """Open what :func:`encrypt_arguments` sealed; anything altered raises."""
-    key = _derive_subkey(read_action_secret(), _ARGUMENTS_KEY_LABEL)
+    key = derive_subkey(read_action_secret(), _ARGUMENTS_KEY_LABEL)
     try:
         prefix, version, key_id, blob = ciphertext.split(":", 3)
         raw = base64.urlsafe_b64decode(blob.encode("ascii"))

@@ -53,12 +53,25 @@ async def serving(app: Any) -> AsyncIterator[int]:
 
 
 @asynccontextmanager
-async def serve_api(h: Harness, max_body_bytes: int = 256 * 1024) -> AsyncIterator[Api]:
-    settings = Settings(database_url="sqlite+aiosqlite://", task_queue=h.task_queue)
-    app = create_app(settings, store=h.store, client=h.client, max_body_bytes=max_body_bytes)
+async def serve_api(
+    h: Harness, max_body_bytes: int = 256 * 1024, **settings: Any
+) -> AsyncIterator[Api]:
+    """``settings``: the API's own (ceilings, approvers, …), by field name."""
+    config = Settings(database_url="sqlite+aiosqlite://", task_queue=h.task_queue, **settings)
+    app = create_app(config, store=h.store, client=h.client, max_body_bytes=max_body_bytes)
     tokens = {}
-    for name, role in (("alice", "user"), ("bob", "user"), ("ops", "operator"), ("svc", "service")):
+    for name, role in (
+        ("alice", "user"),
+        ("bob", "user"),
+        ("ops", "operator"),
+        ("svc", "service"),
+        ("ui", "codec"),
+    ):
         tokens[name], _ = await h.store.create_token(user_id=name, role=role)
+    # A user who may act for one tenant only.
+    tokens["carol"], _ = await h.store.create_token(
+        user_id="carol", role="user", tenants=["initech"]
+    )
     async with (
         serving(app) as port,
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http,

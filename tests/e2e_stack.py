@@ -39,6 +39,8 @@ class Stack:
             "ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS": "0.1",
             "ROUNDTABLE_DEMO_TICKET_DROP_AFTER_WRITE": '["T-13"]',
             "ROUNDTABLE_SWEEP_INTERVAL_SECONDS": "3600",
+            # These tests write unattended (auto-approved up to R3) from the CLI.
+            "ROUNDTABLE_POLICY_CEILING_OPERATOR": "auto_approve_up_to:R3",
         }
 
     def cli(self, *args: str, env: dict[str, str] | None = None) -> tuple[int, Any]:

@@ -3,6 +3,7 @@ commands, watch the run finish, press Ctrl-C, and find nothing left running."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -15,7 +16,10 @@ from tests.dev_stack import CLI, dev_stack, free_port, listening
 def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
     with dev_stack(tmp_path) as stack:
         stack.wait_for(rf"Temporal UI: http://127\.0\.0\.1:{stack.ui_port}/")
-        (token,) = stack.wait_for(r"operator token \(shown once\): (rt_\S+)")
+        (token_file,) = stack.wait_for(r"operator token: in (\S+) \(readable only by you")
+        token_path = tmp_path / token_file
+        assert token_path.stat().st_mode & 0o077 == 0
+        token = token_path.read_text().strip()
         runs = httpx.get(
             f"http://127.0.0.1:{stack.api_port}/v1/runs",
             headers={"Authorization": f"Bearer {token}"},
@@ -64,3 +68,56 @@ def test_dev_says_why_the_worker_did_not_start(tmp_path: Path) -> None:
     assert "the worker did not start" in said and "no-such-mcp-server-binary" in said, said
     assert "Traceback" not in said
     assert not listening(int(ports[0])), "the Temporal server was left running"
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                lines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+    return lines
+
+
+def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_gets_only_a_codec_token(
+    tmp_path: Path,
+) -> None:
+    """Once the UI's codec endpoint carried the operator token: readable at the
+    UI's /api/v1/settings, in the temporal process's command line and in the
+    API's access log, and never revoked."""
+    with dev_stack(tmp_path) as stack:
+        (token_file,) = stack.wait_for(r"operator token: in (\S+) \(readable only by you")
+        operator = (tmp_path / token_file).read_text().strip()
+        settings = httpx.get(f"http://127.0.0.1:{stack.ui_port}/api/v1/settings", timeout=10)
+        endpoint = settings.json()["Codec"]["Endpoint"]
+        codec = endpoint.rsplit("/", 1)[-1]
+        assert codec.startswith("rt_") and codec != operator
+        api = f"http://127.0.0.1:{stack.api_port}"
+        # The UI's credential decodes and does nothing else.
+        decoded = httpx.post(f"{endpoint}/decode", json={"payloads": []}, timeout=10)
+        assert decoded.status_code == 200, decoded.text
+        for path in ("/v1/runs", "/v1/approvals"):
+            refused = httpx.get(api + path, headers={"Authorization": f"Bearer {codec}"})
+            assert refused.status_code == 403, refused.text
+        # An operator token is never taken in a URL.
+        in_path = httpx.post(f"{api}/codec/t/{operator}/decode", json={"payloads": []})
+        assert in_path.status_code == 403
+        assert not any(operator in line for line in _command_lines())
+        stack.wait_for(r"waiting for approval")
+    assert operator not in stack.output
+    assert not (tmp_path / token_file).exists()
+    assert (tmp_path / ".roundtable" / "roundtable.db").stat().st_mode & 0o077 == 0
+    assert (tmp_path / ".roundtable" / "temporal.db").stat().st_mode & 0o077 == 0
+    listed = subprocess.run(
+        [CLI, "tokens", "list", "--json"],
+        cwd=tmp_path,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    dev_tokens = [t for t in json.loads(listed.stdout) if t["label"] == "roundtable dev"]
+    assert len(dev_tokens) == 2 and all(t["revoked_at"] for t in dev_tokens), dev_tokens

@@ -40,7 +40,11 @@ async def test_two_seats_on_a_model_endpoint_through_approval(tmp_path, endpoint
             return message("Raising it.", [("ticket_update", UPDATE_T1)])
         return message("Agreed.")
 
-    async with fake_openai(replies) as fake, harness(tmp_path) as h, serve_api(h) as api:
+    async with (
+        fake_openai(replies) as fake,
+        harness(tmp_path) as h,
+        serve_api(h, allowed_models=["*"]) as api,
+    ):
         endpoint(fake)
         handle = await h.start(
             task_text="triage T-1",

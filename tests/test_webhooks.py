@@ -58,13 +58,14 @@ async def receiver(answers: list[int] | None = None) -> AsyncIterator[Receiver]:
 
 
 def with_webhooks(*urls: str, lead: int = 300):  # type: ignore[no-untyped-def]
-    def factory(client, queue, store, registry):  # type: ignore[no-untyped-def]
+    def factory(client, queue, store, registry, **options):  # type: ignore[no-untyped-def]
         return build_worker(
             client,
             queue,
             store,
             registry,
             WebhookConfig(list(urls), KEY, expiring_lead_seconds=lead),
+            **options,
         )
 
     return factory

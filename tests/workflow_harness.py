@@ -18,6 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from roundtable.models import RunInput, RunState, WorkflowArgs
+from roundtable.permissions import Authority
 from roundtable.store import Store, open_store
 from roundtable.temporal import data_converter, register_search_attributes
 from roundtable.tools.registry import ToolRegistry
@@ -25,6 +26,15 @@ from roundtable.tools.tickets import TicketSystem, register_ticket_tools
 from worker import build_worker
 from workflows import search_attributes
 from workflows.roundtable import RoundtableWorkflow
+
+# Workflow tests start runs straight through Temporal with whatever policy
+# they test; the rules on who may ask for what have tests of their own.
+TRUSTING = Authority(
+    ceilings={role: "auto_approve_up_to:R3" for role in ("user", "service", "operator")},
+    approvers="owner",
+    operator_risk="none",
+    allowed_models=frozenset({"*"}),
+)
 
 
 def venv_binary(name: str) -> str:
@@ -105,12 +115,15 @@ async def harness(
     restartable: bool = False,
     dev_server: bool = False,
     converter: DataConverter | None = None,
+    authority: Authority = TRUSTING,
 ) -> AsyncIterator[Harness]:
     """``restartable``: the test stops and starts workers (stop_worker,
     start_worker). Workers then keep no sticky cache: the time-skipping server
     never hands a stopped worker's sticky tasks to another worker.
     ``dev_server``: the real Temporal dev server instead (real time, real
-    sticky queues, schedules); ``converter``: the harness client's own."""
+    sticky queues, schedules); ``converter``: the harness client's own.
+    ``authority``: the worker's rules; by default it trusts whatever a test
+    starts (tests of the rules themselves pass their own)."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     if dev_server:
         env = await WorkflowEnvironment.start_local(
@@ -136,7 +149,9 @@ async def harness(
             queue = f"rt-test-{uuid.uuid4().hex[:8]}"
             factory = worker_factory or build_worker
 
-            options = {"max_cached_workflows": 0} if restartable and not dev_server else {}
+            options: dict[str, Any] = {"authority": authority}
+            if restartable and not dev_server:
+                options["max_cached_workflows"] = 0
 
             def make(client: Client) -> Worker:
                 return factory(client, queue, store, registry, **options)

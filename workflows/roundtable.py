@@ -149,6 +149,8 @@ class RoundtableWorkflow:
                 seats=self.request.seats,
                 tools=self.request.tools,
                 seat_tools=self.request.seat_tools,
+                write_policy=self.request.write_policy,
+                models=sorted(self.request.models()),
             ),
             start_to_close_timeout=BOOKKEEPING,
             summary="open run",

@@ -96,6 +96,7 @@ async def decide(
         body.reason,
         body.arguments_digest,
         body.arguments,
+        decider=caller.decider(),
     )
 
 

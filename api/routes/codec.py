@@ -2,7 +2,8 @@
 
 Same wire format as Temporal's codec servers: ``{"payloads": [<Payload as
 proto-JSON>]}`` in and out. Decoding reveals everything a run carries, so
-only operator tokens may use it.
+only operator tokens and the codec credential (role ``codec``, which can do
+nothing else) may use it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from fastapi import APIRouter, Request
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from temporalio.api.common.v1 import Payloads
 
-from api.auth import Caller, Context, Principal
+from api.auth import CodecCaller, Context, Principal, authenticated, require_codec_role
 from api.problems import Problem
 from roundtable.codec import EncryptionCodec, PayloadKeyError
 
@@ -21,8 +22,7 @@ router = APIRouter(prefix="/codec", tags=["codec"])
 
 
 async def _payloads(request: Request, caller: Principal) -> Payloads:
-    if caller.role != "operator":
-        raise Problem(403, "forbidden", "the codec endpoints need an operator token")
+    require_codec_role(caller)
     try:
         return ParseDict(await request.json(), Payloads())
     except (ParseError, ValueError, TypeError) as exc:
@@ -54,24 +54,25 @@ async def _decode(request: Request, caller: Principal) -> dict[str, Any]:
 
 
 @router.post("/encode")
-async def encode(request: Request, caller: Caller) -> dict[str, Any]:
+async def encode(request: Request, caller: CodecCaller) -> dict[str, Any]:
     return await _encode(request, caller)
 
 
 @router.post("/decode")
-async def decode(request: Request, caller: Caller) -> dict[str, Any]:
+async def decode(request: Request, caller: CodecCaller) -> dict[str, Any]:
     return await _decode(request, caller)
 
 
 # The Temporal UI posts to "<codec endpoint>/decode" and cannot add a bearer
-# header, so its endpoint may carry an operator token in the path instead:
-# --ui-codec-endpoint http://api/codec/t/<token>. Whoever can open that UI can
-# then decode; protect the UI accordingly.
+# header, so its endpoint carries a codec token in the path instead:
+# --ui-codec-endpoint http://api/codec/t/<codec token>. Only a codec token is
+# taken there: it can do nothing but encode and decode, and an operator token
+# must never end up in a URL (UI settings, process lists, access logs).
 async def _path_caller(token: str, ctx: Context) -> Principal:
-    record = await ctx.store.authenticate_token(token)
-    if record is None:
-        raise Problem(401, "unauthorized", "unknown or revoked token")
-    return Principal(user_id=record["user_id"], role=record["role"])
+    caller = await authenticated(token, ctx)
+    if caller.role != "codec":
+        raise Problem(403, "forbidden", "only a codec token may be put in the codec path")
+    return caller
 
 
 @router.post("/t/{token}/encode", include_in_schema=False)

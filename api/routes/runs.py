@@ -68,7 +68,13 @@ async def start_run(
             update={"run_id": operations.idempotent_run_id(request.user_id, idempotency_key)}
         )
     started, created = await operations.start_run(
-        await ctx.temporal(), ctx.store, request, ctx.settings.task_queue
+        await ctx.temporal(),
+        ctx.store,
+        request,
+        ctx.settings.task_queue,
+        authority=ctx.authority,
+        role=caller.role,
+        tenants=caller.tenants,
     )
     if not created:
         response.headers["Idempotent-Replayed"] = "true"

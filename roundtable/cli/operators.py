@@ -15,6 +15,7 @@ import typer
 from roundtable import operations
 from roundtable.cli.output import conflict, emit, run_or_fail, table, usage_error
 from roundtable.cli.shared import Actor, JsonFlag, actor, settings, store_from, temporal
+from roundtable.permissions import Decider
 from roundtable.tools.tickets import TicketSystem
 from roundtable.views import approval_view
 
@@ -45,7 +46,16 @@ async def _decide(approval_id: str, decision: str, by: str, reason: str | None) 
     config = settings()
     client = await temporal(config)
     async with store_from(config) as store:
-        return await operations.decide(client, store, approval_id, decision, by, reason)
+        # The CLI acts with database access, as an operator would.
+        return await operations.decide(
+            client,
+            store,
+            approval_id,
+            decision,
+            by,
+            reason,
+            decider=Decider(user_id=by, role="operator"),
+        )
 
 
 def approve(

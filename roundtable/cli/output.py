@@ -17,7 +17,12 @@ import typer
 from sqlalchemy.engine import make_url
 
 from roundtable.operations import TemporalUnavailableError
-from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+from roundtable.store.errors import (
+    ConflictError,
+    ForbiddenError,
+    InvalidInputError,
+    NotFoundError,
+)
 
 T = TypeVar("T")
 
@@ -47,7 +52,11 @@ def as_cli_error(error: Exception) -> CliError:
     if isinstance(error, ConflictError):
         return CliError(str(error), error.code, EXIT_CONFLICT)
     if isinstance(error, InvalidInputError):
-        return usage_error(str(error))
+        return CliError(
+            str(error), "usage" if error.code == "invalid_input" else error.code, EXIT_USAGE
+        )
+    if isinstance(error, ForbiddenError):
+        return CliError(str(error), error.code)
     if isinstance(error, TemporalUnavailableError):
         return CliError(str(error), "unreachable")
     return CliError(str(error) or type(error).__name__)

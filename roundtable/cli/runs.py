@@ -14,6 +14,7 @@ from roundtable.agents.scripted import ScriptError, load_script
 from roundtable.cli.output import CliError, emit, fail, run_or_fail, table, usage_error
 from roundtable.cli.shared import JsonFlag, settings, store_from, temporal
 from roundtable.models import RunInput, RunResult
+from roundtable.permissions import Authority
 from roundtable.views import run_view
 
 
@@ -29,9 +30,19 @@ def build_request(**fields: Any) -> RunInput:
 
 async def start_run(request: RunInput, wait: bool) -> dict[str, Any]:
     config = settings()
+    authority = Authority.from_settings(config)
+    request = authority.admit("operator", request)  # refused before connecting
     client = await temporal(config)
     async with store_from(config) as store:
-        started, _ = await operations.start_run(client, store, request, config.task_queue)
+        # The CLI acts with database access, as an operator would.
+        started, _ = await operations.start_run(
+            client,
+            store,
+            request,
+            config.task_queue,
+            authority=authority,
+            role="operator",
+        )
     if wait:
         handle = client.get_workflow_handle(started["run_id"], result_type=RunResult)
         result = await handle.result()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,7 +31,14 @@ from roundtable.config import (
     adopt_dev_secret,
     load_settings,
 )
-from roundtable.store import FINAL_RUN_STATUSES, open_store
+from roundtable.permissions import Authority
+from roundtable.store import (
+    FINAL_RUN_STATUSES,
+    ConflictError,
+    NotFoundError,
+    Store,
+    open_store,
+)
 from roundtable.temporal import SEARCH_ATTRIBUTE_FLAGS, connect
 
 
@@ -96,13 +104,57 @@ async def _serve_api(port: int) -> asyncio.Task:
     return serving
 
 
-async def _dev_operator_token(settings: Settings) -> str:
-    """A fresh operator token for this dev session, printed once."""
+DEV_TOKEN_LABEL = "roundtable dev"  # noqa: S105 (a label, not a secret)
+OPERATOR_TOKEN_FILE = "operator-token"  # noqa: S105 (a file name; 0600, in the state dir)
+
+
+@dataclass(frozen=True)
+class DevTokens:
+    operator: str  # for the person at the keyboard, in a 0600 file
+    codec: str  # for the Temporal UI: can only encode and decode payloads
+    ids: tuple[str, ...]
+
+
+async def _dev_tokens(settings: Settings, token_file: Path) -> DevTokens:
+    """This session's tokens. Those an earlier session left (it was killed
+    before it could revoke them) are revoked first."""
     async with open_store(settings.database_url) as store:
-        token, _ = await store.create_token(
-            user_id="dev-operator", role="operator", label="roundtable dev"
+        await _revoke_dev_tokens(store)
+        operator, first = await store.create_token(
+            user_id="dev-operator", role="operator", label=DEV_TOKEN_LABEL
         )
-    return token
+        codec, second = await store.create_token(
+            user_id="temporal-ui", role="codec", label=DEV_TOKEN_LABEL
+        )
+    write_private(token_file, operator + "\n")
+    return DevTokens(operator=operator, codec=codec, ids=(first["id"], second["id"]))
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read, created so from the start."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def _forget(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+async def _revoke_dev_tokens(store: Store) -> None:
+    for token in await store.list_tokens():
+        if token["label"] == DEV_TOKEN_LABEL and token["revoked_at"] is None:
+            with contextlib.suppress(ConflictError, NotFoundError):
+                await store.revoke_token(token["id"])
+
+
+async def _end_dev_tokens(settings: Settings, token_file: Path) -> None:
+    """The stack stops: its tokens stop working."""
+    with contextlib.suppress(Exception):
+        async with open_store(settings.database_url) as store:
+            await _revoke_dev_tokens(store)
+    _forget(token_file)
 
 
 def _dev_secret() -> None:
@@ -110,8 +162,7 @@ def _dev_secret() -> None:
     if os.environ.get(SECRET_ENV_VAR, "").strip():
         return
     if not DEV_SECRET_FILE.exists():
-        DEV_SECRET_FILE.write_text(secrets.token_urlsafe(32))
-        DEV_SECRET_FILE.chmod(0o600)
+        write_private(DEV_SECRET_FILE, secrets.token_urlsafe(32))
     adopt_dev_secret()
     typer.echo(f"action secret: {DEV_SECRET_FILE} (set {SECRET_ENV_VAR} to use your own)")
 
@@ -174,10 +225,12 @@ async def _start_server(  # type: ignore[no-untyped-def]
 
 
 def _spawn(command: list[str], log_path: Path) -> subprocess.Popen:  # type: ignore[type-arg]
-    """Its own session, so stopping it takes down everything it started."""
+    """Its own session, so stopping it takes down everything it started. What
+    it creates (Temporal's database: every history and payload) is readable
+    only by you."""
     with log_path.open("ab") as log:
         return subprocess.Popen(  # noqa: S603 - our own binary, fixed arguments
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, umask=0o077
         )
 
 
@@ -236,12 +289,15 @@ async def _dev(
     from worker import run_worker
 
     await upgrade(settings.database_url)
-    # The UI decodes payloads through the API with this session's operator token.
-    token = await _dev_operator_token(settings)
-    codec_endpoint = f"http://127.0.0.1:{api_port}/codec/t/{token}"
-    server = await _start_server(settings, port, ui_port, codec_endpoint, state_dir)
+    # The UI decodes payloads through the API with a codec token, which can do
+    # nothing else; the operator token goes to a file only you can read.
+    token_file = state_dir / OPERATOR_TOKEN_FILE
+    tokens = await _dev_tokens(settings, token_file)
+    codec_endpoint = f"http://127.0.0.1:{api_port}/codec/t/{tokens.codec}"
     background: list[asyncio.Task] = []
+    server = None
     try:
+        server = await _start_server(settings, port, ui_port, codec_endpoint, state_dir)
         ready = asyncio.Event()
         worker_task = asyncio.create_task(run_worker(settings, ready))
         background.append(worker_task)
@@ -259,7 +315,8 @@ async def _dev(
         typer.echo(
             f"Temporal UI: http://127.0.0.1:{ui_port}/namespaces/{settings.temporal_namespace}"
             f"/workflows   (server 127.0.0.1:{port}, worker on '{settings.task_queue}')\n"
-            f"API: http://127.0.0.1:{api_port}/docs   operator token (shown once): {token}"
+            f"API: http://127.0.0.1:{api_port}/docs   operator token: in "
+            f"{token_file} (readable only by you; revoked when the stack stops)"
         )
         if demo:
             client = await connect(settings.temporal_address, settings.temporal_namespace)
@@ -269,6 +326,8 @@ async def _dev(
                     store,
                     demo_request(f"demo-{uuid.uuid4().hex[:8]}"),
                     settings.task_queue,
+                    authority=Authority.from_settings(settings),
+                    role="operator",
                 )
             typer.echo(f"demo run started: {started['run_id']}")
             await _watch_demo(settings, started["run_id"], env_prefix)
@@ -278,7 +337,9 @@ async def _dev(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        _stop_server(server)
+        if server is not None:
+            _stop_server(server)
+        await _end_dev_tokens(settings, token_file)
         typer.echo("stack stopped")
 
 

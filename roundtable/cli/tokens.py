@@ -15,19 +15,32 @@ app = typer.Typer(no_args_is_help=True, help="API bearer tokens.")
 @app.command("create")
 def create(
     user: Annotated[str, typer.Option("--user", help="Whose token.")],
-    role: Annotated[str, typer.Option("--role", help="user, operator or service.")],
+    role: Annotated[
+        str, typer.Option("--role", help="user, operator, service or codec (encode/decode only).")
+    ],
     label: Annotated[str | None, typer.Option(help="A note to tell tokens apart.")] = None,
+    tenants: Annotated[
+        str | None,
+        typer.Option(help="User tokens: comma-separated tenants it may act for (default: all)."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Create a token; it is shown now and never again (only its hash is kept)."""
+    limited = None if tenants is None else tenants.split(",")
 
     async def make() -> tuple[str, dict]:
         async with store_from(settings()) as store:
-            return await store.create_token(user_id=user, role=role, label=label)
+            return await store.create_token(user_id=user, role=role, label=label, tenants=limited)
 
     token, record = run_or_fail(make(), as_json)
     emit(
-        {"token": token, "id": record["id"], "user_id": user, "role": role},
+        {
+            "token": token,
+            "id": record["id"],
+            "user_id": user,
+            "role": role,
+            "tenants": record["tenants"],
+        },
         as_json,
         f"{token}\n(id {record['id']}; store it now: it cannot be shown again)",
     )
@@ -45,7 +58,19 @@ def list_tokens(as_json: JsonFlag = False) -> None:
     emit(
         rows,
         as_json,
-        table(rows, ["id", "token_prefix", "user_id", "role", "label", "created_at", "revoked_at"]),
+        table(
+            rows,
+            [
+                "id",
+                "token_prefix",
+                "user_id",
+                "role",
+                "tenants",
+                "label",
+                "created_at",
+                "revoked_at",
+            ],
+        ),
     )
 
 

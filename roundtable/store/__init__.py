@@ -10,10 +10,12 @@ from contextlib import asynccontextmanager
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.config import load_settings
+from roundtable.store.core import RunGrant
 from roundtable.store.engine import create_engine_for
 from roundtable.store.errors import (
     AttemptMayBeRunningError,
     ConflictError,
+    ForbiddenError,
     InvalidInputError,
     NotFoundError,
     StoreError,
@@ -35,8 +37,10 @@ __all__ = [
     "AttemptMayBeRunningError",
     "ClaimOutcome",
     "ConflictError",
+    "ForbiddenError",
     "InvalidInputError",
     "NotFoundError",
+    "RunGrant",
     "RunStatus",
     "Store",
     "StoreError",

@@ -14,6 +14,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -63,6 +64,25 @@ def require_aware(name: str, value: Any) -> datetime:
     if not isinstance(value, datetime) or value.tzinfo is None:
         raise InvalidInputError(f"{name} must be a timezone-aware datetime")
     return value
+
+
+@dataclass(frozen=True)
+class RunGrant:
+    """What the API or CLI allowed a run when it started it (see
+    roundtable/permissions.py); empty for a run the worker creates."""
+
+    write_policy: str | None = None
+    role: str | None = None
+    tenants: tuple[str, ...] | None = None  # None: every tenant
+
+    def audited(self) -> dict[str, Any]:
+        if self.role is None:
+            return {}
+        return {
+            "granted_write_policy": self.write_policy,
+            "started_by_role": self.role,
+            "tenants": list(self.tenants) if self.tenants is not None else None,
+        }
 
 
 class StoreCore:
@@ -176,8 +196,10 @@ class StoreCore:
         user_id: str,
         run_id: str | None = None,
         request_fingerprint: str | None = None,
+        grant: RunGrant | None = None,
     ) -> dict[str, Any]:
         require_text("user_id", user_id)
+        grant = grant or RunGrant()
         async with self._transaction() as session:
             owner = await session.get(SessionRow, session_id)
             # Another user's session is reported as missing: ids must not leak.
@@ -192,11 +214,20 @@ class StoreCore:
                 last_event_seq=0,
                 last_event_hash=GENESIS_HASH,
                 request_fingerprint=request_fingerprint,
+                granted_write_policy=grant.write_policy,
+                started_by_role=grant.role,
+                tenants=list(grant.tenants) if grant.tenants is not None else None,
                 created_at=now,
                 updated_at=now,
             )
             session.add(run)
-            await self._audit(session, run, "run.created", {"session_id": session_id}, now)
+            await self._audit(
+                session,
+                run,
+                "run.created",
+                {"session_id": session_id, **grant.audited()},
+                now,
+            )
         return row_to_dict(run)
 
     async def ensure_run(
@@ -206,6 +237,7 @@ class StoreCore:
         user_id: str,
         task_text: str,
         request_fingerprint: str | None = None,
+        grant: RunGrant | None = None,
     ) -> dict[str, Any]:
         """The run with this id, created (with its session) if it does not exist yet.
         Callers that start a workflow create the run first, so it is readable at once.
@@ -221,6 +253,7 @@ class StoreCore:
                     user_id=user_id,
                     run_id=run_id,
                     request_fingerprint=request_fingerprint,
+                    grant=grant,
                 )
             except IntegrityError:  # created concurrently; theirs stands
                 run = await self.get_run(run_id)
@@ -313,6 +346,26 @@ class StoreCore:
         await self._audit(session, run, "run.status_changed", change, now)
         return True
 
+    async def record_refusal(
+        self, run_id: str, *, call_key: str, seat: str, tool_name: str, code: str, message: str
+    ) -> None:
+        """A write refused before it became an action (a tenant the run may
+        not act for, say): nothing ran, but the log says it was asked for.
+        Once per ``call_key``, however often the intercept is retried."""
+        key = f"action.refused:{call_key}"
+        async with self._transaction() as session:
+            run = await self._lock_run(session, run_id)
+            seen = await _logged(session, run_id, key)
+            if not seen:
+                await self._audit(
+                    session,
+                    run,
+                    "action.refused",
+                    {"seat": seat, "tool_name": tool_name, "code": code, "message": message},
+                    await database_now(session),
+                    dedupe_key=key[:255],
+                )
+
     async def record_turn(
         self,
         run_id: str,
@@ -330,14 +383,8 @@ class StoreCore:
         key = f"turn.completed:{role}:{seat}:{round_number}"
         async with self._transaction() as session:
             run = await self._lock_run(session, run_id)
-            seen = (
-                await session.execute(
-                    select(AuditEventRow.id).where(
-                        AuditEventRow.run_id == run_id, AuditEventRow.dedupe_key == key
-                    )
-                )
-            ).scalar_one_or_none()
-            if seen is not None:
+            seen = await _logged(session, run_id, key)
+            if seen:
                 return False
             await self._audit(
                 session,
@@ -374,3 +421,13 @@ class StoreCore:
         run = await self.get_run(run_id)
         head = events[-1]["hash"] if events else GENESIS_HASH
         return verify_chain(events) and head == run["last_event_hash"]
+
+
+async def _logged(session: AsyncSession, run_id: str, dedupe_key: str) -> bool:
+    """Whether the run's log already holds the event with this key."""
+    found = await session.execute(
+        select(AuditEventRow.id).where(
+            AuditEventRow.run_id == run_id, AuditEventRow.dedupe_key == dedupe_key
+        )
+    )
+    return found.scalar_one_or_none() is not None

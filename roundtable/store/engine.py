@@ -5,6 +5,7 @@ Kept in one module so the store's operations read the same on both databases.
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,9 @@ def create_engine_for(database_url: str) -> AsyncEngine:
 def _sqlite_engine(database_url: str) -> AsyncEngine:
     url = make_url(database_url)
     if url.database and url.database != ":memory:":
-        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        path = Path(url.database).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        private_file(path)
     engine = create_async_engine(database_url)
 
     # SQLAlchemy's documented recipe: stop pysqlite from managing transactions
@@ -63,6 +66,16 @@ def _sqlite_engine(database_url: str) -> AsyncEngine:
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def private_file(path: Path) -> None:
+    """Create a database file readable only by its owner, before SQLite does
+    (which would use the umask, usually 0644). SQLite gives its -wal and -shm
+    files the database file's mode. An existing file is left as it is."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass  # someone else's: its mode is theirs to keep
 
 
 def read_only_engine(engine: AsyncEngine) -> AsyncEngine:

@@ -21,6 +21,24 @@ class ConflictError(StoreError):
     code = "conflict"
 
 
+class ForbiddenError(StoreError, PermissionError):
+    """The caller may not do this, whatever the state (HTTP 403); subclasses
+    name the rule in ``code``."""
+
+    code = "forbidden"
+
+
+# Temporal failure types of ForbiddenErrors: "Forbidden.<code>".
+FORBIDDEN_PREFIX = "Forbidden."
+
+
+def forbidden(code: str, message: str) -> ForbiddenError:
+    """A ForbiddenError naming its rule, rebuilt from a Temporal failure."""
+    error = ForbiddenError(message)
+    error.code = code
+    return error
+
+
 class InvalidInputError(StoreError, ValueError):
     """The request itself is malformed; nothing was written."""
 

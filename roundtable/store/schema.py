@@ -90,6 +90,11 @@ class RunRow(Base):
     failure: Mapped[dict[str, Any] | None] = mapped_column(JSONValue)
     # What an Idempotency-Key was first used for (sha256 of the request).
     request_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    # What the API or CLI allowed (see roundtable/permissions.py): the write
+    # policy it checked, against whose ceiling, and the tenants the run may touch.
+    granted_write_policy: Mapped[str | None] = mapped_column(String(40))
+    started_by_role: Mapped[str | None] = mapped_column(String(16))
+    tenants: Mapped[list[str] | None] = mapped_column(JSONValue)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
@@ -253,6 +258,8 @@ class ApiTokenRow(Base):
     user_id: Mapped[str] = mapped_column(String(255))
     role: Mapped[str] = mapped_column(String(16))
     label: Mapped[str | None] = mapped_column(String(255))
+    # The tenants a user token acts for; NULL: every tenant.
+    tenants: Mapped[list[str] | None] = mapped_column(JSONValue)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import select
@@ -15,8 +16,21 @@ from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundEr
 from roundtable.store.execution import ExecutionOps
 from roundtable.store.schema import ApiTokenRow
 
-ROLES = ("user", "operator", "service")
+# codec: may only encode and decode payloads (the Temporal UI's credential).
+ROLES = ("user", "operator", "service", "codec")
 TOKEN_PREFIX = "rt_"  # noqa: S105 (the visible prefix of every token, not a secret)
+
+
+def normalize_tenants(tenants: Iterable[str] | None) -> list[str] | None:
+    if tenants is None:
+        return None
+    cleaned = sorted({t.strip() for t in tenants if t.strip()})
+    for tenant in cleaned:
+        if len(tenant) > 128 or not tenant.isprintable():
+            raise InvalidInputError(f"tenant {tenant[:40]!r} is not a valid tenant id")
+    if not cleaned:
+        raise InvalidInputError("tenants: name at least one tenant, or leave it out for all")
+    return cleaned
 
 
 def hash_token(token: str) -> str:
@@ -31,12 +45,22 @@ def _public(row: ApiTokenRow) -> dict[str, Any]:
 
 class TokenOps(ExecutionOps):
     async def create_token(
-        self, *, user_id: str, role: str, label: str | None = None
+        self,
+        *,
+        user_id: str,
+        role: str,
+        label: str | None = None,
+        tenants: Iterable[str] | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        """A new token: ``(plain_token, record)``. The plain token is not kept."""
+        """A new token: ``(plain_token, record)``. The plain token is not kept.
+        ``tenants``: the only tenants a user token's runs may write to and its
+        holder may approve writes for (None: every tenant)."""
         require_text("user_id", user_id)
         if role not in ROLES:
             raise InvalidInputError(f"role must be one of {', '.join(ROLES)}")
+        tenants = normalize_tenants(tenants)
+        if tenants is not None and role != "user":
+            raise InvalidInputError("only user tokens are limited to tenants")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         async with self._transaction() as session:
             row = ApiTokenRow(
@@ -46,6 +70,7 @@ class TokenOps(ExecutionOps):
                 user_id=user_id,
                 role=role,
                 label=label,
+                tenants=tenants,
                 created_at=await database_now(session),
             )
             session.add(row)

@@ -62,6 +62,9 @@ class ToolDefinition:
     # at the server after the client gave up, so by default an attempt is
     # never taken to be over before its lease has run out.
     effects_end_with_call: bool = False
+    # The argument naming the tenant a write acts for, if the tool has one: a
+    # run or an approver limited to some tenants may not write for another.
+    tenant_field: str | None = None
 
     def __post_init__(self) -> None:
         if (self.args_model is None) == (self.input_schema is None):

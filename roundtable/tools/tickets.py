@@ -333,6 +333,7 @@ def register_ticket_tools(registry: ToolRegistry, system: TicketSystem) -> None:
                 # Every tool names the ticket the same way, so writes to one
                 # ticket share a lease whichever tool makes them.
                 target_key_fields=("tenant_id", "ticket_id"),
+                tenant_field="tenant_id",
                 target_key_namespace=NAMESPACE,
                 safe_argument_fields=("tenant_id", "ticket_id", "fields"),
                 # The demo system writes in this process, in one transaction:

@@ -1,0 +1,196 @@
+"""Who may ask for what: write-policy ceilings, separation of duties, tenants.
+
+The server decides these, never the requester. Every rule here is checked
+where the person is authenticated (the API, the CLI) *and* again by the worker,
+because a run or a decision can also arrive straight through Temporal, where
+nobody's role is known: such a run is held to the service ceiling, and such a
+decision counts as made by nobody in particular (see :func:`attest`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from roundtable.config import Settings
+from roundtable.models import RunInput
+from roundtable.security import derive_subkey, read_action_secret
+from roundtable.store.errors import ForbiddenError, InvalidInputError
+from roundtable.tools.policy import AUTO_APPROVE_PREFIX, RISK_ORDER
+
+# From least to most a requester can ask for.
+_POLICY_ORDER = (
+    "deny_writes",
+    "confirm_all_writes",
+    *(AUTO_APPROVE_PREFIX + risk for risk in RISK_ORDER),
+)
+
+
+class PolicyNotAllowedError(ForbiddenError):
+    code = "policy_not_allowed"
+
+
+class OperatorRequiredError(ForbiddenError):
+    code = "operator_required"
+
+
+class SelfApprovalError(ForbiddenError):
+    code = "self_approval_not_allowed"
+
+
+class TenantNotAllowedError(ForbiddenError):
+    code = "tenant_not_allowed"
+
+
+class ModelNotAllowedError(InvalidInputError):
+    code = "model_not_allowed"
+
+
+def policy_rank(policy: str) -> int:
+    try:
+        return _POLICY_ORDER.index(policy)
+    except ValueError:
+        raise InvalidInputError(f"unknown write policy {policy!r}") from None
+
+
+def capped_policy(requested: str, ceiling: str) -> str:
+    """The requested policy, or the ceiling when it asks for more."""
+    return requested if policy_rank(requested) <= policy_rank(ceiling) else ceiling
+
+
+@dataclass(frozen=True)
+class Decider:
+    """Who decides, as the API or CLI authenticated them. ``role`` None: a
+    decision that reached the workflow without the server's attestation (a raw
+    signal or update), whose ``decided_by`` nobody vouched for."""
+
+    user_id: str
+    role: str | None
+    tenants: tuple[str, ...] | None = None  # None: every tenant
+
+
+@dataclass(frozen=True)
+class Authority:
+    """The server's rules, read from its settings."""
+
+    ceilings: Mapping[str, str]
+    approvers: str
+    operator_risk: str
+    allowed_models: frozenset[str]
+    default_model: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Authority:
+        ceilings = {
+            "user": settings.policy_ceiling_user,
+            "service": settings.policy_ceiling_service,
+            "operator": settings.policy_ceiling_operator,
+        }
+        for role, policy in ceilings.items():
+            if policy not in _POLICY_ORDER:
+                raise ValueError(
+                    f"ROUNDTABLE_POLICY_CEILING_{role.upper()}={policy!r} is not a write policy"
+                )
+        models = set(settings.allowed_models) or {"scripted"}
+        if not settings.allowed_models and settings.default_model:
+            models.add(settings.default_model)
+        return cls(
+            ceilings=ceilings,
+            approvers=settings.approvers,
+            operator_risk=settings.operator_approval_risk,
+            allowed_models=frozenset(models),
+            default_model=settings.default_model,
+        )
+
+    def ceiling(self, role: str | None) -> str:
+        """What a role may ask for; anyone unknown gets the service ceiling."""
+        return self.ceilings.get(role or "service", self.ceilings["service"])
+
+    def check_policy(self, role: str | None, policy: str) -> None:
+        ceiling = self.ceiling(role)
+        if policy_rank(policy) > policy_rank(ceiling):
+            raise PolicyNotAllowedError(
+                f"write_policy {policy!r} is more than a {role or 'service'} may ask for "
+                f"(at most {ceiling!r})"
+            )
+
+    def granted_policy(self, run: Mapping[str, Any], requested: str) -> str:
+        """The policy the worker lets a run use: what the API or CLI granted
+        for exactly this request, else no more than the service ceiling."""
+        if run.get("granted_write_policy") == requested and run.get("started_by_role"):
+            return capped_policy(requested, self.ceiling(run["started_by_role"]))
+        return capped_policy(requested, self.ceiling("service"))
+
+    def admit(self, role: str, request: RunInput) -> RunInput:
+        """The request as this role may make it (the server's default model
+        when it names none), or PolicyNotAllowedError / ModelNotAllowedError."""
+        if self.default_model and "model" not in request.model_fields_set:
+            request = request.model_copy(update={"model": self.default_model})
+        self.check_policy(role, request.write_policy)
+        self.check_models(request.models())
+        return request
+
+    def check_models(self, models: Iterable[str]) -> None:
+        if "*" in self.allowed_models:  # ROUNDTABLE_ALLOWED_MODELS='["*"]': any model
+            return
+        refused = sorted({m for m in models if m not in self.allowed_models})
+        if refused:
+            raise ModelNotAllowedError(
+                f"model {refused[0]!r} is not allowed here; allowed: "
+                + ", ".join(sorted(self.allowed_models))
+            )
+
+    def check_decider(self, decider: Decider, run_owner: str, risk_level: str) -> None:
+        """Separation of duties: may this person decide this write?"""
+        needs_operator = self.operator_risk in RISK_ORDER and (
+            RISK_ORDER.index(risk_level) >= RISK_ORDER.index(self.operator_risk)
+        )
+        if needs_operator and decider.role != "operator":
+            raise OperatorRequiredError(
+                f"writes at {self.operator_risk} or above are decided by an operator "
+                "(through the API or CLI)"
+            )
+        if self.approvers == "others" and decider.role is None:
+            raise SelfApprovalError(
+                "with ROUNDTABLE_APPROVERS=others, decisions come through the API or CLI, "
+                "where the decider is known"
+            )
+        if self.approvers == "others" and decider.user_id == run_owner:
+            raise SelfApprovalError(
+                "the person who started a run may not approve its writes "
+                "(ROUNDTABLE_APPROVERS=others)"
+            )
+
+
+def check_tenant(tenants: Iterable[str] | None, tenant: Any, whom: str) -> None:
+    """Refuse a write naming a tenant outside ``tenants`` (None: any tenant)."""
+    if tenants is None:
+        return
+    allowed = set(tenants)
+    if not isinstance(tenant, str) or tenant not in allowed:
+        raise TenantNotAllowedError(f"{whom} may not act for tenant {tenant!r}")
+
+
+# ------------------------------------------------------------------ attestation
+
+_ATTEST_LABEL = b"roundtable/decision-attestation/v1"
+
+
+def _attested_material(fields: Mapping[str, Any]) -> bytes:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+
+
+def attest(fields: Mapping[str, Any]) -> str:
+    """The server's word that these decision fields (who, which role, which
+    tenants, for which approval and request) were authenticated. Keyed by the
+    action secret, which the API, CLI and worker hold and Temporal never sees."""
+    key = derive_subkey(read_action_secret(), _ATTEST_LABEL)
+    return hmac.new(key, _attested_material(fields), hashlib.sha256).hexdigest()
+
+
+def attested(fields: Mapping[str, Any], attestation: str | None) -> bool:
+    return attestation is not None and hmac.compare_digest(attest(fields), attestation)

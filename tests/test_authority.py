@@ -1,0 +1,249 @@
+"""Nobody approves their own way around a person: the server caps the write
+policy by role (and the worker again for runs started straight through
+Temporal), separates who starts from who approves, keeps high-risk writes for
+operators, and keeps tenant-limited users inside their tenants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+
+from roundtable.config import Settings
+from roundtable.models import DecisionInput, RunResult
+from roundtable.permissions import Authority, PolicyNotAllowedError, capped_policy
+from roundtable.store import InvalidInputError
+from tests.api_server import Api, serve_api
+from tests.workflow_harness import Harness, harness, script, ticket_call
+from workflows.roundtable import RoundtableWorkflow
+
+
+def authority(**settings: Any) -> Authority:
+    """The rules a worker reads from its environment, here from ``settings``."""
+    return Authority.from_settings(Settings(**settings))
+
+
+async def start(api: Api, who: str, calls: list[dict[str, Any]], **fields: Any) -> Any:
+    return await api.http.post(
+        "/v1/runs",
+        json={"task_text": "t", "script": script(("seat-1", 1, calls)), **fields},
+        headers=api.auth(who),
+    )
+
+
+async def pending(h: Harness, run_id: str) -> tuple[str, dict[str, Any]]:
+    state = await h.wait_for(
+        h.client.get_workflow_handle(run_id), lambda s: bool(s.pending_approvals)
+    )
+    (approval_id,) = state.pending_approvals
+    approval = await h.store.get_approval(approval_id)
+    return approval_id, await h.store.get_action(approval["action_id"])
+
+
+async def decide(api: Api, who: str, approval_id: str, action: dict[str, Any], **body: Any) -> Any:
+    return await api.http.post(
+        f"/v1/approvals/{approval_id}/decision",
+        json={"decision": "approved", "arguments_digest": action["arguments_digest"], **body},
+        headers=api.auth(who),
+    )
+
+
+def test_policies_are_ordered_and_a_ceiling_caps_them() -> None:
+    rules = authority()
+    assert capped_policy("auto_approve_up_to:R3", "confirm_all_writes") == "confirm_all_writes"
+    assert capped_policy("deny_writes", "auto_approve_up_to:R1") == "deny_writes"
+    rules.check_policy("operator", "auto_approve_up_to:R1")
+    rules.check_policy("user", "deny_writes")
+    for role, policy in (("user", "auto_approve_up_to:R0"), ("operator", "auto_approve_up_to:R2")):
+        with pytest.raises(PolicyNotAllowedError):
+            rules.check_policy(role, policy)
+    with pytest.raises(ValueError, match="POLICY_CEILING_USER"):
+        authority(policy_ceiling_user="anything_goes")
+    with pytest.raises(InvalidInputError):
+        rules.check_policy("user", "yolo")
+
+
+async def test_a_user_cannot_switch_approval_off_through_the_api(tmp_path) -> None:
+    """Once a user token started auto_approve_up_to:R3 and closed a ticket with
+    no person involved."""
+    close = [ticket_call("ticket_close", "T-9")]
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        for who in ("alice", "svc"):
+            extra = {"user_id": "alice"} if who == "svc" else {}
+            refused = await start(api, who, close, write_policy="auto_approve_up_to:R3", **extra)
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["code"] == "policy_not_allowed"
+        operator_too_far = await start(api, "ops", close, write_policy="auto_approve_up_to:R2")
+        assert operator_too_far.json()["code"] == "policy_not_allowed"
+        assert await h.store.list_runs() == []  # nothing was created
+        assert await h.tickets.write_log() == []
+
+        # Within the ceiling: a person still decides the close.
+        allowed = await start(api, "alice", close, write_policy="confirm_all_writes")
+        assert allowed.status_code == 201, allowed.text
+        await pending(h, allowed.json()["run_id"])
+
+
+async def test_the_operator_ceiling_lets_operators_auto_approve_low_risk(tmp_path) -> None:
+    comment = [ticket_call("ticket_comment", "T-3")]
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        started = await start(api, "ops", comment, write_policy="auto_approve_up_to:R1")
+        assert started.status_code == 201, started.text
+        result = await h.client.get_workflow_handle(started.json()["run_id"]).result()
+        assert result["status"] == "completed"
+        (action,) = await h.store.list_actions(started.json()["run_id"])
+        assert action["status"] == "succeeded"  # no person was asked: R1 ≤ R1
+
+
+async def test_a_run_started_straight_through_temporal_gets_the_service_ceiling(
+    tmp_path,
+) -> None:
+    """The typed client, `temporal workflow start`: no API to check, so the
+    worker does, and says why in the run's failure."""
+    calls = [ticket_call("ticket_close", "T-9")]
+    async with harness(tmp_path, authority=authority()) as h:
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, calls)), write_policy="auto_approve_up_to:R3"
+        )
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        run = await h.store.get_run(handle.id)
+        assert run["status"] == "failed"
+        assert run["failure"]["code"] == "policy_not_allowed", run["failure"]
+        assert await h.store.list_actions(handle.id) == []
+        assert await h.tickets.write_log() == []
+
+        # A policy at or under the service ceiling runs as before.
+        fine = await h.start(task_text="t", script=script(("seat-1", 1, calls)))
+        await h.wait_for(fine, lambda s: bool(s.pending_approvals))
+
+
+async def test_a_service_ceiling_can_be_raised_by_the_server_only(tmp_path) -> None:
+    rules = authority(policy_ceiling_service="auto_approve_up_to:R1")
+    calls = [ticket_call("ticket_comment", "T-4")]
+    async with harness(tmp_path, authority=rules) as h:
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, calls)), write_policy="auto_approve_up_to:R1"
+        )
+        assert (await handle.result()).status == "completed"
+
+
+async def test_separation_of_duties_the_starter_may_not_approve(tmp_path) -> None:
+    calls = [ticket_call("ticket_update", "T-5")]
+    rules = {"approvers": "others"}
+    async with (
+        harness(tmp_path, authority=authority(**rules)) as h,
+        serve_api(h, **rules) as api,
+    ):
+        run_id = (await start(api, "alice", calls)).json()["run_id"]
+        approval_id, action = await pending(h, run_id)
+        own = await decide(api, "alice", approval_id, action)
+        assert own.status_code == 403, own.text
+        assert own.json()["code"] == "self_approval_not_allowed"
+
+        # A raw signal or update vouches for nobody: refused, still pending.
+        handle = h.client.get_workflow_handle(run_id, result_type=RunResult)
+        raw = DecisionInput(
+            approval_id=approval_id,
+            decision="approved",
+            decided_by="ops",
+            decider_role="operator",  # claimed, not attested
+        )
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(RoundtableWorkflow.decide_approval, raw)
+        assert "API or CLI" in str(refused.value.cause)
+        await handle.signal(RoundtableWorkflow.approval_decision, raw)
+        assert (await h.store.get_approval(approval_id))["status"] == "pending"
+
+        by_operator = await decide(api, "ops", approval_id, action)
+        assert by_operator.status_code == 200, by_operator.text
+        assert (await handle.result()).status == "completed"
+        assert (await h.store.get_approval(approval_id))["decided_by"] == "ops"
+
+
+async def test_high_risk_writes_are_decided_by_operators_only(tmp_path) -> None:
+    calls = [ticket_call("ticket_close", "T-6")]
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        run_id = (await start(api, "alice", calls)).json()["run_id"]
+        approval_id, action = await pending(h, run_id)
+        owner = await decide(api, "alice", approval_id, action)
+        assert owner.status_code == 403 and owner.json()["code"] == "operator_required"
+        rejected = await decide(api, "alice", approval_id, action, decision="rejected")
+        assert rejected.json()["code"] == "operator_required"  # either way
+
+        handle = h.client.get_workflow_handle(run_id, result_type=RunResult)
+        await handle.signal(
+            RoundtableWorkflow.approval_decision,
+            DecisionInput(approval_id=approval_id, decision="approved", decided_by="mallory"),
+        )
+        assert (await h.store.get_approval(approval_id))["status"] == "pending"
+
+        assert (await decide(api, "ops", approval_id, action)).status_code == 200
+        assert (await handle.result()).status == "completed"
+
+
+async def test_a_tenant_limited_user_writes_only_for_their_tenants(tmp_path) -> None:
+    calls = [
+        ticket_call("ticket_update", "T-7", tenant_id="acme"),
+        ticket_call("ticket_update", "T-8", tenant_id="initech"),
+    ]
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        run_id = (await start(api, "carol", calls)).json()["run_id"]
+        approval_id, action = await pending(h, run_id)
+        assert action["arguments"]["tenant_id"] == "initech"  # only this one became an action
+        (only,) = await h.store.list_actions(run_id)
+        assert only["id"] == action["id"]
+        events = await h.store.list_events(run_id)
+        (refusal,) = [e for e in events if e["event_type"] == "action.refused"]
+        assert refusal["payload"]["code"] == "tenant_not_allowed"
+
+        # Approve-with-edits cannot move the write to another tenant.
+        moved = await decide(
+            api,
+            "carol",
+            approval_id,
+            action,
+            arguments={"tenant_id": "acme", "ticket_id": "T-8", "fields": {"p": "1"}},
+        )
+        assert moved.status_code == 403, moved.text
+        assert moved.json()["code"] == "tenant_not_allowed"
+        assert (await h.store.get_approval(approval_id))["status"] == "pending"
+        assert (await decide(api, "carol", approval_id, action)).status_code == 200
+        await h.client.get_workflow_handle(run_id).result()
+        assert [w["ticket_id"] for w in await h.tickets.write_log()] == ["T-8"]
+        thread = (await h.state(h.client.get_workflow_handle(run_id))).threads["seat-1"]
+        assert "tenant_not_allowed" in repr(thread)  # the seat was told
+
+
+async def test_an_operator_cannot_edit_a_write_out_of_the_runs_tenants(tmp_path) -> None:
+    calls = [ticket_call("ticket_update", "T-8", tenant_id="initech")]
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        run_id = (await start(api, "carol", calls)).json()["run_id"]
+        approval_id, action = await pending(h, run_id)
+        moved = await decide(
+            api,
+            "ops",
+            approval_id,
+            action,
+            arguments={"tenant_id": "acme", "ticket_id": "T-8", "fields": {"p": "1"}},
+        )
+        assert moved.json()["code"] == "tenant_not_allowed"
+
+
+async def test_only_allowed_models_start(tmp_path) -> None:
+    calls: list[dict[str, Any]] = []
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        refused = await start(api, "alice", calls, model="openai:gpt-none")
+        assert refused.status_code == 422 and refused.json()["code"] == "model_not_allowed"
+        seat_model = await start(api, "alice", calls, seat_models={"seat-1": "openai:x"})
+        assert seat_model.json()["code"] == "model_not_allowed"
+
+        handle = await h.start(task_text="t", model="openai:gpt-none")
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        assert (await h.store.get_run(handle.id))["failure"]["code"] == "model_not_allowed"
+
+    allowed = authority(allowed_models=["scripted", "openai:gpt-4o"])
+    allowed.check_models(["openai:gpt-4o"])
+    assert "openai:m" in authority(default_model="openai:m").allowed_models
