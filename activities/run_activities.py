@@ -150,7 +150,21 @@ class RunActivities:
             parsed = tool.parse(inp.call.arguments)
         except ToolArgumentsError as exc:
             return _error(inp.call.id, inp.call.name, "invalid_arguments", str(exc))
-        result = await tool.handler(parsed, ToolContext(run_id=inp.run_id, seat=inp.seat))
+        if not tool.retry_safe and activity.info().attempt > 1:
+            return _error(
+                inp.call.id,
+                inp.call.name,
+                "not_retried",
+                f"{inp.call.name} may already have run and is not run twice: its server's "
+                "read-only hint is not trusted",
+            )
+        try:
+            result = await tool.handler(parsed, ToolContext(run_id=inp.run_id, seat=inp.seat))
+        except Exception as exc:
+            if tool.retry_safe:
+                raise
+            message = str(exc)[:500] or type(exc).__name__
+            return _error(inp.call.id, inp.call.name, "tool_error", message)
         return ToolOutcome(
             call_id=inp.call.id,
             tool_name=tool.name,

@@ -237,3 +237,35 @@ async def test_overrides_shape_the_registered_tools(tmp_path) -> None:
     assert tool.target_key_namespace == "mcp:records"
     with pytest.raises(Exception, match="status"):
         tool.normalize({"record_id": "r"})
+
+
+async def test_an_untrusted_read_only_hint_runs_a_read_at_most_once(tmp_path) -> None:
+    """Once a server's readOnlyHint was taken at its word: its "reads" ran
+    without approval and were retried, so a read that writes ran again."""
+    log = tmp_path / "records.log"
+    async with harness(tmp_path) as h:
+        await register_mcp_tools(h.registry, [stdio_spec(log)])
+        assert not h.registry.get("records__lookup").retry_safe
+        lookup = {"name": "records__lookup", "args": {"record_id": "crash"}}
+        handle = await h.start(task_text="t", script=script(("seat-1", 1, [lookup])))
+        await handle.result()
+        await asyncio.sleep(1)
+        assert [c["tool"] for c in calls(log)] == ["lookup"]  # reached once, never again
+        thread = (await h.state(handle)).threads["seat-1"]
+        assert "tool_error" in repr(thread) or "not_retried" in repr(thread)
+
+
+def test_a_trusted_server_reads_are_retried(tmp_path) -> None:
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "records": {"command": "x", "roundtable": {"trusted_read_only": True}},
+                    "other": {"command": "y"},
+                }
+            }
+        )
+    )
+    trusted, untrusted = load_config(config)
+    assert trusted.trusted_read_only and not untrusted.trusted_read_only

@@ -13,12 +13,14 @@ otherwise write R2) and can be overridden per tool in an optional
                        "target_key_fields": ["contact_id"],
                        "safe_argument_fields": ["contact_id"]}}}}}}
 
-A write runs through the same approval, lease and ``unknown`` path as any
-other; it receives the idempotency key and fencing token in the call's
-``_meta``. A write whose server answers with an error is ``unknown`` unless
-the server declares its errors definite (MCP does not say whether anything
-happened). Every call opens its own session, so a server that died leaves
-nothing broken behind.
+A read runs at most once (no retries: a server's ``readOnlyHint`` is its own
+word, and a "read" that writes must not run twice) unless the server's block
+says ``"trusted_read_only": true``. A write runs through the same approval,
+lease and ``unknown`` path as any other; it receives the idempotency key and
+fencing token in the call's ``_meta``. A write whose server answers with an
+error is ``unknown`` unless the server declares its errors definite (MCP does
+not say whether anything happened). Every call opens its own session, so a
+server that died leaves nothing broken behind.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ class MCPServerSpec:
     url: str | None = None
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors_are_definite: bool = False
+    # Whether this server's readOnlyHint is trusted: only then are its reads
+    # retried like our own. Otherwise a "read" that in truth writes could run
+    # twice, so each runs at most once.
+    trusted_read_only: bool = False
 
     def target(self) -> StdioServerParameters | str:
         if self.url:
@@ -102,6 +108,7 @@ def load_config(path: str | Path) -> list[MCPServerSpec]:
                 url=entry.get("url"),
                 overrides=dict(extra.get("tools") or {}),
                 errors_are_definite=bool(extra.get("errors_are_definite", False)),
+                trusted_read_only=bool(extra.get("trusted_read_only", False)),
             )
         )
     return specs
@@ -127,6 +134,7 @@ def _facts(spec: MCPServerSpec, tool: Any) -> dict[str, Any]:
         if key not in _OVERRIDABLE:
             raise MCPConfigError(f"{spec.name}.{tool.name}: unknown override {key!r}")
         facts[key] = tuple(value) if isinstance(value, list) else value
+    facts["retry_safe"] = facts["side_effect"] != "read" or spec.trusted_read_only
     return facts
 
 

@@ -65,6 +65,10 @@ class ToolDefinition:
     # The argument naming the tenant a write acts for, if the tool has one: a
     # run or an approver limited to some tenants may not write for another.
     tenant_field: str | None = None
+    # A read Temporal may retry: running it twice must be harmless. False for
+    # reads whose "read-only" is someone else's word (an MCP server's hint):
+    # they run at most once.
+    retry_safe: bool = True
 
     def __post_init__(self) -> None:
         if (self.args_model is None) == (self.input_schema is None):

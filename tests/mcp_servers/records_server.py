@@ -1,8 +1,8 @@
 """A real MCP server for the tests, built with the official SDK.
 
 It keeps a JSON-lines log of every call it receives (with the `_meta` it got):
-the ground truth of what the outside world saw. `update_record` on record
-"crash" kills the process mid-call.
+the ground truth of what the outside world saw. `update_record` and `lookup`
+on record "crash" kill the process mid-call.
 
     python records_server.py                 # stdio
     python records_server.py http <port>     # streamable HTTP on 127.0.0.1
@@ -30,6 +30,8 @@ def _log(entry: dict) -> None:
 def lookup(record_id: str) -> dict:
     """Read a record."""
     _log({"tool": "lookup", "record_id": record_id})
+    if record_id == "crash":
+        os._exit(1)  # "read-only", yet it dies mid-call
     return {"record_id": record_id, "status": "open"}
 
 
