@@ -9,7 +9,7 @@ from temporalio.exceptions import ApplicationError
 
 from roundtable.models import WebhookDelivery
 from roundtable.store import Store
-from roundtable.webhooks import SIGNATURE_HEADER, body_of, sign
+from roundtable.webhooks import SIGNATURE_HEADER, body_of, receiver_label, sign
 
 REJECTED = "WebhookRejected"  # permanent: not retried
 FAILED = "WebhookFailed"  # transient: retried with backoff
@@ -35,7 +35,7 @@ class WebhookActivities:
             "delivery_id": delivery.event.event_id,
             "run_id": delivery.event.run_id,
             "event_type": delivery.event.event_type,
-            "url": delivery.url,
+            "url": receiver_label(delivery.url),
             "attempt": activity.info().attempt,
         }
         try:
@@ -45,7 +45,10 @@ class WebhookActivities:
             await self.store.record_webhook_attempt(
                 **log, status_code=None, error=type(exc).__name__, delivered=False
             )
-            raise  # retried with backoff
+            # Retried with backoff. Not httpx's own message: it may quote the URL.
+            raise ApplicationError(
+                f"{type(exc).__name__} reaching {log['url']}", type=FAILED
+            ) from None
         delivered = 200 <= response.status_code < 300
         await self.store.record_webhook_attempt(
             **log,
@@ -60,7 +63,7 @@ class WebhookActivities:
         # workflow's retry policy can tell them apart.
         permanent = 400 <= response.status_code < 500 and response.status_code not in (408, 429)
         raise ApplicationError(
-            f"{delivery.url} answered {response.status_code}",
+            f"{log['url']} answered {response.status_code}",
             type=REJECTED if permanent else FAILED,
             non_retryable=permanent,
         )

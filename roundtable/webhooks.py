@@ -13,6 +13,7 @@ import hmac
 import json
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -48,3 +49,12 @@ def verify_signature(key: bytes, body: bytes, header: str, tolerance_seconds: in
 
 def body_of(event: dict[str, Any]) -> bytes:
     return json.dumps(event, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def receiver_label(url: str) -> str:
+    """How a receiver is named in logs, history and the delivery log: its
+    origin and a short hash. A webhook URL often carries its own secret in
+    the path or query (chat-ops hooks do), which must not be written down."""
+    parts = urlsplit(url)
+    digest = hashlib.sha256(url.encode()).hexdigest()[:8]
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/… #{digest}"

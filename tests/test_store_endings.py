@@ -153,3 +153,18 @@ async def test_what_an_attempt_reports_after_it_was_made_unknown_is_kept(store) 
     assert types[-2:] == ["action.attempt_reported", "action.attempt_ended"]
     settled = await store.reconcile_action(action["id"], "succeeded", "op-1", "as reported")
     assert settled["status"] == "succeeded"
+
+
+async def test_a_database_error_never_quotes_its_bound_values(store) -> None:
+    """A failed statement's message reaches logs and Temporal failures; once it
+    carried the values bound to it ("[parameters: ...]")."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    async with store._transaction() as session:
+        with pytest.raises(DBAPIError) as failed:
+            await session.execute(
+                text("INSERT INTO no_such_table (secret) VALUES (:secret)"),
+                {"secret": "SEKRET-value"},
+            )
+    assert "SEKRET" not in str(failed.value)

@@ -167,3 +167,25 @@ def test_signatures_verify_and_refuse_tampering_and_replays() -> None:
     stale = sign(KEY, body, int(time.time()) - 3600)
     assert not verify_signature(KEY, body, stale)
     assert not verify_signature(KEY, body, "garbage")
+
+
+async def test_a_secret_in_a_webhook_url_is_never_written_down(tmp_path) -> None:
+    """Webhook URLs often carry their own secret; it once appeared in the
+    delivery log and in failure messages in Temporal's history."""
+    async with receiver(answers=[500]) as hook:
+        secret_url = f"{hook.url}?token=SEKRET-in-query"
+        unreachable = "http://127.0.0.1:9/hooks/SEKRET-in-path"
+        async with harness(tmp_path, worker_factory=with_webhooks(secret_url, unreachable)) as h:
+            handle = await h.start(task_text="t", script=script(("seat-1", 1, [])))
+            await handle.result()
+            log = await h.store.list_webhook_deliveries(run_id=handle.id)
+            assert {d["delivered"] for d in log} == {True, False}
+            assert "SEKRET" not in json.dumps(log, default=str)
+            assert all(d["url"].startswith("http://127.0.0.1:") for d in log)
+            messages = []
+            async for event in handle.fetch_history_events():
+                if event.HasField("activity_task_failed_event_attributes"):
+                    failure = event.activity_task_failed_event_attributes.failure
+                    error = await h.client.data_converter.decode_failure(failure)
+                    messages.append(str(error))
+            assert messages and not any("SEKRET" in m for m in messages), messages

@@ -33,7 +33,7 @@ def create_engine_for(database_url: str) -> AsyncEngine:
         )
     if url.drivername.startswith("sqlite"):
         return _sqlite_engine(database_url)
-    return create_async_engine(database_url, pool_pre_ping=True)
+    return create_async_engine(database_url, pool_pre_ping=True, hide_parameters=True)
 
 
 def _sqlite_engine(database_url: str) -> AsyncEngine:
@@ -42,7 +42,9 @@ def _sqlite_engine(database_url: str) -> AsyncEngine:
         path = Path(url.database).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         private_file(path)
-    engine = create_async_engine(database_url)
+    # hide_parameters: a database error's message (which reaches logs and
+    # Temporal failures) never quotes the values it was bound to.
+    engine = create_async_engine(database_url, hide_parameters=True)
 
     # SQLAlchemy's documented recipe: stop pysqlite from managing transactions
     # and emit BEGIN IMMEDIATE ourselves. A deferred transaction that reads and
