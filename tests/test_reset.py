@@ -47,6 +47,14 @@ async def reset_to_start(h: Harness, handle: WorkflowHandle) -> WorkflowHandle:
     return h.client.get_workflow_handle(handle.id, run_id=response.run_id, result_type=RunResult)
 
 
+async def writing(h) -> None:  # type: ignore[no-untyped-def]
+    """Until the ticket system has seen a write begin."""
+    for _ in range(200):
+        if await h.tickets.write_log():
+            return
+        await asyncio.sleep(0.05)
+
+
 async def test_a_reset_run_tracks_an_action_already_unknown(tmp_path) -> None:
     async with harness(
         tmp_path,
@@ -71,10 +79,7 @@ async def test_a_reset_run_follows_an_action_still_executing(tmp_path) -> None:
         handle = await h.start(
             task_text="t", script=ONE_UPDATE, write_policy=AUTO, heartbeat_timeout_seconds=2
         )
-        for _ in range(200):
-            if await h.tickets.write_log():
-                break
-            await asyncio.sleep(0.05)
+        await writing(h)
         (action,) = await h.store.list_actions(handle.id)
         assert action["status"] == "executing"
 
@@ -102,10 +107,7 @@ async def test_a_reset_run_cancelled_while_the_old_attempt_runs_waits_quietly(tm
         handle = await h.start(
             task_text="t", script=ONE_UPDATE, write_policy=AUTO, heartbeat_timeout_seconds=2
         )
-        for _ in range(200):
-            if await h.tickets.write_log():
-                break
-            await asyncio.sleep(0.05)
+        await writing(h)
         again = await reset_to_start(h, handle)
         await asyncio.sleep(1)
         await again.cancel()
