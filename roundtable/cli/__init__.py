@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from roundtable.cli import db, operators, runs, stack, tokens
+from roundtable.cli import check, db, operators, runs, stack, tokens
 from roundtable.config import adopt_dev_secret
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -25,6 +25,7 @@ app.command()(operators.approve)
 app.command()(operators.reject)
 app.command()(operators.reconcile)
 app.command()(operators.tickets)
+app.command()(check.check)
 app.command()(stack.worker)
 app.command()(stack.dev)
 app.command()(stack.api)

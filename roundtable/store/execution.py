@@ -565,6 +565,15 @@ class ExecutionOps(ApprovalOps):
             await session.flush()
             return row_to_dict(await self._reload(session, action_id))
 
+    async def live_lease_action_ids(self) -> set[str]:
+        """The actions whose lease has not run out by the database's clock."""
+        async with self._reader() as session:
+            now = await database_now(session)
+            rows = await session.execute(
+                select(ActionLeaseRow.action_id).where(ActionLeaseRow.lease_expires_at > now)
+            )
+            return set(rows.scalars())
+
     async def settle_closed_run(
         self, run_id: str, status: str, failure: dict[str, Any] | None = None
     ) -> dict[str, Any]:
