@@ -24,7 +24,13 @@ from roundtable.models import (
     ToolOutcome,
     TurnRequest,
 )
-from roundtable.permissions import Authority, ModelNotAllowedError, PolicyNotAllowedError
+from roundtable.permissions import (
+    Authority,
+    ModelNotAllowedError,
+    PolicyNotAllowedError,
+    TenantNotAllowedError,
+    check_tenant,
+)
 from roundtable.store import Store
 from roundtable.tools.registry import ToolArgumentsError, ToolContext, ToolRegistry
 
@@ -53,6 +59,7 @@ class RunActivities:
             snapshot = self.registry.snapshot(inp.seats, inp.tools, inp.seat_tools)
         except ValueError as exc:
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+        require_own_run(inp.run_id)
         run = await self.store.ensure_run(
             run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
         )
@@ -70,7 +77,9 @@ class RunActivities:
         straight through Temporal gets no more than the service ceiling."""
         try:
             if inp.write_policy is not None:
-                granted = self.authority.granted_policy(run, inp.write_policy)
+                granted = self.authority.granted_policy(
+                    run, inp.write_policy, inp.request_fingerprint
+                )
                 if granted != inp.write_policy:
                     raise PolicyNotAllowedError(
                         f"write_policy {inp.write_policy!r} was not granted to this run "
@@ -150,6 +159,14 @@ class RunActivities:
             parsed = tool.parse(inp.call.arguments)
         except ToolArgumentsError as exc:
             return _error(inp.call.id, inp.call.name, "invalid_arguments", str(exc))
+        # A tenant-limited run reads only its own tenants' data, as it writes.
+        tenants = (await self.store.get_run(inp.run_id))["tenants"]
+        if tenants is not None:
+            tenant = tool.normalize(inp.call.arguments).get(tool.tenant_field or "")
+            try:
+                check_tenant(tenants, tenant if tool.tenant_field else None, f"run {inp.run_id}")
+            except TenantNotAllowedError as exc:
+                return _error(inp.call.id, inp.call.name, exc.code, str(exc))
         if not tool.retry_safe and activity.info().attempt > 1:
             return _error(
                 inp.call.id,
@@ -181,8 +198,22 @@ class RunActivities:
     @activity.defn(name="set_run_status")
     @typed_store_errors
     async def set_run_status(self, inp: RunStatusInput) -> RunStatusOutput:
+        require_own_run(inp.run_id)
         run = await self.store.set_run_status(inp.run_id, inp.status, inp.failure)
         return RunStatusOutput(run_id=run["id"], status=run["status"])
+
+
+def require_own_run(run_id: str) -> None:
+    """A run's rows are the business of its own workflow (whose id is the
+    run id) only: another workflow naming it, say one started straight
+    through Temporal to borrow an operator run's grant, is refused."""
+    workflow_id = activity.info().workflow_id
+    if workflow_id != run_id:
+        raise ApplicationError(
+            f"workflow {workflow_id!r} is not run {run_id!r}'s own",
+            type="not_this_runs_workflow",
+            non_retryable=True,
+        )
 
 
 def _error(call_id: str, tool_name: str, code: str, message: str) -> ToolOutcome:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
@@ -18,11 +19,11 @@ from temporalio.client import Client
 from activities.bounded import bounded_result
 from activities.errors import typed_store_errors
 from activities.lease_keeper import LeaseTerms, call_under_lease, heartbeating
+from activities.run_activities import require_own_run
 from roundtable.models import (
     ActionRef,
     ApprovalRef,
     DecideRequest,
-    DecisionInput,
     DecisionOutput,
     ExecuteWriteInput,
     ExecuteWriteOutput,
@@ -40,8 +41,9 @@ from roundtable.permissions import (
     Authority,
     Decider,
     TenantNotAllowedError,
-    attested,
+    check_reconciler,
     check_tenant,
+    verified_decider,
 )
 from roundtable.security import (
     ActionSecretKeyError,
@@ -123,6 +125,7 @@ class WriteActivities:
         refused = _refusal(inp, spec)
         if refused is not None:
             return refused
+        require_own_run(inp.run_id)
         tool = self.registry.get(call.name)
         try:
             if tool is None:
@@ -204,11 +207,16 @@ class WriteActivities:
         """Compare-and-set the decision. A conflict is reported with the
         approval's real status, so the workflow follows the database."""
         inp = request.decision
-        decider = self._decider(inp)
+        decider = verified_decider(inp, datetime.now(UTC))
         approval = await self.store.get_approval(inp.approval_id)
         action = await self.store.get_action(approval["action_id"])
         run = await self.store.get_run(approval["run_id"])
         self.authority.check_decider(decider, run["user_id"], action["risk_level"])
+        # A tenant-limited approver decides only writes for their tenants.
+        tool = self.registry.get(action["tool_name"])
+        if decider.tenants is not None and tool is not None:
+            arguments = await self.store.get_action_arguments(action["id"])
+            check_tenant(decider.tenants, _tenant_of(tool, arguments), decider.user_id)
         if inp.arguments is not None:
             return await self._approve_with_edits(request, decider, run)
         try:
@@ -218,17 +226,6 @@ class WriteActivities:
             return await self._decision_view(inp.approval_id)
         except ConflictError as exc:
             return await self._decision_view(inp.approval_id, conflict=str(exc))
-
-    def _decider(self, decision: DecisionInput) -> Decider:
-        """Who decides: as the API or CLI attested, or nobody vouched for."""
-        if attested(decision.attested_fields(), decision.attestation):
-            tenants = decision.decider_tenants
-            return Decider(
-                user_id=decision.decided_by,
-                role=decision.decider_role,
-                tenants=tuple(tenants) if tenants is not None else None,
-            )
-        return Decider(user_id=decision.decided_by, role=None)
 
     async def _approve_with_edits(
         self, request: DecideRequest, decider: Decider, run: dict[str, Any]
@@ -469,6 +466,7 @@ class WriteActivities:
     @activity.defn(name="reconcile_action")
     @typed_store_errors
     async def reconcile_action(self, inp: ReconcileInput) -> ReconcileOutput:
+        check_reconciler(verified_decider(inp, datetime.now(UTC)))
         try:
             action = await self.store.reconcile_action(
                 inp.action_id, inp.outcome, inp.decided_by, inp.note

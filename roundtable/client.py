@@ -11,7 +11,9 @@ same checks as the CLI and the HTTP API.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import WorkflowIDReusePolicy
@@ -30,6 +32,8 @@ from roundtable.models import (
     ScriptDocument,
     WorkflowArgs,
 )
+from roundtable.permissions import Decider, attest
+from roundtable.security import ActionSecretKeyError
 from roundtable.store import AttemptMayBeRunningError, ConflictError, NotFoundError
 from roundtable.temporal import RECONCILE_WORKFLOW_NAME, WORKFLOW_NAME, connect
 
@@ -181,6 +185,13 @@ class RoundtableClient:
             note=note,
             request_id=operations.new_request_id(),
         )
+        # Reconciling is for operators. A client that holds the action secret
+        # is part of the server and may vouch for one; without it the worker
+        # refuses (reconcile through the API or CLI instead).
+        with contextlib.suppress(ActionSecretKeyError):
+            request = attest(
+                request, Decider(user_id=decided_by, role="operator"), datetime.now(UTC)
+            )
         try:
             return await operations.send_update(
                 self.temporal, run_id, operations.RECONCILE_UPDATE, request

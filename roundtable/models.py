@@ -6,6 +6,8 @@ clients build it, the pydantic data converter carries it through Temporal.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -111,6 +113,12 @@ class RunInput(Model):
     def models(self) -> set[str]:
         """Every model this run would call."""
         return {self.model, *self.seat_models.values()}
+
+    def fingerprint(self) -> str:
+        """What this request asks for, whatever its run id: the grant the API
+        recorded holds only for the request it checked."""
+        body = json.dumps(self.model_dump(mode="json", exclude={"run_id"}), sort_keys=True)
+        return hashlib.sha256(body.encode()).hexdigest()
 
     @field_validator("seats")
     @classmethod
@@ -256,6 +264,7 @@ class EnsureRunInput(Model):
     # Checked against what the server granted the run (roundtable/permissions.py).
     write_policy: str | None = None
     models: list[str] = Field(default_factory=list)
+    request_fingerprint: str | None = None
 
 
 class EnsureRunOutput(Model):
@@ -357,6 +366,26 @@ class ExecuteWriteOutput(Model):
     result: dict[str, Any] | None = None
 
 
+class Attestation(Model):
+    """The server's word (an HMAC under a key derived from the action secret,
+    which Temporal never sees) that whoever sent a decision or reconciliation
+    was authenticated by the API or CLI in this role, for these tenants, at
+    this time, for exactly this message (roundtable/permissions.py)."""
+
+    role: str = Field(max_length=16)
+    tenants: list[str] | None = Field(default=None, max_length=1000)
+    at: datetime
+    mac: str = Field(max_length=128)
+
+
+def canonical_digest(value: Any) -> str | None:
+    """A stable digest of a JSON value (None stays None)."""
+    if value is None:
+        return None
+    body = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
 class DecisionInput(Model):
     approval_id: str
     decision: Literal["approved", "rejected"]
@@ -367,23 +396,20 @@ class DecisionInput(Model):
     arguments_digest: str | None = Field(default=None, max_length=80)
     # Approve with edits: the corrected full arguments (approvals only).
     arguments: dict[str, Any] | None = None
-    # Who decides as the API or CLI authenticated them, and the server's
-    # attestation of it (roundtable/permissions.py). Without a valid one the
-    # worker knows no role: a raw signal or update vouches for nobody.
-    decider_role: str | None = Field(default=None, max_length=16)
-    decider_tenants: list[str] | None = Field(default=None, max_length=1000)
-    attestation: str | None = Field(default=None, max_length=128)
+    # Who decides as the API or CLI authenticated them (see Attestation).
+    attested_by: Attestation | None = None
 
     def attested_fields(self) -> dict[str, Any]:
-        """What the attestation covers: everything that says who decided what."""
+        """What an attestation covers: everything that says who decided what."""
         return {
+            "kind": "decision",
             "approval_id": self.approval_id,
             "decision": self.decision,
             "request_id": self.request_id,
             "decided_by": self.decided_by,
-            "decider_role": self.decider_role,
-            "decider_tenants": self.decider_tenants,
+            "reason": self.reason,
             "arguments_digest": self.arguments_digest,
+            "edits": canonical_digest(self.arguments),
         }
 
     @model_validator(mode="after")
@@ -438,6 +464,18 @@ class ReconcileInput(Model):
     request_id: str | None = Field(default=None, max_length=64)
     decided_by: str = Field(min_length=1, max_length=255)
     note: str | None = Field(default=None, max_length=2000)
+    # Reconciling is for operators: the server's word that this one is.
+    attested_by: Attestation | None = None
+
+    def attested_fields(self) -> dict[str, Any]:
+        return {
+            "kind": "reconcile",
+            "action_id": self.action_id,
+            "outcome": self.outcome,
+            "request_id": self.request_id,
+            "decided_by": self.decided_by,
+            "note": self.note,
+        }
 
 
 class ReconcileRequest(Model):

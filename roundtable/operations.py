@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowUpdateFailedError
@@ -136,7 +135,7 @@ async def decide(
         client,
         approval["run_id"],
         DECIDE_UPDATE,
-        attested_decision(
+        _attested(
             DecisionInput(
                 approval_id=approval_id,
                 decision=decision,
@@ -157,18 +156,8 @@ async def decide(
     }
 
 
-def attested_decision(decision: DecisionInput, decider: Decider | None) -> DecisionInput:
-    """The decision with its decider's role and tenants, and the server's word for them."""
-    if decider is None:
-        return decision
-    decision = decision.model_copy(
-        update={
-            "decided_by": decider.user_id,
-            "decider_role": decider.role,
-            "decider_tenants": list(decider.tenants) if decider.tenants is not None else None,
-        }
-    )
-    return decision.model_copy(update={"attestation": attest(decision.attested_fields())})
+def _attested(decision: DecisionInput, decider: Decider | None) -> DecisionInput:
+    return decision if decider is None else attest(decision, decider, datetime.now(UTC))
 
 
 async def extend(
@@ -202,7 +191,9 @@ async def reconcile(
     """Settle an unknown action, whatever state its run's workflow is in:
     through the workflow when it is open and waiting on the action, directly
     in the store otherwise (same rules, audited), then the workflow, if open,
-    is told to look. Refused while the action's attempt may still be running."""
+    is told to look. Refused while the action's attempt may still be running.
+    Callers (the API, the CLI) have made sure ``decided_by`` is an operator:
+    the workflow's worker takes their word for it only with an attestation."""
     action = await store.get_action(action_id)
     if action["status"] != "unknown":
         if (action["result"] or {}).get("reconciled_outcome"):
@@ -210,12 +201,16 @@ async def reconcile(
             # sure the run has looked, so it does not wait for ever.
             await nudge(client, action["run_id"])
         raise ConflictError(f"action {action_id} is {action['status']}, not unknown")
-    request = ReconcileInput(
-        action_id=action_id,
-        outcome=outcome,
-        decided_by=decided_by,
-        note=note,
-        request_id=new_request_id(),
+    request = attest(
+        ReconcileInput(
+            action_id=action_id,
+            outcome=outcome,
+            decided_by=decided_by,
+            note=note,
+            request_id=new_request_id(),
+        ),
+        Decider(user_id=decided_by, role="operator"),
+        datetime.now(UTC),
     )
     try:
         status = await send_update(client, action["run_id"], RECONCILE_UPDATE, request)
@@ -232,8 +227,7 @@ def new_run_id() -> str:
 
 
 def request_fingerprint(request: RunInput) -> str:
-    body = json.dumps(request.model_dump(mode="json", exclude={"run_id"}), sort_keys=True)
-    return hashlib.sha256(body.encode()).hexdigest()
+    return request.fingerprint()
 
 
 def idempotent_run_id(user_id: str, idempotency_key: str) -> str:

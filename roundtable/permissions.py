@@ -14,10 +14,11 @@ import hmac
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from roundtable.config import Settings
-from roundtable.models import RunInput
+from roundtable.models import Attestation, DecisionInput, ReconcileInput, RunInput
 from roundtable.security import derive_subkey, read_action_secret
 from roundtable.store.errors import ForbiddenError, InvalidInputError
 from roundtable.tools.policy import AUTO_APPROVE_PREFIX, RISK_ORDER
@@ -118,10 +119,16 @@ class Authority:
                 f"(at most {ceiling!r})"
             )
 
-    def granted_policy(self, run: Mapping[str, Any], requested: str) -> str:
+    def granted_policy(
+        self, run: Mapping[str, Any], requested: str, fingerprint: str | None = None
+    ) -> str:
         """The policy the worker lets a run use: what the API or CLI granted
-        for exactly this request, else no more than the service ceiling."""
-        if run.get("granted_write_policy") == requested and run.get("started_by_role"):
+        for exactly this request (same policy; with ``fingerprint``, the same
+        request in every field), else no more than the service ceiling."""
+        granted = run.get("granted_write_policy") == requested and run.get("started_by_role")
+        if fingerprint is not None and run.get("request_fingerprint") != fingerprint:
+            granted = False
+        if granted:
             return capped_policy(requested, self.ceiling(run["started_by_role"]))
         return capped_policy(requested, self.ceiling("service"))
 
@@ -177,20 +184,51 @@ def check_tenant(tenants: Iterable[str] | None, tenant: Any, whom: str) -> None:
 
 # ------------------------------------------------------------------ attestation
 
-_ATTEST_LABEL = b"roundtable/decision-attestation/v1"
+_ATTEST_LABEL = b"roundtable/decision-attestation/v2"
+# An attestation is good for this long: a message copied out of a history
+# later (every history is readable through the UI) vouches for nobody.
+MAX_ATTESTATION_AGE = timedelta(minutes=10)
+Attestable = TypeVar("Attestable", DecisionInput, ReconcileInput)
 
 
-def _attested_material(fields: Mapping[str, Any]) -> bytes:
-    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
-
-
-def attest(fields: Mapping[str, Any]) -> str:
-    """The server's word that these decision fields (who, which role, which
-    tenants, for which approval and request) were authenticated. Keyed by the
-    action secret, which the API, CLI and worker hold and Temporal never sees."""
+def _mac(fields: Mapping[str, Any], role: str, tenants: list[str] | None, at: datetime) -> str:
+    material = json.dumps(
+        {**fields, "role": role, "tenants": tenants, "at": at.isoformat()},
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
     key = derive_subkey(read_action_secret(), _ATTEST_LABEL)
-    return hmac.new(key, _attested_material(fields), hashlib.sha256).hexdigest()
+    return hmac.new(key, material, hashlib.sha256).hexdigest()
 
 
-def attested(fields: Mapping[str, Any], attestation: str | None) -> bool:
-    return attestation is not None and hmac.compare_digest(attest(fields), attestation)
+def attest(message: Attestable, decider: Decider, now: datetime) -> Attestable:
+    """The message as sent by ``decider``, with the server's word for it.
+    Only the API, the CLI and what else holds the action secret can make one."""
+    message = message.model_copy(update={"decided_by": decider.user_id})
+    tenants = list(decider.tenants) if decider.tenants is not None else None
+    role = decider.role or "service"
+    mac = _mac(message.attested_fields(), role, tenants, now)
+    stamp = Attestation(role=role, tenants=tenants, at=now, mac=mac)
+    return message.model_copy(update={"attested_by": stamp})
+
+
+def verified_decider(message: DecisionInput | ReconcileInput, now: datetime) -> Decider:
+    """Who sent it, as attested; without a valid, fresh attestation, nobody
+    vouched for the name it carries (role None)."""
+    stamp = message.attested_by
+    nobody = Decider(user_id=message.decided_by, role=None)
+    if stamp is None or abs(now - stamp.at) > MAX_ATTESTATION_AGE:
+        return nobody
+    expected = _mac(message.attested_fields(), stamp.role, stamp.tenants, stamp.at)
+    if not hmac.compare_digest(expected, stamp.mac):
+        return nobody
+    tenants = tuple(stamp.tenants) if stamp.tenants is not None else None
+    return Decider(user_id=message.decided_by, role=stamp.role, tenants=tenants)
+
+
+def check_reconciler(decider: Decider) -> None:
+    if decider.role != "operator":
+        raise OperatorRequiredError(
+            "reconciling is for operators: through the API, the CLI, or a typed client "
+            "that holds the action secret"
+        )

@@ -5,17 +5,18 @@ operators, and keeps tenant-limited users inside their tenants."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from roundtable.config import Settings
-from roundtable.models import DecisionInput, RunResult
+from roundtable.models import Attestation, DecisionInput, RunInput, RunResult, WorkflowArgs
 from roundtable.permissions import Authority, PolicyNotAllowedError, capped_policy
 from roundtable.store import InvalidInputError
 from tests.api_server import Api, serve_api
-from tests.workflow_harness import Harness, harness, script, ticket_call
+from tests.workflow_harness import Harness, as_operator, harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
 
 
@@ -148,7 +149,8 @@ async def test_separation_of_duties_the_starter_may_not_approve(tmp_path) -> Non
             approval_id=approval_id,
             decision="approved",
             decided_by="ops",
-            decider_role="operator",  # claimed, not attested
+            # Claimed, not attested: a made-up stamp vouches for nobody.
+            attested_by=Attestation(role="operator", at=datetime.now(UTC), mac="0" * 64),
         )
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update(RoundtableWorkflow.decide_approval, raw)
@@ -247,3 +249,123 @@ async def test_only_allowed_models_start(tmp_path) -> None:
     allowed = authority(allowed_models=["scripted", "openai:gpt-4o"])
     allowed.check_models(["openai:gpt-4o"])
     assert "openai:m" in authority(default_model="openai:m").allowed_models
+
+
+# --------------------------------------------------------- found in review
+
+
+async def test_a_workflow_that_borrows_an_operator_runs_id_gets_no_grant(tmp_path) -> None:
+    """A workflow started straight through Temporal, under another id, naming
+    an operator run's run_id and owner, once inherited its grant and wrote
+    unapproved; it also marked the real run completed."""
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        calls = [ticket_call("ticket_update", "T-OPS")]
+        started = await start(api, "ops", calls, write_policy="auto_approve_up_to:R1")
+        run_id = started.json()["run_id"]
+        await pending(h, run_id)
+        evil = RunInput(
+            run_id=run_id,
+            user_id="ops",
+            task_text="evil",
+            write_policy="auto_approve_up_to:R1",
+            seats=["seat-9"],
+            script=script(("seat-9", 1, [ticket_call("ticket_comment", "T-EVIL")])),
+        )
+        handle = await h.client.start_workflow(
+            RoundtableWorkflow.run,
+            WorkflowArgs(request=evil),
+            id=f"evil-{run_id}",
+            task_queue=h.task_queue,
+        )
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        assert not any(w["ticket_id"] == "T-EVIL" for w in await h.tickets.write_log())
+        assert (await h.store.get_run(run_id))["status"] == "waiting_input"
+
+
+async def test_the_same_run_id_with_another_request_gets_no_grant(tmp_path) -> None:
+    """The grant holds for the request the API checked, field for field."""
+    rules = authority()
+    grant = {"granted_write_policy": "auto_approve_up_to:R1", "started_by_role": "operator"}
+    run = {**grant, "request_fingerprint": "a" * 64}
+    assert rules.granted_policy(run, "auto_approve_up_to:R1", "a" * 64) == "auto_approve_up_to:R1"
+    assert rules.granted_policy(run, "auto_approve_up_to:R1", "b" * 64) == "confirm_all_writes"
+
+
+async def test_an_operators_attestation_copied_from_history_vouches_for_nothing_else(
+    tmp_path,
+) -> None:
+    """An operator's refused edit stays in the history with its attestation;
+    resent with other edits, or none, it once approved as the operator."""
+    calls = [ticket_call("ticket_update", "T-5", fields={"refund": "10000"})]
+    rules = {"approvers": "others"}
+    async with (
+        harness(tmp_path, authority=authority(**rules)) as h,
+        serve_api(h, **rules) as api,
+    ):
+        run_id = (await start(api, "alice", calls)).json()["run_id"]
+        approval_id, action = await pending(h, run_id)
+        typo = {"tenant_id": "acme", "ticket_id": "T-5", "feilds": {"refund": "10"}}
+        refused = await decide(api, "ops", approval_id, action, arguments=typo)
+        assert refused.status_code == 422
+        handle = h.client.get_workflow_handle(run_id, result_type=RunResult)
+        copied = None
+        async for event in handle.fetch_history_events():
+            if event.HasField("workflow_execution_update_accepted_event_attributes"):
+                request = event.workflow_execution_update_accepted_event_attributes
+                (copied,) = await h.client.data_converter.decode(
+                    list(request.accepted_request.input.args.payloads), [DecisionInput]
+                )
+        assert copied is not None and copied.attested_by is not None
+        mine = {"tenant_id": "acme", "ticket_id": "T-5", "fields": {"refund": "99999"}}
+        for replay in (
+            copied.model_copy(update={"arguments": mine}),
+            copied.model_copy(update={"arguments": None}),
+        ):
+            with pytest.raises(WorkflowUpdateFailedError):
+                await handle.execute_update(RoundtableWorkflow.decide_approval, replay)
+        assert (await h.store.get_approval(approval_id))["status"] == "pending"
+
+
+async def test_a_tenant_limited_user_cannot_approve_another_tenants_write(tmp_path) -> None:
+    calls = [ticket_call("ticket_update", "T-1", tenant_id="acme")]
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        run_id = (await start(api, "svc", calls, user_id="carol")).json()["run_id"]
+        approval_id, action = await pending(h, run_id)
+        plain = await decide(api, "carol", approval_id, action)
+        assert plain.status_code == 403 and plain.json()["code"] == "tenant_not_allowed"
+        assert (await h.store.get_approval(approval_id))["status"] == "pending"
+
+
+async def test_a_tenant_limited_run_reads_only_its_tenants(tmp_path) -> None:
+    read = {"name": "ticket_get", "args": {"tenant_id": "acme", "ticket_id": "T-SECRET"}}
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        run_id = (await start(api, "carol", [read])).json()["run_id"]
+        handle = h.client.get_workflow_handle(run_id, result_type=RunResult)
+        await handle.result()
+        thread = repr((await h.state(handle)).threads["seat-1"])
+        assert "tenant_not_allowed" in thread and "open" not in thread.split("tenant_not")[1]
+
+
+async def test_a_raw_reconcile_update_is_refused(tmp_path) -> None:
+    """Reconciling is for operators; a raw update once settled unknown writes
+    as whoever it named."""
+    from roundtable.models import ReconcileInput
+    from tests.test_closed_runs import AUTO, acts_then_raises, update
+    from tests.test_workflow_execution import wrap_tool
+
+    async with harness(
+        tmp_path,
+        authority=authority(policy_ceiling_service=AUTO),
+        customize=lambda reg, _t: wrap_tool(reg, "ticket_update", acts_then_raises),
+    ) as h:
+        handle = await h.start(task_text="t", script=update(), write_policy=AUTO)
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+        (action_id,) = state.unknown_actions
+        raw = ReconcileInput(action_id=action_id, outcome="failed", decided_by="ops", note="x")
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(RoundtableWorkflow.reconcile_action, raw)
+        assert "operator" in str(refused.value.cause)
+        assert (await h.store.get_action(action_id))["status"] == "unknown"
+        await handle.execute_update(RoundtableWorkflow.reconcile_action, as_operator(raw))
+        assert (await h.store.get_action(action_id))["status"] == "failed"

@@ -108,3 +108,20 @@ async def test_canary_is_ciphertext_in_temporal_and_readable_through_the_codec(t
             },
         )
         assert preflight.headers["access-control-allow-origin"] == "http://localhost:8233"
+
+
+async def test_malformed_sealed_payloads_are_refused_not_500s() -> None:
+    """Anyone with the UI's codec token can send these; each was a 500."""
+    from temporalio.api.common.v1 import Payload
+
+    codec = EncryptionCodec([("k1", derive_payload_key("a secret"))])
+    sealed = b"binary/encrypted"
+    for key_id, data in (
+        (b"k1", b""),  # shorter than a nonce
+        (b"k1", b"0" * 40),  # not a ciphertext of ours
+        (b"\xff\xfe", b"0" * 40),  # a key id that is not text
+        (b"x" * 500, b"0" * 40),  # a key id no key could have
+    ):
+        bad = Payload(metadata={"encoding": sealed, "encryption-key-id": key_id}, data=data)
+        with pytest.raises(PayloadKeyError):
+            await codec.decode([bad])

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from roundtable.models import ReconcileInput
 from roundtable.webhooks import SIGNATURE_HEADER, signing_key, verify_signature
 from tests.api_server import serve_api, serving
-from tests.workflow_harness import harness, script, ticket_call
+from tests.workflow_harness import as_operator, harness, script, ticket_call
 from worker import WebhookConfig, build_worker
 from workflows.roundtable import RoundtableWorkflow
 
@@ -146,7 +146,9 @@ async def test_unknown_action_webhook_and_a_receiver_that_refuses(tmp_path) -> N
         assert good.received[0]["body"]["data"]["action_id"] == action_id
         await handle.execute_update(
             RoundtableWorkflow.reconcile_action,
-            ReconcileInput(action_id=action_id, outcome="succeeded", decided_by="op", note="ok"),
+            as_operator(
+                ReconcileInput(action_id=action_id, outcome="succeeded", decided_by="op", note="ok")
+            ),
         )
         assert (await handle.result()).status == "completed"
         assert good.events() == ["action.unknown", "run.completed"]

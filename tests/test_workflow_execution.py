@@ -14,7 +14,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from roundtable.models import ReconcileInput
 from roundtable.security import derive_target
 from roundtable.tools.registry import ToolRegistry
-from tests.workflow_harness import Harness, harness, script, ticket_call
+from tests.workflow_harness import Harness, as_operator, harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
 
 AUTO = "auto_approve_up_to:R3"
@@ -28,7 +28,9 @@ def wrap_tool(registry: ToolRegistry, name: str, wrapper) -> None:  # type: igno
 async def reconcile(handle, action_id: str, outcome: str) -> str:  # type: ignore[no-untyped-def]
     return await handle.execute_update(
         RoundtableWorkflow.reconcile_action,
-        ReconcileInput(action_id=action_id, outcome=outcome, decided_by="op-1", note="checked"),
+        as_operator(
+            ReconcileInput(action_id=action_id, outcome=outcome, decided_by="op-1", note="checked")
+        ),
     )
 
 

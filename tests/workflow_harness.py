@@ -211,3 +211,13 @@ async def _record_histories(made: Harness) -> None:
 def _save(directory: Path, name: str, text: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / name).write_text(text)
+
+
+def as_operator(message: Any) -> Any:
+    """A decision or reconciliation as the API or CLI sends it for an operator:
+    with the server's attestation (tests hold the action secret)."""
+    from datetime import UTC, datetime
+
+    from roundtable.permissions import Decider, attest
+
+    return attest(message, Decider(user_id=message.decided_by, role="operator"), datetime.now(UTC))

@@ -151,6 +151,7 @@ class RoundtableWorkflow:
                 seat_tools=self.request.seat_tools,
                 write_policy=self.request.write_policy,
                 models=sorted(self.request.models()),
+                request_fingerprint=self.request.fingerprint(),
             ),
             start_to_close_timeout=BOOKKEEPING,
             summary="open run",

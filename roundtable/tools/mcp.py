@@ -51,6 +51,7 @@ _OVERRIDABLE = (
     "target_key_namespace",
     "safe_argument_fields",
     "description",
+    "tenant_field",
 )
 
 
