@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -14,6 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
+from api.pagination import DEFAULT_LIMIT, Cursor, Limit, after_time, page
 from api.problems import Problem
 from roundtable import operations
 from roundtable.models import RunInput
@@ -75,39 +74,19 @@ async def start_run(
     return started
 
 
-def _cursor(row: dict[str, Any]) -> str:
-    raw = f"{row['created_at'].isoformat()}|{row['id']}".encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _after(cursor: str | None) -> tuple[datetime, str] | None:
-    if not cursor:
-        return None
-    try:
-        created, run_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(created), run_id
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Problem(
-            422,
-            "validation_error",
-            "cursor: not a cursor this API gave out",
-            errors=[{"field": "cursor", "message": "invalid cursor"}],
-        ) from exc
-
-
 @router.get("")
 async def list_runs(
     caller: Caller,
     ctx: Context,
     status: Annotated[str | None, Query(max_length=32)] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(max_length=512)] = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> dict[str, Any]:
     rows = await ctx.store.list_runs(
         user_id=None if caller.sees_everything else caller.user_id,
         status=status,
         limit=limit,
-        after=_after(cursor),
+        after=after_time(cursor),
     )
     items = [
         {
@@ -119,7 +98,7 @@ async def list_runs(
         }
         for r in rows
     ]
-    return {"items": items, "next_cursor": _cursor(rows[-1]) if len(rows) == limit else None}
+    return page(items, limit, (rows[-1]["created_at"], rows[-1]["id"]) if rows else None)
 
 
 @router.get("/{run_id}")
