@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
+from api.pagination import DEFAULT_LIMIT, Cursor, Limit, after_time, array_page
 from api.problems import Problem
 from roundtable import operations
 from roundtable.store import NotFoundError
-from roundtable.views import approval_view
+from roundtable.views import approval_pair_view, approval_view
 
 router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
 
@@ -62,16 +63,22 @@ async def _decidable(ctx: ApiContext, caller: Principal, approval_id: str, verb:
 async def list_approvals(
     caller: Caller,
     ctx: Context,
+    request: Request,
+    response: Response,
     status: Annotated[str | None, Query(max_length=32)] = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> list[dict[str, Any]]:
-    rows = await ctx.store.list_approvals(status=status)
-    visible = []
-    for row in rows:
-        if caller.sees_everything or (await ctx.store.get_run(row["run_id"]))["user_id"] == (
-            caller.user_id
-        ):
-            visible.append(await approval_view(ctx.store, row))
-    return visible
+    """Oldest first, ``limit`` at a time; a full page's ``Next-Cursor`` header
+    (and ``Link: rel="next"``) gives the next. One query whatever the page size."""
+    pairs = await ctx.store.approvals_with_actions(
+        user_id=None if caller.sees_everything else caller.user_id,
+        status=status,
+        limit=limit,
+        after=after_time(cursor),
+    )
+    last = (pairs[-1][0]["created_at"], pairs[-1][0]["id"]) if pairs else None
+    return array_page(response, request, [approval_pair_view(*p) for p in pairs], limit, last)
 
 
 @router.get("/{approval_id}")

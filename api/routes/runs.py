@@ -12,12 +12,21 @@ from fastapi.responses import StreamingResponse
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
-from api.pagination import DEFAULT_LIMIT, Cursor, Limit, after_time, page
+from api.pagination import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    Cursor,
+    Limit,
+    after_number,
+    after_time,
+    array_page,
+    page,
+)
 from api.problems import Problem
 from roundtable import operations
 from roundtable.models import RunInput
 from roundtable.store import FINAL_RUN_STATUSES, NotFoundError
-from roundtable.views import approval_view, event_view, run_view
+from roundtable.views import approval_views, event_view, run_view
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 SSE_POLL_SECONDS = 0.5
@@ -116,9 +125,7 @@ async def run_actions(run_id: str, caller: Caller, ctx: Context) -> list[dict[st
 @router.get("/{run_id}/approvals")
 async def run_approvals(run_id: str, caller: Caller, ctx: Context) -> list[dict[str, Any]]:
     await visible_run(ctx, caller, run_id)
-    return [
-        await approval_view(ctx.store, a) for a in await ctx.store.list_approvals(run_id=run_id)
-    ]
+    return await approval_views(ctx.store, run_id=run_id)
 
 
 @router.get("/{run_id}/events", response_model=None)
@@ -127,13 +134,19 @@ async def run_events(
     caller: Caller,
     ctx: Context,
     request: Request,
+    response: Response,
     last_event_id: Annotated[str | None, Header()] = None,
+    limit: Limit = MAX_LIMIT,
+    cursor: Cursor = None,
 ) -> list[dict[str, Any]] | StreamingResponse:
-    """The audit log. With ``Accept: text/event-stream`` it streams live, from
-    ``Last-Event-ID`` on, until the run has finished."""
+    """The audit log, ``limit`` events at a time (a full page's ``Next-Cursor``
+    header gives the next). With ``Accept: text/event-stream`` it streams live,
+    from ``Last-Event-ID`` on, until the run has finished."""
     await visible_run(ctx, caller, run_id)
     if "text/event-stream" not in request.headers.get("accept", ""):
-        return [event_view(e) for e in await ctx.store.list_events(run_id)]
+        events = await ctx.store.events_page(run_id, after_seq=after_number(cursor), limit=limit)
+        last = (events[-1]["seq"],) if events else None
+        return array_page(response, request, [event_view(e) for e in events], limit, last)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
     return StreamingResponse(
         _stream(ctx, run_id, start, request),
@@ -145,7 +158,7 @@ async def run_events(
 async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> AsyncIterator[str]:
     quiet = 0.0
     while not await request.is_disconnected():
-        fresh = [e for e in await ctx.store.list_events(run_id) if e["seq"] > seen]
+        fresh = await ctx.store.events_page(run_id, after_seq=seen, limit=MAX_LIMIT)
         for event in fresh:
             seen = event["seq"]
             yield (
