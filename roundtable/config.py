@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     demo_ticket_write_delay_seconds: float = Field(default=0.5, ge=0)
     # Chaos for demos and tests: writes to these demo ticket ids apply, then fail.
     demo_ticket_drop_after_write: list[str] = Field(default_factory=list)
+    # Approval extensions are bounded, so an approval cannot be kept open for
+    # ever by extending it again and again: at most this many extensions, and
+    # never past this long after the approval was created (refused with 409).
+    max_approval_extensions: int = Field(default=3, ge=0)
+    max_approval_total_seconds: int = Field(default=7 * 24 * 3600, gt=0)
 
 
 def load_settings() -> Settings:

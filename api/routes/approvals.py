@@ -124,4 +124,6 @@ async def extend(
         body.seconds,
         caller.user_id,
         ctx.settings.max_approval_extension_seconds,
+        max_extensions=ctx.settings.max_approval_extensions,
+        max_total_seconds=ctx.settings.max_approval_total_seconds,
     )
