@@ -81,7 +81,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidInputError)
     async def _bad_input(_: Request, exc: InvalidInputError) -> JSONResponse:
-        return problem_response(422, "invalid_input", str(exc))
+        if exc.field is None:
+            return problem_response(422, "invalid_input", str(exc))
+        errors = [{"field": exc.field, "message": str(exc)}]
+        return problem_response(422, "invalid_input", str(exc), errors=errors)
 
     @app.exception_handler(TemporalUnavailableError)
     async def _unavailable(_: Request, exc: TemporalUnavailableError) -> JSONResponse:

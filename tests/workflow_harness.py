@@ -105,12 +105,15 @@ async def harness(
     restartable: bool = False,
     dev_server: bool = False,
     converter: DataConverter | None = None,
+    database_url: str | None = None,
 ) -> AsyncIterator[Harness]:
     """``restartable``: the test stops and starts workers (stop_worker,
     start_worker). Workers then keep no sticky cache: the time-skipping server
     never hands a stopped worker's sticky tasks to another worker.
     ``dev_server``: the real Temporal dev server instead (real time, real
-    sticky queues, schedules); ``converter``: the harness client's own."""
+    sticky queues, schedules); ``converter``: the harness client's own.
+    ``database_url``: the store's database (default SQLite in ``tmp_path``);
+    the demo ticket system stays on SQLite."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     if dev_server:
         env = await WorkflowEnvironment.start_local(
@@ -127,7 +130,7 @@ async def harness(
     try:
         if not dev_server:
             await register_search_attributes(env.client)
-        async with open_store(url) as store:
+        async with open_store(database_url or url) as store:
             tickets = await TicketSystem.open(url, write_delay_seconds=write_delay)
             registry = ToolRegistry()
             register_ticket_tools(registry, tickets)

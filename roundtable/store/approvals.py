@@ -34,6 +34,7 @@ from roundtable.store.states import (
     ActionStatus,
     ApprovalStatus,
 )
+from roundtable.store.text import refuse_unstorable
 
 
 class ApprovalOps(ActionOps):
@@ -101,6 +102,7 @@ class ApprovalOps(ActionOps):
         if decision not in APPROVAL_DECISIONS:
             raise InvalidInputError("decision must be 'approved' or 'rejected'")
         require_text("decided_by", decided_by)
+        refuse_unstorable("reason", reason)
         expired_late = False
         async with self._transaction() as session:
             run, approval = await self._lock_approval(session, approval_id)
@@ -137,6 +139,7 @@ class ApprovalOps(ActionOps):
         against the tool's schema and policy, ``target`` re-derived from them).
         Returns the approval and the changes, redacted as the action's view is."""
         require_text("decided_by", decided_by)
+        refuse_unstorable("reason", reason)
         async with self._transaction() as session:
             run, approval = await self._lock_approval(session, approval_id)
             if approval.status != ApprovalStatus.PENDING:
