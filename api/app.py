@@ -13,6 +13,7 @@ from temporalio.client import Client
 
 from api import problems
 from api.context import ApiContext
+from api.docs import install_docs
 from api.routes import actions, approvals, codec, health, runs, webhooks
 from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.config import Settings, load_settings
@@ -93,8 +94,11 @@ def create_app(
         version="1",
         description="Runs of LLM agents whose writes are approved, leased and audited.",
         lifespan=lifespan,
+        docs_url=None,  # served by api/docs.py from local assets
+        redoc_url=None,
     )
     problems.install(app)
+    install_docs(app)
     for module in (runs, approvals, actions, health, codec, webhooks):
         app.include_router(module.router)
     app.state.codec = EncryptionCodec(keys_from_environment())
