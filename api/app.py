@@ -14,6 +14,7 @@ from temporalio.client import Client
 from api import problems
 from api.context import ApiContext
 from api.docs import install_docs
+from api.openapi import install_openapi
 from api.routes import actions, approvals, codec, health, runs, webhooks
 from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.config import Settings, load_settings
@@ -99,6 +100,7 @@ def create_app(
     )
     problems.install(app)
     install_docs(app)
+    install_openapi(app)
     for module in (runs, approvals, actions, health, codec, webhooks):
         app.include_router(module.router)
     app.state.codec = EncryptionCodec(keys_from_environment())

@@ -9,13 +9,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
+from api.openapi import AUTHENTICATED, problems
 from api.pagination import DEFAULT_LIMIT, Cursor, Limit, after_time, array_page
 from api.problems import Problem
+from api.schemas import ApprovalView, DecisionResult, ExtendResult
 from roundtable import operations
 from roundtable.store import NotFoundError
 from roundtable.views import approval_pair_view, approval_view
 
-router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
+router = APIRouter(
+    prefix="/v1/approvals",
+    tags=["approvals"],
+    dependencies=AUTHENTICATED,
+    responses=problems(401, 422),
+)
 
 
 class DecisionBody(BaseModel):
@@ -59,7 +66,7 @@ async def _decidable(ctx: ApiContext, caller: Principal, approval_id: str, verb:
         raise Problem(403, "forbidden", f"a {caller.role} token cannot {verb} approvals")
 
 
-@router.get("")
+@router.get("", response_model=list[ApprovalView])
 async def list_approvals(
     caller: Caller,
     ctx: Context,
@@ -81,13 +88,17 @@ async def list_approvals(
     return array_page(response, request, [approval_pair_view(*p) for p in pairs], limit, last)
 
 
-@router.get("/{approval_id}")
+@router.get("/{approval_id}", response_model=ApprovalView, responses=problems(404))
 async def get_approval(approval_id: str, caller: Caller, ctx: Context) -> dict[str, Any]:
     approval, _ = await _visible(ctx, caller, approval_id)
     return await approval_view(ctx.store, approval)
 
 
-@router.post("/{approval_id}/decision")
+@router.post(
+    "/{approval_id}/decision",
+    response_model=DecisionResult,
+    responses=problems(400, 403, 404, 409, 413, 503),
+)
 async def decide(
     approval_id: str, body: DecisionBody, caller: Caller, ctx: Context
 ) -> dict[str, Any]:
@@ -111,7 +122,11 @@ class ExtendBody(BaseModel):
     seconds: int = Field(gt=0, description="How much longer the approval stays open.")
 
 
-@router.post("/{approval_id}/extend")
+@router.post(
+    "/{approval_id}/extend",
+    response_model=ExtendResult,
+    responses=problems(400, 403, 404, 409, 413, 503),
+)
 async def extend(
     approval_id: str, body: ExtendBody, caller: Caller, ctx: Context
 ) -> dict[str, Any]:

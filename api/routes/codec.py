@@ -15,10 +15,24 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from temporalio.api.common.v1 import Payloads
 
 from api.auth import Caller, Context, Principal
+from api.openapi import AUTHENTICATED, problems
 from api.problems import Problem
+from api.schemas import Payloads as PayloadsDocument
 from roundtable.codec import EncryptionCodec, PayloadKeyError
 
 router = APIRouter(prefix="/codec", tags=["codec"])
+# The body is read by hand (protobuf parses it), so it is declared here.
+_CODEC_DOC: dict[str, Any] = {
+    "response_model": PayloadsDocument,
+    "responses": problems(401, 403, 413, 422),
+    "dependencies": AUTHENTICATED,
+    "openapi_extra": {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Payloads"}}},
+        }
+    },
+}
 
 
 # Payloads are a list of flat objects: a few levels. Deeper documents are
@@ -89,12 +103,12 @@ async def _decode(request: Request, caller: Principal) -> dict[str, Any]:
     return MessageToDict(Payloads(payloads=decoded))
 
 
-@router.post("/encode")
+@router.post("/encode", **_CODEC_DOC)
 async def encode(request: Request, caller: Caller) -> dict[str, Any]:
     return await _encode(request, caller)
 
 
-@router.post("/decode")
+@router.post("/decode", **_CODEC_DOC)
 async def decode(request: Request, caller: Caller) -> dict[str, Any]:
     return await _decode(request, caller)
 

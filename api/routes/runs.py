@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
+from api.openapi import AUTHENTICATED, problems
 from api.pagination import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -23,12 +24,18 @@ from api.pagination import (
     page,
 )
 from api.problems import Problem
+from api.schemas import ActionView, ApprovalView, EventView, RunPage, RunStarted, RunView
 from roundtable import operations
 from roundtable.models import RunInput
 from roundtable.store import FINAL_RUN_STATUSES, NotFoundError
 from roundtable.views import approval_views, event_view, run_view
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"])
+router = APIRouter(
+    prefix="/v1/runs",
+    tags=["runs"],
+    dependencies=AUTHENTICATED,
+    responses=problems(401, 422),
+)
 SSE_POLL_SECONDS = 0.5
 SSE_KEEPALIVE_SECONDS = 15.0
 
@@ -43,7 +50,12 @@ async def visible_run(ctx: ApiContext, caller: Principal, run_id: str) -> dict[s
     return run
 
 
-@router.post("", status_code=201)
+@router.post(
+    "",
+    status_code=201,
+    response_model=RunStarted,
+    responses=problems(400, 403, 409, 413, 503),
+)
 async def start_run(
     request: RunInput,
     caller: Caller,
@@ -83,7 +95,7 @@ async def start_run(
     return started
 
 
-@router.get("")
+@router.get("", response_model=RunPage)
 async def list_runs(
     caller: Caller,
     ctx: Context,
@@ -110,25 +122,35 @@ async def list_runs(
     return page(items, limit, (rows[-1]["created_at"], rows[-1]["id"]) if rows else None)
 
 
-@router.get("/{run_id}")
+@router.get("/{run_id}", response_model=RunView, responses=problems(404))
 async def get_run(run_id: str, caller: Caller, ctx: Context) -> dict[str, Any]:
     await visible_run(ctx, caller, run_id)
     return await run_view(ctx.store, run_id)
 
 
-@router.get("/{run_id}/actions")
+@router.get("/{run_id}/actions", response_model=list[ActionView], responses=problems(404))
 async def run_actions(run_id: str, caller: Caller, ctx: Context) -> list[dict[str, Any]]:
     await visible_run(ctx, caller, run_id)
     return (await run_view(ctx.store, run_id))["actions"]
 
 
-@router.get("/{run_id}/approvals")
+@router.get("/{run_id}/approvals", response_model=list[ApprovalView], responses=problems(404))
 async def run_approvals(run_id: str, caller: Caller, ctx: Context) -> list[dict[str, Any]]:
     await visible_run(ctx, caller, run_id)
     return await approval_views(ctx.store, run_id=run_id)
 
 
-@router.get("/{run_id}/events", response_model=None)
+@router.get(
+    "/{run_id}/events",
+    response_model=list[EventView],
+    responses={
+        **problems(404),
+        200: {
+            "description": "The audit log; with Accept: text/event-stream, live events.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+    },
+)
 async def run_events(
     run_id: str,
     caller: Caller,

@@ -7,13 +7,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from api.auth import Caller, Context
+from api.openapi import AUTHENTICATED, problems
 from api.pagination import DEFAULT_LIMIT, Cursor, Limit, after_number, array_page
 from api.problems import Problem
+from api.schemas import WebhookDelivery
 
-router = APIRouter(prefix="/v1/webhook-deliveries", tags=["webhooks"])
+router = APIRouter(
+    prefix="/v1/webhook-deliveries",
+    tags=["webhooks"],
+    dependencies=AUTHENTICATED,
+    responses=problems(401, 422),
+)
 
 
-@router.get("")
+@router.get("", response_model=list[WebhookDelivery], responses=problems(403))
 async def deliveries(
     caller: Caller,
     ctx: Context,
