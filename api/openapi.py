@@ -50,10 +50,14 @@ def install_openapi(app: FastAPI) -> None:
             description=app.description,
             routes=app.routes,
         )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
         # FastAPI files every declared model under application/json; errors
         # are sent as application/problem+json, so the document says that.
         for operations in schema.get("paths", {}).values():
             for operation in operations.values():
+                # Hand-declared bodies (openapi_extra) bring their own $defs.
+                for body in operation.get("requestBody", {}).get("content", {}).values():
+                    components.update(body.get("schema", {}).pop("$defs", {}))
                 for status, response in operation.get("responses", {}).items():
                     content = response.get("content", {})
                     if status[:1] in ("4", "5") and "application/json" in content:

@@ -62,7 +62,10 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
             exc.status_code, "http_error"
         )
-        return problem_response(exc.status_code, code, str(exc.detail))
+        response = problem_response(exc.status_code, code, str(exc.detail))
+        # Keep what Starlette says with it, e.g. a 405's Allow (RFC 9110).
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(NotFoundError)
     async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:

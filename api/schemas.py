@@ -8,11 +8,18 @@ public arguments.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Timestamp = str  # ISO 8601 with offset, as rendered by the views
+Base64 = Annotated[
+    str,
+    Field(
+        pattern=r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+        max_length=262144,
+    ),
+]
 
 
 class Model(BaseModel):
@@ -182,6 +189,19 @@ class Payload(Model):
 
 class Payloads(Model):
     payloads: list[Payload] = Field(default_factory=list)
+
+
+class PayloadIn(Model):
+    """What the codec endpoints read: protobuf refuses any other field."""
+
+    model_config = ConfigDict(extra="forbid")
+    metadata: dict[str, Base64] = Field(default_factory=dict)
+    data: Base64 = ""
+
+
+class PayloadsIn(Model):
+    model_config = ConfigDict(extra="forbid")
+    payloads: list[PayloadIn] = Field(default_factory=list)
 
 
 class Health(Model):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.auth import Caller, Context, Principal
@@ -14,7 +14,7 @@ from api.pagination import DEFAULT_LIMIT, Cursor, Limit, after_time, array_page
 from api.problems import Problem
 from api.schemas import ApprovalView, DecisionResult, ExtendResult
 from roundtable import operations
-from roundtable.store import NotFoundError
+from roundtable.store import ApprovalStatus, NotFoundError
 from roundtable.views import approval_pair_view, approval_view
 
 router = APIRouter(
@@ -72,7 +72,7 @@ async def list_approvals(
     ctx: Context,
     request: Request,
     response: Response,
-    status: Annotated[str | None, Query(max_length=32)] = None,
+    status: ApprovalStatus | None = None,
     limit: Limit = DEFAULT_LIMIT,
     cursor: Cursor = None,
 ) -> list[dict[str, Any]]:

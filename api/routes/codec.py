@@ -18,6 +18,7 @@ from api.auth import Caller, Context, Principal
 from api.openapi import AUTHENTICATED, problems
 from api.problems import Problem
 from api.schemas import Payloads as PayloadsDocument
+from api.schemas import PayloadsIn
 from roundtable.codec import EncryptionCodec, PayloadKeyError
 
 router = APIRouter(prefix="/codec", tags=["codec"])
@@ -29,7 +30,13 @@ _CODEC_DOC: dict[str, Any] = {
     "openapi_extra": {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Payloads"}}},
+            "content": {
+                "application/json": {
+                    "schema": PayloadsIn.model_json_schema(
+                        ref_template="#/components/schemas/{model}"
+                    )
+                }
+            },
         }
     },
 }

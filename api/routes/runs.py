@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api.auth import Caller, Context, Principal
@@ -27,7 +27,7 @@ from api.problems import Problem
 from api.schemas import ActionView, ApprovalView, EventView, RunPage, RunStarted, RunView
 from roundtable import operations
 from roundtable.models import RunInput
-from roundtable.store import FINAL_RUN_STATUSES, NotFoundError
+from roundtable.store import FINAL_RUN_STATUSES, NotFoundError, RunStatus
 from roundtable.views import approval_views, event_view, run_view
 
 router = APIRouter(
@@ -99,7 +99,7 @@ async def start_run(
 async def list_runs(
     caller: Caller,
     ctx: Context,
-    status: Annotated[str | None, Query(max_length=32)] = None,
+    status: RunStatus | None = None,
     limit: Limit = DEFAULT_LIMIT,
     cursor: Cursor = None,
 ) -> dict[str, Any]:
