@@ -288,7 +288,12 @@ class WriteActivities:
     @typed_store_errors
     async def extend_approval(self, inp: ExtendInput) -> ExtendOutput:
         approval = await self.store.extend_approval(
-            inp.approval_id, inp.seconds, inp.extended_by, inp.max_seconds
+            inp.approval_id,
+            inp.seconds,
+            inp.extended_by,
+            inp.max_seconds,
+            max_extensions=inp.max_extensions,
+            max_total_seconds=inp.max_total_seconds,
         )
         return ExtendOutput(approval_id=approval["id"], expires_at=approval["expires_at"])
 

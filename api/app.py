@@ -13,6 +13,8 @@ from temporalio.client import Client
 
 from api import access_log, problems
 from api.context import ApiContext
+from api.docs import install_docs
+from api.openapi import install_openapi
 from api.routes import actions, approvals, codec, health, runs, webhooks
 from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.config import Settings, load_settings
@@ -93,9 +95,13 @@ def create_app(
         version="1",
         description="Runs of LLM agents whose writes are approved, leased and audited.",
         lifespan=lifespan,
+        docs_url=None,  # served by api/docs.py from local assets
+        redoc_url=None,
     )
     problems.install(app)
     access_log.install()
+    install_docs(app)
+    install_openapi(app)
     for module in (runs, approvals, actions, health, codec, webhooks):
         app.include_router(module.router)
     app.state.codec = EncryptionCodec(keys_from_environment())

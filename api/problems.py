@@ -63,7 +63,10 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
             exc.status_code, "http_error"
         )
-        return problem_response(exc.status_code, code, str(exc.detail))
+        response = problem_response(exc.status_code, code, str(exc.detail))
+        # Keep what Starlette says with it, e.g. a 405's Allow (RFC 9110).
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(NotFoundError)
     async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
@@ -82,7 +85,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidInputError)
     async def _bad_input(_: Request, exc: InvalidInputError) -> JSONResponse:
-        return problem_response(422, exc.code, str(exc))
+        if exc.field is None:
+            return problem_response(422, exc.code, str(exc))
+        errors = [{"field": exc.field, "message": str(exc)}]
+        return problem_response(422, exc.code, str(exc), errors=errors)
 
     @app.exception_handler(ForbiddenError)
     async def _forbidden(_: Request, exc: ForbiddenError) -> JSONResponse:

@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     # Models a run may name; empty: "scripted" and default_model.
     allowed_models: list[str] = Field(default_factory=list)
     default_model: str | None = None
+    # Approval extensions are bounded, so an approval cannot be kept open for
+    # ever by extending it again and again: at most this many extensions, and
+    # never past this long after the approval was created (refused with 409).
+    max_approval_extensions: int = Field(default=3, ge=0)
+    max_approval_total_seconds: int = Field(default=7 * 24 * 3600, gt=0)
 
 
 def load_settings() -> Settings:

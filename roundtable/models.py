@@ -451,6 +451,9 @@ class ExtendInput(Model):
     seconds: int = Field(gt=0)
     extended_by: str = Field(min_length=1, max_length=255)
     max_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+    # Limits on repeated extensions; None: the worker's settings decide.
+    max_extensions: int | None = Field(default=None, ge=0)
+    max_total_seconds: int | None = Field(default=None, gt=0)
 
 
 class ExtendOutput(Model):

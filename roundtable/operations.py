@@ -161,9 +161,20 @@ def _attested(decision: DecisionInput, decider: Decider | None) -> DecisionInput
 
 
 async def extend(
-    client: Client, store: Store, approval_id: str, seconds: int, by: str, max_seconds: int
+    client: Client,
+    store: Store,
+    approval_id: str,
+    seconds: int,
+    by: str,
+    max_seconds: int,
+    *,
+    max_extensions: int | None = None,
+    max_total_seconds: int | None = None,
 ) -> dict[str, Any]:
-    """Push a pending approval's deadline back through its workflow (the timer follows)."""
+    """Push a pending approval's deadline back through its workflow (the timer
+    follows). The store refuses (ConflictError) an extension beyond
+    ``max_extensions`` or past ``max_total_seconds`` after the approval was
+    created; None leaves those limits to the worker's settings."""
     approval = await store.get_approval(approval_id)
     if approval["status"] != "pending":
         raise ConflictError(f"approval {approval_id} is already {approval['status']}")
@@ -174,7 +185,12 @@ async def extend(
         approval["run_id"],
         EXTEND_UPDATE,
         ExtendInput(
-            approval_id=approval_id, seconds=seconds, extended_by=by, max_seconds=max_seconds
+            approval_id=approval_id,
+            seconds=seconds,
+            extended_by=by,
+            max_seconds=max_seconds,
+            max_extensions=max_extensions,
+            max_total_seconds=max_total_seconds,
         ),
         ExtendOutput,
     )

@@ -215,7 +215,10 @@ def derive_target_key(
 
 
 def _canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # surrogatepass: a model's lone surrogate must not make a write unrecordable
+    # (strict UTF-8 raised); text without surrogates encodes as before.
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")
 
 
 # --------------------------------------------------------------------------- digests
@@ -266,7 +269,7 @@ def decrypt_arguments(ciphertext: str, *, associated_data: bytes = b"") -> dict[
         plain = AESGCM(key).decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], associated_data)
     except InvalidTag as exc:
         raise ArgumentsDecryptionError("ciphertext failed authentication") from exc
-    value = json.loads(plain)
+    value = json.loads(plain.decode("utf-8", "surrogatepass"))
     if not isinstance(value, dict):
         raise ArgumentsDecryptionError("ciphertext does not hold an arguments object")
     return value

@@ -1,33 +1,43 @@
 """What people see of runs and approvals: one builder for the CLI and the API,
-made of the allowlisted public views only."""
+made of the allowlisted public views only.
+
+Each view is built from one snapshot of the store (see store/reads.py), so it
+never shows an approval without its action, or usage from a later instant.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from roundtable.security import action_to_public_dict, approval_to_public_dict
-from roundtable.store import Store
+from roundtable.store import NotFoundError, Store
 
 
-async def approval_view(store: Store, approval: dict[str, Any]) -> dict[str, Any]:
-    action = await store.get_action(approval["action_id"])
+def approval_pair_view(approval: dict[str, Any], action: dict[str, Any]) -> dict[str, Any]:
+    """An approval with what it approves (tool, seat, redacted arguments)."""
     view = approval_to_public_dict(approval, action)
     view["arguments_digest"] = action["arguments_digest"]
     return view
 
 
+async def approval_view(store: Store, approval: dict[str, Any]) -> dict[str, Any]:
+    pairs = await store.approvals_with_actions(approval_id=approval["id"])
+    if not pairs:
+        raise NotFoundError(f"approval {approval['id']!r} not found")
+    return approval_pair_view(*pairs[0])
+
+
+async def approval_views(store: Store, **filters: Any) -> list[dict[str, Any]]:
+    """Approvals (filtered as ``Store.approvals_with_actions``) in one query."""
+    return [approval_pair_view(*pair) for pair in await store.approvals_with_actions(**filters)]
+
+
 async def run_view(store: Store, run_id: str) -> dict[str, Any]:
-    run = await store.get_run(run_id)
-    actions = await store.list_actions(run_id)
+    snapshot = await store.run_snapshot(run_id)
+    run, actions, turns = snapshot["run"], snapshot["actions"], snapshot["turns"]
     by_id = {a["id"]: a for a in actions}
-    approvals = []
-    for approval in await store.list_approvals(run_id=run_id):
-        view = approval_to_public_dict(approval, by_id.get(approval["action_id"]))
-        view["arguments_digest"] = by_id[approval["action_id"]]["arguments_digest"]
-        approvals.append(view)
-    turns = [
-        e["payload"] for e in await store.list_events(run_id) if e["event_type"] == "turn.completed"
-    ]
+    # One snapshot: every approval's action is among the actions read.
+    approvals = [approval_pair_view(a, by_id[a["action_id"]]) for a in snapshot["approvals"]]
     return {
         "run_id": run["id"],
         "user_id": run["user_id"],

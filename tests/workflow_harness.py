@@ -116,6 +116,7 @@ async def harness(
     dev_server: bool = False,
     converter: DataConverter | None = None,
     authority: Authority = TRUSTING,
+    database_url: str | None = None,
 ) -> AsyncIterator[Harness]:
     """``restartable``: the test stops and starts workers (stop_worker,
     start_worker). Workers then keep no sticky cache: the time-skipping server
@@ -123,7 +124,9 @@ async def harness(
     ``dev_server``: the real Temporal dev server instead (real time, real
     sticky queues, schedules); ``converter``: the harness client's own.
     ``authority``: the worker's rules; by default it trusts whatever a test
-    starts (tests of the rules themselves pass their own)."""
+    starts (tests of the rules themselves pass their own).
+    ``database_url``: the store's database (default SQLite in ``tmp_path``);
+    the demo ticket system stays on SQLite."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     if dev_server:
         env = await WorkflowEnvironment.start_local(
@@ -140,7 +143,7 @@ async def harness(
     try:
         if not dev_server:
             await register_search_attributes(env.client)
-        async with open_store(url) as store:
+        async with open_store(database_url or url) as store:
             tickets = await TicketSystem.open(url, write_delay_seconds=write_delay)
             registry = ToolRegistry()
             register_ticket_tools(registry, tickets)

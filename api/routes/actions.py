@@ -8,11 +8,18 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Caller, Context
+from api.openapi import AUTHENTICATED, problems
 from api.problems import Problem
+from api.schemas import ReconcileResult
 from roundtable import operations
 from roundtable.store import NotFoundError
 
-router = APIRouter(prefix="/v1/actions", tags=["actions"])
+router = APIRouter(
+    prefix="/v1/actions",
+    tags=["actions"],
+    dependencies=AUTHENTICATED,
+    responses=problems(401, 422),
+)
 
 
 class ReconcileBody(BaseModel):
@@ -21,7 +28,11 @@ class ReconcileBody(BaseModel):
     note: str = Field(min_length=1, max_length=2000)
 
 
-@router.post("/{action_id}/reconcile")
+@router.post(
+    "/{action_id}/reconcile",
+    response_model=ReconcileResult,
+    responses=problems(400, 403, 404, 409, 413, 503),
+)
 async def reconcile(
     action_id: str, body: ReconcileBody, caller: Caller, ctx: Context
 ) -> dict[str, Any]:

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
+from api.openapi import AUTHENTICATED, problems
+from api.pagination import DEFAULT_LIMIT, Cursor, Limit, after_time, array_page
 from api.problems import Problem
+from api.schemas import ApprovalView, DecisionResult, ExtendResult
 from roundtable import operations
-from roundtable.store import NotFoundError
-from roundtable.views import approval_view
+from roundtable.store import ApprovalStatus, NotFoundError
+from roundtable.views import approval_pair_view, approval_view
 
-router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
+router = APIRouter(
+    prefix="/v1/approvals",
+    tags=["approvals"],
+    dependencies=AUTHENTICATED,
+    responses=problems(401, 422),
+)
 
 
 class DecisionBody(BaseModel):
@@ -58,29 +66,39 @@ async def _decidable(ctx: ApiContext, caller: Principal, approval_id: str, verb:
         raise Problem(403, "forbidden", f"a {caller.role} token cannot {verb} approvals")
 
 
-@router.get("")
+@router.get("", response_model=list[ApprovalView])
 async def list_approvals(
     caller: Caller,
     ctx: Context,
-    status: Annotated[str | None, Query(max_length=32)] = None,
+    request: Request,
+    response: Response,
+    status: ApprovalStatus | None = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> list[dict[str, Any]]:
-    rows = await ctx.store.list_approvals(status=status)
-    visible = []
-    for row in rows:
-        if caller.sees_everything or (await ctx.store.get_run(row["run_id"]))["user_id"] == (
-            caller.user_id
-        ):
-            visible.append(await approval_view(ctx.store, row))
-    return visible
+    """Oldest first, ``limit`` at a time; a full page's ``Next-Cursor`` header
+    (and ``Link: rel="next"``) gives the next. One query whatever the page size."""
+    pairs = await ctx.store.approvals_with_actions(
+        user_id=None if caller.sees_everything else caller.user_id,
+        status=status,
+        limit=limit,
+        after=after_time(cursor),
+    )
+    last = (pairs[-1][0]["created_at"], pairs[-1][0]["id"]) if pairs else None
+    return array_page(response, request, [approval_pair_view(*p) for p in pairs], limit, last)
 
 
-@router.get("/{approval_id}")
+@router.get("/{approval_id}", response_model=ApprovalView, responses=problems(404))
 async def get_approval(approval_id: str, caller: Caller, ctx: Context) -> dict[str, Any]:
     approval, _ = await _visible(ctx, caller, approval_id)
     return await approval_view(ctx.store, approval)
 
 
-@router.post("/{approval_id}/decision")
+@router.post(
+    "/{approval_id}/decision",
+    response_model=DecisionResult,
+    responses=problems(400, 403, 404, 409, 413, 503),
+)
 async def decide(
     approval_id: str, body: DecisionBody, caller: Caller, ctx: Context
 ) -> dict[str, Any]:
@@ -105,7 +123,11 @@ class ExtendBody(BaseModel):
     seconds: int = Field(gt=0, description="How much longer the approval stays open.")
 
 
-@router.post("/{approval_id}/extend")
+@router.post(
+    "/{approval_id}/extend",
+    response_model=ExtendResult,
+    responses=problems(400, 403, 404, 409, 413, 503),
+)
 async def extend(
     approval_id: str, body: ExtendBody, caller: Caller, ctx: Context
 ) -> dict[str, Any]:
@@ -118,4 +140,6 @@ async def extend(
         body.seconds,
         caller.user_id,
         ctx.settings.max_approval_extension_seconds,
+        max_extensions=ctx.settings.max_approval_extensions,
+        max_total_seconds=ctx.settings.max_approval_total_seconds,
     )

@@ -8,6 +8,7 @@ nothing else) may use it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,23 +16,79 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from temporalio.api.common.v1 import Payloads
 
 from api.auth import CodecCaller, Context, Principal, authenticated, require_codec_role
+from api.openapi import AUTHENTICATED, problems
 from api.problems import Problem
+from api.schemas import Payloads as PayloadsDocument
+from api.schemas import PayloadsIn
 from roundtable.codec import EncryptionCodec, PayloadKeyError
 
 router = APIRouter(prefix="/codec", tags=["codec"])
+# The body is read by hand (protobuf parses it), so it is declared here.
+_CODEC_DOC: dict[str, Any] = {
+    "response_model": PayloadsDocument,
+    "responses": problems(401, 403, 413, 422),
+    "dependencies": AUTHENTICATED,
+    "openapi_extra": {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": PayloadsIn.model_json_schema(
+                        ref_template="#/components/schemas/{model}"
+                    )
+                }
+            },
+        }
+    },
+}
+
+
+# Payloads are a list of flat objects: a few levels. Deeper documents are
+# refused before parsing, because Python's JSON parser (and protobuf's) recurse
+# and a 1,000-deep document raised RecursionError, a 500.
+MAX_JSON_DEPTH = 32
+
+
+def _too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Nesting depth of a JSON text over ``limit``, brackets in strings ignored."""
+    depth, in_string, escaped = 0, False, False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def _invalid(message: str) -> Problem:
+    return Problem(
+        422,
+        "validation_error",
+        f"payloads: {message}",
+        errors=[{"field": "payloads", "message": message}],
+    )
 
 
 async def _payloads(request: Request, caller: Principal) -> Payloads:
     require_codec_role(caller)
+    raw = await request.body()
+    if _too_deep(raw):
+        raise _invalid(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return ParseDict(await request.json(), Payloads())
-    except (ParseError, ValueError, TypeError) as exc:
-        raise Problem(
-            422,
-            "validation_error",
-            f"payloads: {exc}",
-            errors=[{"field": "payloads", "message": str(exc)}],
-        ) from exc
+        return ParseDict(json.loads(raw), Payloads())
+    except (ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise _invalid(str(exc)) from exc
 
 
 def _codec(request: Request) -> EncryptionCodec:
@@ -53,12 +110,12 @@ async def _decode(request: Request, caller: Principal) -> dict[str, Any]:
     return MessageToDict(Payloads(payloads=decoded))
 
 
-@router.post("/encode")
+@router.post("/encode", **_CODEC_DOC)
 async def encode(request: Request, caller: CodecCaller) -> dict[str, Any]:
     return await _encode(request, caller)
 
 
-@router.post("/decode")
+@router.post("/decode", **_CODEC_DOC)
 async def decode(request: Request, caller: CodecCaller) -> dict[str, Any]:
     return await _decode(request, caller)
 

@@ -9,16 +9,21 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from api.auth import Context
+from api.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=None)
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready: see checks."}},
+)
 async def readyz(ctx: Context) -> dict[str, Any] | JSONResponse:
     checks: dict[str, str] = {}
     try:

@@ -3,24 +3,39 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
+from api.openapi import AUTHENTICATED, problems
+from api.pagination import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    Cursor,
+    Limit,
+    after_number,
+    after_time,
+    array_page,
+    page,
+)
 from api.problems import Problem
+from api.schemas import ActionView, ApprovalView, EventView, RunPage, RunStarted, RunView
 from roundtable import operations
 from roundtable.models import RunInput
-from roundtable.store import FINAL_RUN_STATUSES, NotFoundError
-from roundtable.views import approval_view, event_view, run_view
+from roundtable.store import FINAL_RUN_STATUSES, NotFoundError, RunStatus
+from roundtable.views import approval_views, event_view, run_view
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"])
+router = APIRouter(
+    prefix="/v1/runs",
+    tags=["runs"],
+    dependencies=AUTHENTICATED,
+    responses=problems(401, 422),
+)
 SSE_POLL_SECONDS = 0.5
 SSE_KEEPALIVE_SECONDS = 15.0
 
@@ -35,7 +50,12 @@ async def visible_run(ctx: ApiContext, caller: Principal, run_id: str) -> dict[s
     return run
 
 
-@router.post("", status_code=201)
+@router.post(
+    "",
+    status_code=201,
+    response_model=RunStarted,
+    responses=problems(400, 403, 409, 413, 503),
+)
 async def start_run(
     request: RunInput,
     caller: Caller,
@@ -81,39 +101,19 @@ async def start_run(
     return started
 
 
-def _cursor(row: dict[str, Any]) -> str:
-    raw = f"{row['created_at'].isoformat()}|{row['id']}".encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _after(cursor: str | None) -> tuple[datetime, str] | None:
-    if not cursor:
-        return None
-    try:
-        created, run_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(created), run_id
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Problem(
-            422,
-            "validation_error",
-            "cursor: not a cursor this API gave out",
-            errors=[{"field": "cursor", "message": "invalid cursor"}],
-        ) from exc
-
-
-@router.get("")
+@router.get("", response_model=RunPage)
 async def list_runs(
     caller: Caller,
     ctx: Context,
-    status: Annotated[str | None, Query(max_length=32)] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(max_length=512)] = None,
+    status: RunStatus | None = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> dict[str, Any]:
     rows = await ctx.store.list_runs(
         user_id=None if caller.sees_everything else caller.user_id,
         status=status,
         limit=limit,
-        after=_after(cursor),
+        after=after_time(cursor),
     )
     items = [
         {
@@ -125,42 +125,56 @@ async def list_runs(
         }
         for r in rows
     ]
-    return {"items": items, "next_cursor": _cursor(rows[-1]) if len(rows) == limit else None}
+    return page(items, limit, (rows[-1]["created_at"], rows[-1]["id"]) if rows else None)
 
 
-@router.get("/{run_id}")
+@router.get("/{run_id}", response_model=RunView, responses=problems(404))
 async def get_run(run_id: str, caller: Caller, ctx: Context) -> dict[str, Any]:
     await visible_run(ctx, caller, run_id)
     return await run_view(ctx.store, run_id)
 
 
-@router.get("/{run_id}/actions")
+@router.get("/{run_id}/actions", response_model=list[ActionView], responses=problems(404))
 async def run_actions(run_id: str, caller: Caller, ctx: Context) -> list[dict[str, Any]]:
     await visible_run(ctx, caller, run_id)
     return (await run_view(ctx.store, run_id))["actions"]
 
 
-@router.get("/{run_id}/approvals")
+@router.get("/{run_id}/approvals", response_model=list[ApprovalView], responses=problems(404))
 async def run_approvals(run_id: str, caller: Caller, ctx: Context) -> list[dict[str, Any]]:
     await visible_run(ctx, caller, run_id)
-    return [
-        await approval_view(ctx.store, a) for a in await ctx.store.list_approvals(run_id=run_id)
-    ]
+    return await approval_views(ctx.store, run_id=run_id)
 
 
-@router.get("/{run_id}/events", response_model=None)
+@router.get(
+    "/{run_id}/events",
+    response_model=list[EventView],
+    responses={
+        **problems(404),
+        200: {
+            "description": "The audit log; with Accept: text/event-stream, live events.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+    },
+)
 async def run_events(
     run_id: str,
     caller: Caller,
     ctx: Context,
     request: Request,
+    response: Response,
     last_event_id: Annotated[str | None, Header()] = None,
+    limit: Limit = MAX_LIMIT,
+    cursor: Cursor = None,
 ) -> list[dict[str, Any]] | StreamingResponse:
-    """The audit log. With ``Accept: text/event-stream`` it streams live, from
-    ``Last-Event-ID`` on, until the run has finished."""
+    """The audit log, ``limit`` events at a time (a full page's ``Next-Cursor``
+    header gives the next). With ``Accept: text/event-stream`` it streams live,
+    from ``Last-Event-ID`` on, until the run has finished."""
     await visible_run(ctx, caller, run_id)
     if "text/event-stream" not in request.headers.get("accept", ""):
-        return [event_view(e) for e in await ctx.store.list_events(run_id)]
+        events = await ctx.store.events_page(run_id, after_seq=after_number(cursor), limit=limit)
+        last = (events[-1]["seq"],) if events else None
+        return array_page(response, request, [event_view(e) for e in events], limit, last)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
     return StreamingResponse(
         _stream(ctx, run_id, start, request),
@@ -172,7 +186,7 @@ async def run_events(
 async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> AsyncIterator[str]:
     quiet = 0.0
     while not await request.is_disconnected():
-        fresh = [e for e in await ctx.store.list_events(run_id) if e["seq"] > seen]
+        fresh = await ctx.store.events_page(run_id, after_seq=seen, limit=MAX_LIMIT)
         for event in fresh:
             seen = event["seq"]
             yield (

@@ -21,6 +21,7 @@ from roundtable.store.errors import (
     StoreError,
 )
 from roundtable.store.migrate import upgrade_database
+from roundtable.store.reads import ReadOps
 from roundtable.store.results import ToolResultOps
 from roundtable.store.states import (
     FINAL_RUN_STATUSES,
@@ -49,7 +50,7 @@ __all__ = [
 
 
 @complete_every_public_coroutine
-class Store(ToolResultOps):
+class Store(ReadOps, ToolResultOps):
     """Sessions, runs, actions, approvals, leases and audit; every method is one
     or more atomic transactions and returns plain dicts or outcome strings.
 

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from roundtable.config import load_settings
 from roundtable.security import (
     Target,
     argument_changes,
@@ -20,13 +21,20 @@ from roundtable.store.actions import ActionOps
 from roundtable.store.core import require_aware, require_text, row_to_dict
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
-from roundtable.store.schema import ActionRow, ActionSecretRow, ApprovalRow, RunRow
+from roundtable.store.schema import (
+    ActionRow,
+    ActionSecretRow,
+    ApprovalRow,
+    AuditEventRow,
+    RunRow,
+)
 from roundtable.store.states import (
     APPROVAL_DECISIONS,
     APPROVAL_EXPIRED_REASON,
     ActionStatus,
     ApprovalStatus,
 )
+from roundtable.store.text import refuse_unstorable
 
 
 class ApprovalOps(ActionOps):
@@ -94,6 +102,7 @@ class ApprovalOps(ActionOps):
         if decision not in APPROVAL_DECISIONS:
             raise InvalidInputError("decision must be 'approved' or 'rejected'")
         require_text("decided_by", decided_by)
+        refuse_unstorable("reason", reason)
         expired_late = False
         async with self._transaction() as session:
             run, approval = await self._lock_approval(session, approval_id)
@@ -130,6 +139,7 @@ class ApprovalOps(ActionOps):
         against the tool's schema and policy, ``target`` re-derived from them).
         Returns the approval and the changes, redacted as the action's view is."""
         require_text("decided_by", decided_by)
+        refuse_unstorable("reason", reason)
         async with self._transaction() as session:
             run, approval = await self._lock_approval(session, approval_id)
             if approval.status != ApprovalStatus.PENDING:
@@ -176,10 +186,21 @@ class ApprovalOps(ActionOps):
         return await self.get_approval(approval_id), changes
 
     async def extend_approval(
-        self, approval_id: str, seconds: float, extended_by: str, max_seconds: float
+        self,
+        approval_id: str,
+        seconds: float,
+        extended_by: str,
+        max_seconds: float,
+        *,
+        max_extensions: int | None = None,
+        max_total_seconds: float | None = None,
     ) -> dict[str, Any]:
         """Push a pending approval's deadline back by ``seconds`` (at most
-        ``max_seconds``). An approval already past its deadline stays expired."""
+        ``max_seconds``). An approval already past its deadline stays expired.
+        Repeated extensions are bounded: after ``max_extensions`` of them, or
+        past ``max_total_seconds`` after the approval was created, it is a
+        :class:`ConflictError` (None: the settings' limits). Checked under the
+        run lock, so concurrent extensions cannot both slip under a limit."""
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
             raise InvalidInputError("seconds must be a positive number")
         if seconds > max_seconds:
@@ -194,6 +215,9 @@ class ApprovalOps(ActionOps):
                 raise ConflictError(f"approval {approval_id!r} has already expired")
             before = approval.expires_at
             after = before + timedelta(seconds=seconds)
+            await self._within_extension_limits(
+                session, approval, after, max_extensions, max_total_seconds
+            )
             approval.expires_at, approval.updated_at = after, now
             await self._audit(
                 session,
@@ -209,6 +233,39 @@ class ApprovalOps(ActionOps):
                 now,
             )
         return await self.get_approval(approval_id)
+
+    @staticmethod
+    async def _within_extension_limits(
+        session: AsyncSession,
+        approval: ApprovalRow,
+        new_deadline: datetime,
+        max_extensions: int | None,
+        max_total_seconds: float | None,
+    ) -> None:
+        settings = load_settings() if None in (max_extensions, max_total_seconds) else None
+        if max_extensions is None:
+            max_extensions = settings.max_approval_extensions
+        if max_total_seconds is None:
+            max_total_seconds = settings.max_approval_total_seconds
+        # The audit log is the record of extensions: no counter to keep in step.
+        payloads = await session.execute(
+            select(AuditEventRow.payload).where(
+                AuditEventRow.run_id == approval.run_id,
+                AuditEventRow.event_type == "approval.extended",
+            )
+        )
+        done = sum(1 for p in payloads.scalars() if p.get("approval_id") == approval.id)
+        if done >= max_extensions:
+            raise ConflictError(
+                f"approval {approval.id!r} was already extended {done} time(s); "
+                f"at most {max_extensions} extensions are allowed"
+            )
+        latest = approval.created_at + timedelta(seconds=max_total_seconds)
+        if new_deadline > latest:
+            raise ConflictError(
+                f"approval {approval.id!r} cannot stay open past {latest.isoformat()} "
+                f"({int(max_total_seconds)} seconds after it was created)"
+            )
 
     async def _apply_decision(
         self,

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.store.schema import AuditEventRow, RunRow
+from roundtable.store.text import escape_json
 
 GENESIS_HASH = "0" * 64
 
@@ -69,8 +70,11 @@ async def append_event(
     now: datetime,
     dedupe_key: str | None = None,
 ) -> AuditEventRow:
-    """Append to ``run``'s chain. ``run`` must be the row locked by this transaction."""
+    """Append to ``run``'s chain. ``run`` must be the row locked by this transaction.
+    Text the database cannot store (from models and tools) is escaped before
+    hashing, so the chain covers exactly what is kept."""
     _check_payload(payload)
+    payload = escape_json(payload)
     seq = run.last_event_seq + 1
     digest = event_hash(run.last_event_hash, run.id, seq, event_type, payload, now)
     row = AuditEventRow(

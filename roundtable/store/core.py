@@ -27,6 +27,7 @@ from roundtable.store.engine import database_now, read_only_engine
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.schema import AuditEventRow, Base, RunRow, SessionRow
 from roundtable.store.states import RUN_TRANSITIONS, RunStatus
+from roundtable.store.text import escape_text, refuse_unstorable
 
 
 def row_to_dict(row: Base) -> dict[str, Any]:
@@ -39,8 +40,8 @@ def new_id() -> str:
 
 def require_text(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise InvalidInputError(f"{name} must be a non-empty string")
-    return value
+        raise InvalidInputError(f"{name} must be a non-empty string", field=name)
+    return refuse_unstorable(name, value)
 
 
 def _run_status(status: str) -> RunStatus:
@@ -168,7 +169,8 @@ class StoreCore:
     async def create_session(self, *, user_id: str, task_text: str) -> dict[str, Any]:
         require_text("user_id", user_id)
         if not isinstance(task_text, str):
-            raise InvalidInputError("task_text must be a string")
+            raise InvalidInputError("task_text must be a string", field="task_text")
+        refuse_unstorable("task_text", task_text)
         async with self._transaction() as session:
             now = await database_now(session)
             row = SessionRow(
@@ -380,7 +382,7 @@ class StoreCore:
         """A model turn's token usage, in the run's audit log (summed by views).
         Once per turn: a retried turn activity finds its event and adds none
         (False), so the log's usage matches the workflow's."""
-        key = f"turn.completed:{role}:{seat}:{round_number}"
+        key = escape_text(f"turn.completed:{role}:{seat}:{round_number}")
         async with self._transaction() as session:
             run = await self._lock_run(session, run_id)
             seen = await _logged(session, run_id, key)

@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 from roundtable.store.errors import InvalidInputError
+from roundtable.store.text import check_parameters, dumps_storable
 
 SUPPORTED_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")
 # Seconds a SQLite writer waits for the lock. Long on purpose: under 50
@@ -32,8 +33,30 @@ def create_engine_for(database_url: str) -> AsyncEngine:
             f"use one of {', '.join(SUPPORTED_DRIVERS)}"
         )
     if url.drivername.startswith("sqlite"):
-        return _sqlite_engine(database_url)
-    return create_async_engine(database_url, pool_pre_ping=True, hide_parameters=True)
+        return _refusing_unstorable(_sqlite_engine(database_url))
+    # hide_parameters: a database error's message (which reaches logs and
+    # Temporal failures) never quotes the values it was bound to.
+    return _refusing_unstorable(
+        create_async_engine(
+            database_url,
+            pool_pre_ping=True,
+            hide_parameters=True,
+            json_serializer=dumps_storable,
+        )
+    )
+
+
+def _refusing_unstorable(engine: AsyncEngine) -> AsyncEngine:
+    """Text the database cannot store fails as bad input before it is sent,
+    alike on both databases (see store/text.py)."""
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _check(
+        _conn: Any, _cursor: Any, _sql: str, parameters: Any, _context: Any, _many: bool
+    ) -> None:
+        check_parameters(parameters)
+
+    return engine
 
 
 def _sqlite_engine(database_url: str) -> AsyncEngine:
@@ -42,9 +65,7 @@ def _sqlite_engine(database_url: str) -> AsyncEngine:
         path = Path(url.database).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         private_file(path)
-    # hide_parameters: a database error's message (which reaches logs and
-    # Temporal failures) never quotes the values it was bound to.
-    engine = create_async_engine(database_url, hide_parameters=True)
+    engine = create_async_engine(database_url, hide_parameters=True, json_serializer=dumps_storable)
 
     # SQLAlchemy's documented recipe: stop pysqlite from managing transactions
     # and emit BEGIN IMMEDIATE ourselves. A deferred transaction that reads and

@@ -40,9 +40,14 @@ def forbidden(code: str, message: str) -> ForbiddenError:
 
 
 class InvalidInputError(StoreError, ValueError):
-    """The request itself is malformed; nothing was written."""
+    """The request itself is malformed; nothing was written. ``field`` names
+    the offending input when it is known."""
 
     code = "invalid_input"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class AttemptMayBeRunningError(ConflictError):

@@ -40,6 +40,7 @@ from roundtable.store.states import (
     ClaimOutcome,
     RunStatus,
 )
+from roundtable.store.text import escape_text, refuse_unstorable
 
 MAX_LEASE_SECONDS = 24 * 3600
 
@@ -398,7 +399,8 @@ class ExecutionOps(ApprovalOps):
                 "updated_at": now,
             }
             if external_object_id is not None:
-                values["external_object_id"] = external_object_id
+                # From the tool: kept, escaped, rather than failing the write's record.
+                values["external_object_id"] = escape_text(external_object_id)
             if not await self._compare_and_set(
                 session, ActionRow, action_id, (ActionStatus.EXECUTING,), values
             ):
@@ -520,6 +522,7 @@ class ExecutionOps(ApprovalOps):
         if outcome not in RECONCILE_OUTCOMES:
             raise InvalidInputError("outcome must be 'succeeded' or 'failed'")
         require_text("decided_by", decided_by)
+        refuse_unstorable("note", note)
         async with self._transaction() as session:
             run, action = await self._lock_action(session, action_id)
             if action.status != ActionStatus.UNKNOWN:

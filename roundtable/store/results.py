@@ -15,6 +15,7 @@ from roundtable.store.core import new_id, require_text
 from roundtable.store.engine import database_now
 from roundtable.store.errors import NotFoundError
 from roundtable.store.schema import ToolResultRow
+from roundtable.store.text import escape_text
 from roundtable.store.webhooks import WebhookOps
 
 
@@ -31,8 +32,8 @@ class ToolResultOps(WebhookOps):
                 ToolResultRow(
                     id=result_id,
                     run_id=run_id,
-                    seat=seat[:255],
-                    call_id=call_id[:255],
+                    seat=escape_text(seat)[:255],
+                    call_id=escape_text(call_id)[:255],
                     size_bytes=size,
                     content_encrypted=sealed,
                     created_at=await database_now(session),

@@ -1,0 +1,151 @@
+"""Reads that must agree with themselves: one transaction, one snapshot.
+
+A view made of several reads in separate transactions can see a write half
+done (an approval whose action it has not read yet). Every read here runs in
+one read-only transaction; on PostgreSQL at REPEATABLE READ, so all its
+statements see the database as of the first, and on SQLite a deferred
+transaction in WAL mode, which does the same.
+
+Lists are paged by keyset (the last row's sort key), with a fixed number of
+queries whatever the page size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from roundtable.store.core import StoreCore, row_to_dict
+from roundtable.store.engine import read_only_engine
+from roundtable.store.errors import InvalidInputError, NotFoundError
+from roundtable.store.schema import (
+    ActionRow,
+    ApprovalRow,
+    AuditEventRow,
+    RunRow,
+    WebhookDeliveryRow,
+)
+from roundtable.store.states import ApprovalStatus
+
+TURN_EVENT = "turn.completed"
+
+
+class ReadOps(StoreCore):
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        snapshots = read_only_engine(engine)
+        if engine.dialect.name == "postgresql":
+            snapshots = snapshots.execution_options(isolation_level="REPEATABLE READ")
+        self._snapshot_factory = async_sessionmaker(snapshots, expire_on_commit=False)
+
+    @asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[AsyncSession]:
+        async with self._snapshot_factory() as session, session.begin():
+            yield session
+
+    async def run_snapshot(self, run_id: str) -> dict[str, Any]:
+        """A run with its actions, approvals and turn events, as of one instant."""
+        async with self._snapshot() as session:
+            run = await session.get(RunRow, run_id)
+            if run is None:
+                raise NotFoundError(f"run {run_id!r} not found")
+            actions = await session.execute(
+                select(ActionRow)
+                .where(ActionRow.run_id == run_id)
+                .order_by(ActionRow.created_at, ActionRow.id)
+            )
+            actions_list = [row_to_dict(r) for r in actions.scalars()]
+            approvals = await session.execute(
+                select(ApprovalRow)
+                .where(ApprovalRow.run_id == run_id)
+                .order_by(ApprovalRow.created_at, ApprovalRow.id)
+            )
+            approvals_list = [row_to_dict(r) for r in approvals.scalars()]
+            turns = await session.execute(
+                select(AuditEventRow.payload)
+                .where(AuditEventRow.run_id == run_id, AuditEventRow.event_type == TURN_EVENT)
+                .order_by(AuditEventRow.seq)
+            )
+            return {
+                "run": row_to_dict(run),
+                "actions": actions_list,
+                "approvals": approvals_list,
+                "turns": list(turns.scalars()),
+            }
+
+    async def approvals_with_actions(
+        self,
+        *,
+        run_id: str | None = None,
+        approval_id: str | None = None,
+        status: str | None = None,
+        user_id: str | None = None,
+        limit: int | None = None,
+        after: tuple[datetime, str] | None = None,
+    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(approval, its action) pairs, oldest first, in one query: the
+        approval list used to read each row's run and action separately.
+        ``user_id`` keeps the approvals of that user's runs only."""
+        if status is not None and status not in set(ApprovalStatus):
+            raise InvalidInputError(f"unknown approval status {status!r}")
+        query = (
+            select(ApprovalRow, ActionRow)
+            .join(ActionRow, ActionRow.id == ApprovalRow.action_id)
+            .order_by(ApprovalRow.created_at, ApprovalRow.id)
+        )
+        if user_id is not None:
+            query = query.join(RunRow, RunRow.id == ApprovalRow.run_id).where(
+                RunRow.user_id == user_id
+            )
+        if run_id is not None:
+            query = query.where(ApprovalRow.run_id == run_id)
+        if approval_id is not None:
+            query = query.where(ApprovalRow.id == approval_id)
+        if status is not None:
+            query = query.where(ApprovalRow.status == status)
+        if after is not None:
+            created, last_id = after
+            query = query.where(
+                or_(
+                    ApprovalRow.created_at > created,
+                    and_(ApprovalRow.created_at == created, ApprovalRow.id > last_id),
+                )
+            )
+        if limit is not None:
+            query = query.limit(limit)
+        async with self._snapshot() as session:
+            rows = (await session.execute(query)).all()
+            return [(row_to_dict(approval), row_to_dict(action)) for approval, action in rows]
+
+    async def events_page(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """A run's audit events in sequence order, after ``after_seq``."""
+        query = select(AuditEventRow).where(AuditEventRow.run_id == run_id)
+        if after_seq is not None:
+            query = query.where(AuditEventRow.seq > after_seq)
+        query = query.order_by(AuditEventRow.seq)
+        if limit is not None:
+            query = query.limit(limit)
+        async with self._snapshot() as session:
+            return [row_to_dict(r) for r in (await session.execute(query)).scalars()]
+
+    async def webhook_deliveries_page(
+        self, *, run_id: str | None = None, after_id: int | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Delivery attempts in the order they were made, after ``after_id``."""
+        query = select(WebhookDeliveryRow)
+        if run_id is not None:
+            query = query.where(WebhookDeliveryRow.run_id == run_id)
+        if after_id is not None:
+            query = query.where(WebhookDeliveryRow.id > after_id)
+        query = query.order_by(WebhookDeliveryRow.id)
+        if limit is not None:
+            query = query.limit(limit)
+        async with self._snapshot() as session:
+            return [row_to_dict(r) for r in (await session.execute(query)).scalars()]

@@ -1,0 +1,55 @@
+"""Views read one consistent snapshot: a run read while its seats' writes are
+intercepted never meets an approval whose action it has not seen."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from roundtable.store import Store
+from roundtable.views import run_view
+from tests.helpers import new_action, new_run, target_for
+
+WRITES = 40
+
+
+async def test_run_view_while_writes_are_intercepted_never_sees_half_a_write(
+    store: Store,
+) -> None:
+    """Once a 500 about one time in six: actions were read, then approvals in
+    another transaction, and an approval of an action created in between
+    raised KeyError."""
+    run = await new_run(store)
+    expires = datetime.now(UTC) + timedelta(hours=1)
+    writing = True
+
+    async def intercept_writes() -> None:
+        nonlocal writing
+        try:
+            for n in range(WRITES):
+                await new_action(
+                    store,
+                    run,
+                    key=f"k-{n}",
+                    target_key=target_for(f"task-{n}"),
+                    status="waiting_approval",
+                    approval_expires_at=expires,
+                )
+        finally:
+            writing = False
+
+    async def read_views() -> int:
+        reads = 0
+        while writing or reads == 0:
+            view = await run_view(store, run["id"])
+            shown = {a["id"] for a in view["actions"]}
+            # Every approval's action is in the same view, and the other way round.
+            assert {a["action_id"] for a in view["approvals"]} == shown
+            assert all("arguments_digest" in a for a in view["approvals"])
+            reads += 1
+        return reads
+
+    _, *reads = await asyncio.gather(intercept_writes(), read_views(), read_views(), read_views())
+    assert min(reads) >= 1
+    final = await run_view(store, run["id"])
+    assert len(final["actions"]) == len(final["approvals"]) == WRITES
