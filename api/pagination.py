@@ -13,7 +13,7 @@ import binascii
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Query, Request, Response
+from fastapi import Query
 
 from api.problems import Problem
 
@@ -84,23 +84,3 @@ def page(items: list[Any], limit: int, last_key: tuple[object, ...] | None) -> d
     """A page body: a full page may have more after it, so it carries a cursor."""
     more = len(items) == limit and last_key is not None
     return {"items": items, "next_cursor": encode_cursor(*last_key) if more else None}
-
-
-def next_page_headers(response: Response, request: Request, cursor: str | None) -> None:
-    """Lists that were plain JSON arrays stay arrays (existing clients read
-    them so); their next page is announced in headers instead of the body."""
-    if cursor is None:
-        return
-    response.headers["Next-Cursor"] = cursor
-    response.headers["Link"] = f'<{request.url.include_query_params(cursor=cursor)}>; rel="next"'
-
-
-def array_page(
-    response: Response,
-    request: Request,
-    items: list[Any],
-    limit: int,
-    last_key: tuple[object, ...] | None,
-) -> list[Any]:
-    next_page_headers(response, request, page(items, limit, last_key)["next_cursor"])
-    return items

@@ -64,11 +64,12 @@ class RunSummary(Model):
     updated_at: Timestamp
 
 
+NEXT_CURSOR = Field(description="Pass as cursor for the next page; null at the end.")
+
+
 class RunPage(Model):
     items: list[RunSummary]
-    next_cursor: str | None = Field(
-        description="Pass as cursor for the next page; null at the end."
-    )
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class Failure(Model):
@@ -120,6 +121,11 @@ class ApprovalView(Model):
     arguments_digest: str | None = Field(description="Send it back with your decision.")
 
 
+class ApprovalPage(Model):
+    items: list[ApprovalView]
+    next_cursor: str | None = NEXT_CURSOR
+
+
 class RunView(Model):
     run_id: str
     user_id: str
@@ -138,6 +144,11 @@ class EventView(Model):
     payload: dict[str, Any]
     created_at: Timestamp
     hash: str
+
+
+class EventPage(Model):
+    items: list[EventView]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 # ----------------------------------------------------------------- approvals and actions
@@ -177,6 +188,11 @@ class WebhookDelivery(Model):
     error: str | None
     delivered: bool
     created_at: Timestamp
+
+
+class WebhookDeliveryPage(Model):
+    items: list[WebhookDelivery]
+    next_cursor: str | None = NEXT_CURSOR
 
 
 class Payload(Model):

@@ -122,7 +122,7 @@ async def test_other_users_runs_are_404_and_roles_are_enforced(tmp_path) -> None
         )
         assert refused.status_code == 404
         assert (await api.http.get("/v1/runs", headers=api.auth("bob"))).json()["items"] == []
-        assert (await api.http.get("/v1/approvals", headers=api.auth("bob"))).json() == []
+        assert (await api.http.get("/v1/approvals", headers=api.auth("bob"))).json()["items"] == []
 
         service = await api.http.post(
             f"/v1/approvals/{approval['id']}/decision", headers=api.auth("svc"), json=body
@@ -220,7 +220,7 @@ async def test_events_stream_live_and_in_order(tmp_path) -> None:
         assert types[0] == "run.created" and "action.succeeded" in types
         assert received[-1]["payload"]["to"] == "completed"
         plain = await api.http.get(f"/v1/runs/{run_id}/events", headers=api.auth("alice"))
-        assert [e["seq"] for e in plain.json()] == seqs
+        assert [e["seq"] for e in plain.json()["items"]] == seqs
 
 
 ENDPOINTS = [
@@ -341,7 +341,7 @@ async def test_extend_an_approval(tmp_path) -> None:
         ).status_code == 403
         events = (
             await api.http.get(f"/v1/runs/{started['run_id']}/events", headers=api.auth("alice"))
-        ).json()
+        ).json()["items"]
         extension = next(e for e in events if e["event_type"] == "approval.extended")
         assert extension["payload"]["by"] == "alice"
 

@@ -71,11 +71,11 @@ async def _all_pages(api: Api, path: str, who: str, limit: int, **params: str) -
         query = {"limit": str(limit), **params, **({"cursor": cursor} if cursor else {})}
         answer = await api.http.get(path, params=query, headers=api.auth(who))
         assert answer.status_code == 200, answer.text
-        pages.append(answer.json())
-        cursor = answer.headers.get("next-cursor")
+        body = answer.json()
+        pages.append(body["items"])
+        cursor = body["next_cursor"]
         if not cursor:
             return pages
-        assert 'rel="next"' in answer.headers["link"]
 
 
 async def test_approvals_events_and_deliveries_are_paged_like_runs(tmp_path) -> None:
@@ -139,5 +139,5 @@ async def test_listing_approvals_makes_no_query_per_row(tmp_path) -> None:
         await _approvals_for(h.store, "alice", 10)
         assert await queries_to_list("alice") == few_user
         assert await queries_to_list("ops") == few_ops
-        listed = (await api.http.get("/v1/approvals", headers=api.auth("alice"))).json()
+        listed = (await api.http.get("/v1/approvals", headers=api.auth("alice"))).json()["items"]
         assert len(listed) == 12 and all(a["tool_name"] for a in listed)

@@ -107,7 +107,7 @@ async def test_approval_lifecycle_webhooks_are_signed_retried_and_logged(tmp_pat
                 "/v1/webhook-deliveries", params={"run_id": handle.id}, headers=api.auth("ops")
             )
             assert listed.status_code == 200
-            assert [d["status_code"] for d in listed.json()][:2] == [500, 200]
+            assert [d["status_code"] for d in listed.json()["items"]][:2] == [500, 200]
             assert (
                 await api.http.get("/v1/webhook-deliveries", headers=api.auth("alice"))
             ).status_code == 403

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
 from api.openapi import AUTHENTICATED, problems
-from api.pagination import DEFAULT_LIMIT, Cursor, Limit, after_time, array_page
+from api.pagination import DEFAULT_LIMIT, Cursor, Limit, after_time, page
 from api.problems import Problem
-from api.schemas import ApprovalView, DecisionResult, ExtendResult
+from api.schemas import ApprovalPage, ApprovalView, DecisionResult, ExtendResult
 from roundtable import operations
 from roundtable.store import ApprovalStatus, NotFoundError
 from roundtable.views import approval_pair_view, approval_view
@@ -66,18 +66,16 @@ async def _decidable(ctx: ApiContext, caller: Principal, approval_id: str, verb:
         raise Problem(403, "forbidden", f"a {caller.role} token cannot {verb} approvals")
 
 
-@router.get("", response_model=list[ApprovalView])
+@router.get("", response_model=ApprovalPage)
 async def list_approvals(
     caller: Caller,
     ctx: Context,
-    request: Request,
-    response: Response,
     status: ApprovalStatus | None = None,
     limit: Limit = DEFAULT_LIMIT,
     cursor: Cursor = None,
-) -> list[dict[str, Any]]:
-    """Oldest first, ``limit`` at a time; a full page's ``Next-Cursor`` header
-    (and ``Link: rel="next"``) gives the next. One query whatever the page size."""
+) -> dict[str, Any]:
+    """Oldest first, ``limit`` at a time, like ``/v1/runs``: pass a page's
+    ``next_cursor`` back as ``cursor``. One query whatever the page size."""
     pairs = await ctx.store.approvals_with_actions(
         user_id=None if caller.sees_everything else caller.user_id,
         status=status,
@@ -85,7 +83,7 @@ async def list_approvals(
         after=after_time(cursor),
     )
     last = (pairs[-1][0]["created_at"], pairs[-1][0]["id"]) if pairs else None
-    return array_page(response, request, [approval_pair_view(*p) for p in pairs], limit, last)
+    return page([approval_pair_view(*p) for p in pairs], limit, last)
 
 
 @router.get("/{approval_id}", response_model=ApprovalView, responses=problems(404))

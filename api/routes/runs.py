@@ -20,11 +20,10 @@ from api.pagination import (
     Limit,
     after_number,
     after_time,
-    array_page,
     page,
 )
 from api.problems import Problem
-from api.schemas import ActionView, ApprovalView, EventView, RunPage, RunStarted, RunView
+from api.schemas import ActionView, ApprovalView, EventPage, RunPage, RunStarted, RunView
 from roundtable import operations
 from roundtable.models import RunInput
 from roundtable.store import FINAL_RUN_STATUSES, NotFoundError, RunStatus
@@ -148,7 +147,7 @@ async def run_approvals(run_id: str, caller: Caller, ctx: Context) -> list[dict[
 
 @router.get(
     "/{run_id}/events",
-    response_model=list[EventView],
+    response_model=EventPage,
     responses={
         **problems(404),
         200: {
@@ -166,15 +165,15 @@ async def run_events(
     last_event_id: Annotated[str | None, Header()] = None,
     limit: Limit = MAX_LIMIT,
     cursor: Cursor = None,
-) -> list[dict[str, Any]] | StreamingResponse:
-    """The audit log, ``limit`` events at a time (a full page's ``Next-Cursor``
-    header gives the next). With ``Accept: text/event-stream`` it streams live,
+) -> dict[str, Any] | StreamingResponse:
+    """The audit log, ``limit`` events at a time, like ``/v1/runs`` (pass a
+    page's ``next_cursor`` back as ``cursor``). With ``Accept: text/event-stream`` it streams live,
     from ``Last-Event-ID`` on, until the run has finished."""
     await visible_run(ctx, caller, run_id)
     if "text/event-stream" not in request.headers.get("accept", ""):
         events = await ctx.store.events_page(run_id, after_seq=after_number(cursor), limit=limit)
         last = (events[-1]["seq"],) if events else None
-        return array_page(response, request, [event_view(e) for e in events], limit, last)
+        return page([event_view(e) for e in events], limit, last)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
     return StreamingResponse(
         _stream(ctx, run_id, start, request),
