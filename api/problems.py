@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from roundtable.operations import TemporalUnavailableError
 from roundtable.store import (
@@ -38,7 +39,11 @@ def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONR
         "detail": detail,
         **extra,
     }
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    if status == 413:
+        # The rest of the body may still be on its way: this connection
+        # cannot carry another request, so say so and let it close.
+        headers["Connection"] = "close"
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
@@ -59,13 +64,17 @@ def install(app: FastAPI) -> None:
         return problem_response(422, "validation_error", detail, errors=errors)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
             exc.status_code, "http_error"
         )
         response = problem_response(exc.status_code, code, str(exc.detail))
         # Keep what Starlette says with it, e.g. a 405's Allow (RFC 9110).
         response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names only the first route that matched the path;
+            # Allow lists every method the resource has.
+            response.headers["Allow"] = ", ".join(_methods_of(request))
         return response
 
     @app.exception_handler(NotFoundError)
@@ -97,3 +106,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(TemporalUnavailableError)
     async def _unavailable(_: Request, exc: TemporalUnavailableError) -> JSONResponse:
         return problem_response(503, "temporal_unavailable", str(exc))
+
+
+def _methods_of(request: Request) -> list[str]:
+    """Every method some route answers at this path (routers included)."""
+    allowed = []
+    for method in ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return allowed

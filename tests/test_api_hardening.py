@@ -141,3 +141,19 @@ async def test_listing_approvals_makes_no_query_per_row(tmp_path) -> None:
         assert await queries_to_list("ops") == few_ops
         listed = (await api.http.get("/v1/approvals", headers=api.auth("alice"))).json()["items"]
         assert len(listed) == 12 and all(a["tool_name"] for a in listed)
+
+
+async def test_a_405_names_every_method_and_a_413_closes_its_connection(tmp_path) -> None:
+    """Found by schemathesis: Allow named only POST for /v1/runs; and after a
+    413 answered before the body was read, the unread rest of the body was
+    taken for the next request on the same connection, which then hung."""
+    async with harness(tmp_path) as h, serve_api(h, max_body_bytes=1024) as api:
+        refused = await api.http.request("OPTIONS", "/v1/runs", headers=api.auth("ops"))
+        assert refused.status_code == 405
+        assert refused.headers["allow"] == "GET, POST"
+        too_big = await api.http.post(
+            "/v1/runs", content=b"{" + b" " * 4096 + b"}", headers=api.auth("ops")
+        )
+        assert too_big.status_code == 413 and too_big.headers["connection"] == "close"
+        after = await api.http.get("/v1/runs", headers=api.auth("ops"))
+        assert after.status_code == 200

@@ -86,7 +86,11 @@ async def _payloads(request: Request, caller: Principal) -> Payloads:
     if _too_deep(raw):
         raise _invalid(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return ParseDict(json.loads(raw), Payloads())
+        document = json.loads(raw)
+        # The documented shape first (what the OpenAPI document promises),
+        # then protobuf's own parse of the same document.
+        PayloadsIn.model_validate(document)
+        return ParseDict(document, Payloads())
     except (ParseError, ValueError, TypeError, RecursionError) as exc:
         raise _invalid(str(exc)) from exc
 
