@@ -53,7 +53,8 @@ async def start_auto_write(stack: Stack, workdir: Path, heartbeat: int, lease: i
 
 async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path: Path) -> None:
     async with running_stack(tmp_path, demo_ticket_write_delay_seconds="30") as stack:
-        started = await start_auto_write(stack, tmp_path, heartbeat=3, lease=15)
+        # A lease long enough that a loaded machine still asks before it runs out.
+        started = await start_auto_write(stack, tmp_path, heartbeat=3, lease=40)
         run_id = started["run_id"]
         await asyncio.to_thread(stack.until, lambda: stack.cli("tickets")[1], "the write to start")
         stack.kill_worker(stack.workers[0])  # mid-write: the ticket is half done
@@ -80,7 +81,7 @@ async def test_worker_killed_mid_write_leaves_unknown_and_never_replays(tmp_path
         code, refused = await asyncio.to_thread(stack.cli, *reconcile)
         assert code == 3 and refused["error"]["code"] == "attempt_may_be_running"
         await asyncio.to_thread(
-            stack.until, lambda: stack.cli(*reconcile)[0] == 0, "the lease to run out", 45
+            stack.until, lambda: stack.cli(*reconcile)[0] == 0, "the lease to run out", 90
         )
         await asyncio.to_thread(
             stack.until, stack.run_with_status(run_id, "completed"), "completion"
