@@ -97,7 +97,9 @@ def build_worker(
     writes = WriteActivities(store, registry, client, authority=authority)
     sweep = SweepActivities(store)
     # Without receivers no run ever asks for a delivery, so no key is needed.
-    hooks = WebhookActivities(store, webhooks.signing_key if webhooks else b"")
+    hooks = WebhookActivities(
+        store, webhooks.signing_key if webhooks else b"", urls=webhooks.urls if webhooks else []
+    )
     return Worker(
         client,
         task_queue=task_queue,

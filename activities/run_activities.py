@@ -33,6 +33,7 @@ from roundtable.permissions import (
 )
 from roundtable.store import Store
 from roundtable.tools.registry import ToolArgumentsError, ToolContext, ToolRegistry
+from roundtable.webhooks import receiver_label
 
 
 class RunActivities:
@@ -68,7 +69,8 @@ class RunActivities:
             run_id=run["id"],
             session_id=run["session_id"],
             snapshot=snapshot,
-            webhook_urls=self.webhook_urls,
+            # Labels, not URLs: a receiver's URL may carry its own secret.
+            webhook_urls=[receiver_label(url) for url in self.webhook_urls],
             expiring_lead_seconds=self.expiring_lead_seconds,
         )
 

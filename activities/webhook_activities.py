@@ -16,13 +16,29 @@ FAILED = "WebhookFailed"  # transient: retried with backoff
 
 
 class WebhookActivities:
-    def __init__(self, store: Store, signing_key: bytes, timeout_seconds: float = 10) -> None:
+    def __init__(
+        self,
+        store: Store,
+        signing_key: bytes,
+        timeout_seconds: float = 10,
+        urls: list[str] | None = None,
+    ) -> None:
         self.store = store
         self.signing_key = signing_key
         self.timeout_seconds = timeout_seconds
+        # Workflows name receivers by label (their URLs, which may carry a
+        # secret, never enter a history); runs from before named them by URL.
+        # Either way only a configured receiver is ever called.
+        self.receivers = {receiver_label(u): u for u in urls or []} | {u: u for u in urls or []}
 
     @activity.defn(name="deliver_webhook")
     async def deliver_webhook(self, delivery: WebhookDelivery) -> int:
+        url = self.receivers.get(delivery.url)
+        if url is None:
+            raise ApplicationError(
+                "not a receiver this worker is configured for", type=REJECTED, non_retryable=True
+            )
+        delivery = delivery.model_copy(update={"url": url})
         event = delivery.event.model_dump(mode="json")
         body = body_of(event)
         headers = {

@@ -184,10 +184,49 @@ async def test_a_secret_in_a_webhook_url_is_never_written_down(tmp_path) -> None
             assert {d["delivered"] for d in log} == {True, False}
             assert "SEKRET" not in json.dumps(log, default=str)
             assert all(d["url"].startswith("http://127.0.0.1:") for d in log)
-            messages = []
+            messages, inputs = [], []
             async for event in handle.fetch_history_events():
                 if event.HasField("activity_task_failed_event_attributes"):
                     failure = event.activity_task_failed_event_attributes.failure
                     error = await h.client.data_converter.decode_failure(failure)
                     messages.append(str(error))
+                for field in ("activity_task_scheduled", "activity_task_completed"):
+                    if event.HasField(f"{field}_event_attributes"):
+                        attributes = getattr(event, f"{field}_event_attributes")
+                        payloads = getattr(attributes, "input", None) or attributes.result
+                        decoded = await h.client.data_converter.payload_codec.decode(
+                            list(payloads.payloads)
+                        )
+                        inputs.append(b"".join(p.data for p in decoded))
             assert messages and not any("SEKRET" in m for m in messages), messages
+            # Decoded, the history names receivers by label: never the URL.
+            assert inputs and not any(b"SEKRET" in i for i in inputs)
+            assert "SEKRET" not in repr(await h.state(handle))
+
+
+async def test_a_worker_calls_only_the_receivers_it_was_configured_with(tmp_path) -> None:
+    """A delivery naming any other URL (a forged workflow, say) is refused
+    before a request is made."""
+    from datetime import UTC, datetime
+
+    import pytest
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.webhook_activities import WebhookActivities
+    from roundtable.models import WebhookDelivery, WebhookEvent
+    from roundtable.store import open_store
+
+    async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}") as store:
+        hooks = WebhookActivities(store, KEY, urls=["http://127.0.0.1:9/configured"])
+        event = WebhookEvent(
+            event_id="e-1",
+            event_type="run.completed",
+            run_id="run-1",
+            occurred_at=datetime.now(UTC),
+            data={},
+        )
+        forged = WebhookDelivery(event=event, url="http://169.254.169.254/latest/meta-data")
+        with pytest.raises(ApplicationError, match="not a receiver"):
+            await ActivityEnvironment().run(hooks.deliver_webhook, forged)
+        assert await store.list_webhook_deliveries() == []
