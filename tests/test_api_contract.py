@@ -78,7 +78,10 @@ async def test_schemathesis_finds_no_5xx_and_no_schema_violation(
         ]
         # The server runs in this event loop: wait for the CLI without blocking it.
         process = await asyncio.create_subprocess_exec(
-            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            *command,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=tmp_path,  # schemathesis keeps a cache in its working directory
         )
         output, _ = await process.communicate()
     report = output.decode(errors="replace")
