@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -13,6 +14,7 @@ from roundtable.agents import UnknownModelError, resolve_model
 from roundtable.agents.prompts import manager_messages, round_prompt, seat_system_prompt
 from roundtable.agents.tool_calls import sanitize_tool_calls
 from roundtable.models import (
+    CapabilitySnapshot,
     ChatMessage,
     EnsureRunInput,
     EnsureRunOutput,
@@ -23,6 +25,7 @@ from roundtable.models import (
     TakeTurnOutput,
     ToolOutcome,
     TurnRequest,
+    canonical_digest,
 )
 from roundtable.permissions import (
     Authority,
@@ -32,7 +35,12 @@ from roundtable.permissions import (
     check_tenant,
 )
 from roundtable.store import Store
-from roundtable.tools.registry import ToolArgumentsError, ToolContext, ToolRegistry
+from roundtable.tools.registry import (
+    ToolArgumentsError,
+    ToolContext,
+    ToolDefinition,
+    ToolRegistry,
+)
 from roundtable.webhooks import receiver_label
 
 
@@ -65,6 +73,7 @@ class RunActivities:
             run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
         )
         self._check_granted(run, inp)
+        await self.store.pin_snapshot(run["id"], snapshot_digest(snapshot))
         return EnsureRunOutput(
             run_id=run["id"],
             session_id=run["session_id"],
@@ -94,6 +103,7 @@ class RunActivities:
     @activity.defn(name="take_turn")
     async def take_turn(self, inp: TakeTurnInput) -> TakeTurnOutput:
         """One model call. No side effects, so Temporal may retry it freely."""
+        require_own_run(inp.run_id)
         try:
             adapter = resolve_model(inp.model)
         except UnknownModelError as exc:
@@ -149,6 +159,7 @@ class RunActivities:
     @activity.defn(name="run_read_tool")
     async def run_read_tool(self, inp: ReadToolInput) -> ToolOutcome:
         """A read tool call. Bad arguments are the seat's mistake, told back to it."""
+        require_own_run(inp.run_id)
         tool = self.registry.get(inp.call.name)
         if tool is None or tool.side_effect != "read":
             return _error(
@@ -203,6 +214,37 @@ class RunActivities:
         require_own_run(inp.run_id)
         run = await self.store.set_run_status(inp.run_id, inp.status, inp.failure)
         return RunStatusOutput(run_id=run["id"], status=run["status"])
+
+
+def snapshot_digest(snapshot: CapabilitySnapshot) -> str:
+    return canonical_digest(snapshot.model_dump(mode="json")) or ""
+
+
+# What of a tool's spec decides how its writes are gated and leased.
+_GATING_FACTS = ("side_effect", "risk_level", "target_key_fields", "target_key_namespace")
+
+
+def pinned_snapshot(
+    run: dict[str, Any], snapshot: CapabilitySnapshot, tool: ToolDefinition | None = None
+) -> None:
+    """The workflow's snapshot is the one the worker pinned the run to: a
+    workflow started straight through Temporal with a made-up state (other
+    risk levels, other key fields) is refused before its write is recorded.
+    A run from before pinning has no digest: its tool must then be as this
+    worker knows it."""
+    if run.get("snapshot_digest") is None and tool is not None:
+        claimed = snapshot.tool(tool.name)
+        known = tool.spec()
+        if claimed is not None and all(
+            getattr(claimed, f) == getattr(known, f) for f in _GATING_FACTS
+        ):
+            return
+    if run.get("snapshot_digest") != snapshot_digest(snapshot):
+        raise ApplicationError(
+            f"run {run['id']!r} was not pinned to this capability snapshot",
+            type="snapshot_not_pinned",
+            non_retryable=True,
+        )
 
 
 def require_own_run(run_id: str) -> None:

@@ -19,7 +19,7 @@ from temporalio.client import Client
 from activities.bounded import bounded_result
 from activities.errors import typed_store_errors
 from activities.lease_keeper import LeaseTerms, call_under_lease, heartbeating
-from activities.run_activities import require_own_run
+from activities.run_activities import pinned_snapshot, require_own_run
 from roundtable.models import (
     ActionRef,
     ApprovalRef,
@@ -135,6 +135,7 @@ class WriteActivities:
         except (ToolArgumentsError, CapabilityError) as exc:
             return _refused(inp, "invalid_arguments", str(exc))
         run = await self.store.get_run(inp.run_id)
+        pinned_snapshot(run, inp.snapshot, tool)
         try:
             check_tenant(run["tenants"], _tenant_of(tool, arguments), f"run {inp.run_id}")
         except TenantNotAllowedError as exc:
@@ -148,7 +149,7 @@ class WriteActivities:
             )
             return _refused(inp, exc.code, str(exc))
         # What the server granted this run, whatever the workflow was started with.
-        policy = self.authority.granted_policy(run, inp.write_policy)
+        policy = self.authority.granted_policy(run, inp.write_policy, inp.request_fingerprint)
         status = initial_action_status(policy, spec.risk_level)
         try:
             action = await self._create_action(inp, arguments, target, status, spec)
@@ -239,6 +240,7 @@ class WriteActivities:
         tool = self.registry.get(action["tool_name"])
         if tool is None or request.snapshot is None:
             raise InvalidInputError(f"{action['tool_name']} cannot be re-validated here")
+        pinned_snapshot(run, request.snapshot, tool)
         try:
             arguments = tool.normalize(inp.arguments or {})
             target = derive_target(
@@ -287,13 +289,18 @@ class WriteActivities:
     @activity.defn(name="extend_approval")
     @typed_store_errors
     async def extend_approval(self, inp: ExtendInput) -> ExtendOutput:
+        """The worker's own limits hold whatever the message says; who extends
+        is whom the API or CLI attested, else recorded as nobody vouched for."""
+        rules = self.authority
+        extender = verified_decider(inp, datetime.now(UTC))
+        by = extender.user_id if extender.role else f"unattested:{extender.user_id}"
         approval = await self.store.extend_approval(
             inp.approval_id,
             inp.seconds,
-            inp.extended_by,
-            inp.max_seconds,
-            max_extensions=inp.max_extensions,
-            max_total_seconds=inp.max_total_seconds,
+            by[:255],
+            min(inp.max_seconds, rules.max_extension_seconds),
+            max_extensions=_tighter(inp.max_extensions, rules.max_extensions),
+            max_total_seconds=_tighter(inp.max_total_seconds, rules.max_total_seconds),
         )
         return ExtendOutput(approval_id=approval["id"], expires_at=approval["expires_at"])
 
@@ -504,6 +511,10 @@ def _refused(inp: InterceptInput, code: str, message: str) -> PendingWrite:
             content={"error_code": code, "message": message},
         ),
     )
+
+
+def _tighter(asked: int | None, ours: int) -> int:
+    return ours if asked is None else min(asked, ours)
 
 
 def _tenant_of(tool: ToolDefinition, arguments: dict[str, Any]) -> Any:

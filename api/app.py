@@ -23,8 +23,18 @@ from roundtable.store import Store, open_store
 MAX_BODY_BYTES = 256 * 1024
 
 
+# Past the limit, up to this much more of a body is read and dropped, so the
+# connection can carry the client's next request; a larger one is closed.
+DRAIN_BYTES = 1024 * 1024
+
+
 class BodyLimit:
-    """Refuse request bodies over the limit (413) without reading them whole."""
+    """Refuse request bodies over the limit (413) without keeping them.
+
+    The rest of a refused body is read and dropped before answering: left
+    unread, the server stops reading the connection and the client's next
+    request on it hangs (schemathesis found this). Bodies too large even to
+    drain are answered with ``Connection: close``."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -35,7 +45,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await _too_large(self.limit, send)
+            await self._refuse(receive, send, more=True)
             return
         seen, answered = 0, False
 
@@ -49,7 +59,7 @@ class BodyLimit:
             seen += len(message.get("body", b""))
             if seen > self.limit:
                 answered = True
-                await _too_large(self.limit, send)
+                await self._refuse(receive, send, more=message.get("more_body", False))
                 return {"type": "http.disconnect"}
             return message
 
@@ -59,11 +69,23 @@ class BodyLimit:
 
         await self.app(scope, counted, unless_answered)
 
+    async def _refuse(self, receive: Receive, send: Send, more: bool) -> None:
+        drained = 0
+        while more and drained <= DRAIN_BYTES:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            drained += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        await _too_large(self.limit, send, close=more)
 
-async def _too_large(limit: int, send: Send) -> None:
+
+async def _too_large(limit: int, send: Send, close: bool) -> None:
     response = problems.problem_response(
         413, "payload_too_large", f"request bodies are limited to {limit} bytes"
     )
+    if close:  # the rest of the body is still on its way: this connection is done
+        response.headers["Connection"] = "close"
     await response({"type": "http"}, _nothing, send)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Query
@@ -67,7 +67,10 @@ def after_time(cursor: str | None) -> tuple[datetime, str] | None:
         raise _invalid(exc) from exc
     if when.tzinfo is None or when.utcoffset() is None:
         raise _invalid()
-    return when, row_id
+    try:  # 0001-01-01+14:00 is a valid time that UTC cannot hold
+        return when.astimezone(UTC), row_id
+    except OverflowError as exc:
+        raise _invalid(exc) from exc
 
 
 def after_number(cursor: str | None) -> int | None:

@@ -39,11 +39,7 @@ def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONR
         "detail": detail,
         **extra,
     }
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
-    if status == 413:
-        # The rest of the body may still be on its way: this connection
-        # cannot carry another request, so say so and let it close.
-        headers["Connection"] = "close"
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 

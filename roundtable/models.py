@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -335,6 +335,9 @@ class InterceptInput(Model):
     snapshot: CapabilitySnapshot
     write_policy: str
     approval_deadline: datetime
+    # Checked against the run row: the grant and the snapshot the worker
+    # recorded hold only for this very request and snapshot.
+    request_fingerprint: str | None = None
 
 
 class PendingWrite(Model):
@@ -398,6 +401,7 @@ class DecisionInput(Model):
     arguments: dict[str, Any] | None = None
     # Who decides as the API or CLI authenticated them (see Attestation).
     attested_by: Attestation | None = None
+    subject_field: ClassVar[str] = "decided_by"
 
     def attested_fields(self) -> dict[str, Any]:
         """What an attestation covers: everything that says who decided what."""
@@ -451,9 +455,21 @@ class ExtendInput(Model):
     seconds: int = Field(gt=0)
     extended_by: str = Field(min_length=1, max_length=255)
     max_seconds: int = Field(default=7 * 24 * 3600, gt=0)
-    # Limits on repeated extensions; None: the worker's settings decide.
+    # Limits on repeated extensions; the worker's own settings bound them too.
     max_extensions: int | None = Field(default=None, ge=0)
     max_total_seconds: int | None = Field(default=None, gt=0)
+    # Who extends, as the API or CLI authenticated them (see Attestation).
+    attested_by: Attestation | None = None
+
+    subject_field: ClassVar[str] = "extended_by"
+
+    def attested_fields(self) -> dict[str, Any]:
+        return {
+            "kind": "extend",
+            "approval_id": self.approval_id,
+            "seconds": self.seconds,
+            "extended_by": self.extended_by,
+        }
 
 
 class ExtendOutput(Model):
@@ -469,6 +485,7 @@ class ReconcileInput(Model):
     note: str | None = Field(default=None, max_length=2000)
     # Reconciling is for operators: the server's word that this one is.
     attested_by: Attestation | None = None
+    subject_field: ClassVar[str] = "decided_by"
 
     def attested_fields(self) -> dict[str, Any]:
         return {

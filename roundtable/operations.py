@@ -27,7 +27,7 @@ from roundtable.models import (
     RunInput,
     WorkflowArgs,
 )
-from roundtable.permissions import Authority, Decider, attest
+from roundtable.permissions import Attestable, Authority, Decider, attest
 from roundtable.store import (
     FINAL_RUN_STATUSES,
     AttemptMayBeRunningError,
@@ -156,8 +156,8 @@ async def decide(
     }
 
 
-def _attested(decision: DecisionInput, decider: Decider | None) -> DecisionInput:
-    return decision if decider is None else attest(decision, decider, datetime.now(UTC))
+def _attested(message: Attestable, decider: Decider | None) -> Attestable:
+    return message if decider is None else attest(message, decider, datetime.now(UTC))
 
 
 async def extend(
@@ -170,11 +170,13 @@ async def extend(
     *,
     max_extensions: int | None = None,
     max_total_seconds: int | None = None,
+    decider: Decider | None = None,
 ) -> dict[str, Any]:
     """Push a pending approval's deadline back through its workflow (the timer
     follows). The store refuses (ConflictError) an extension beyond
     ``max_extensions`` or past ``max_total_seconds`` after the approval was
-    created; None leaves those limits to the worker's settings."""
+    created; the worker's own limits apply as well. ``decider``: who extends,
+    attested so the worker records them (else as unattested)."""
     approval = await store.get_approval(approval_id)
     if approval["status"] != "pending":
         raise ConflictError(f"approval {approval_id} is already {approval['status']}")
@@ -184,13 +186,16 @@ async def extend(
         client,
         approval["run_id"],
         EXTEND_UPDATE,
-        ExtendInput(
-            approval_id=approval_id,
-            seconds=seconds,
-            extended_by=by,
-            max_seconds=max_seconds,
-            max_extensions=max_extensions,
-            max_total_seconds=max_total_seconds,
+        _attested(
+            ExtendInput(
+                approval_id=approval_id,
+                seconds=seconds,
+                extended_by=by,
+                max_seconds=max_seconds,
+                max_extensions=max_extensions,
+                max_total_seconds=max_total_seconds,
+            ),
+            decider,
         ),
         ExtendOutput,
     )

@@ -18,7 +18,13 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from roundtable.config import Settings
-from roundtable.models import Attestation, DecisionInput, ReconcileInput, RunInput
+from roundtable.models import (
+    Attestation,
+    DecisionInput,
+    ExtendInput,
+    ReconcileInput,
+    RunInput,
+)
 from roundtable.security import derive_subkey, read_action_secret
 from roundtable.store.errors import ForbiddenError, InvalidInputError
 from roundtable.tools.policy import AUTO_APPROVE_PREFIX, RISK_ORDER
@@ -83,6 +89,10 @@ class Authority:
     operator_risk: str
     allowed_models: frozenset[str]
     default_model: str | None = None
+    # How long an approval may be kept open: per extension, how many, in all.
+    max_extension_seconds: int = 7 * 24 * 3600
+    max_extensions: int = 3
+    max_total_seconds: int = 7 * 24 * 3600
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Authority:
@@ -105,6 +115,9 @@ class Authority:
             operator_risk=settings.operator_approval_risk,
             allowed_models=frozenset(models),
             default_model=settings.default_model,
+            max_extension_seconds=settings.max_approval_extension_seconds,
+            max_extensions=settings.max_approval_extensions,
+            max_total_seconds=settings.max_approval_total_seconds,
         )
 
     def ceiling(self, role: str | None) -> str:
@@ -188,7 +201,7 @@ _ATTEST_LABEL = b"roundtable/decision-attestation/v2"
 # An attestation is good for this long: a message copied out of a history
 # later (every history is readable through the UI) vouches for nobody.
 MAX_ATTESTATION_AGE = timedelta(minutes=10)
-Attestable = TypeVar("Attestable", DecisionInput, ReconcileInput)
+Attestable = TypeVar("Attestable", DecisionInput, ReconcileInput, ExtendInput)
 
 
 def _mac(fields: Mapping[str, Any], role: str, tenants: list[str] | None, at: datetime) -> str:
@@ -204,7 +217,7 @@ def _mac(fields: Mapping[str, Any], role: str, tenants: list[str] | None, at: da
 def attest(message: Attestable, decider: Decider, now: datetime) -> Attestable:
     """The message as sent by ``decider``, with the server's word for it.
     Only the API, the CLI and what else holds the action secret can make one."""
-    message = message.model_copy(update={"decided_by": decider.user_id})
+    message = message.model_copy(update={message.subject_field: decider.user_id})
     tenants = list(decider.tenants) if decider.tenants is not None else None
     role = decider.role or "service"
     mac = _mac(message.attested_fields(), role, tenants, now)
@@ -212,18 +225,21 @@ def attest(message: Attestable, decider: Decider, now: datetime) -> Attestable:
     return message.model_copy(update={"attested_by": stamp})
 
 
-def verified_decider(message: DecisionInput | ReconcileInput, now: datetime) -> Decider:
+def verified_decider(
+    message: DecisionInput | ReconcileInput | ExtendInput, now: datetime
+) -> Decider:
     """Who sent it, as attested; without a valid, fresh attestation, nobody
     vouched for the name it carries (role None)."""
     stamp = message.attested_by
-    nobody = Decider(user_id=message.decided_by, role=None)
+    subject = getattr(message, message.subject_field)
+    nobody = Decider(user_id=subject, role=None)
     if stamp is None or abs(now - stamp.at) > MAX_ATTESTATION_AGE:
         return nobody
     expected = _mac(message.attested_fields(), stamp.role, stamp.tenants, stamp.at)
     if not hmac.compare_digest(expected, stamp.mac):
         return nobody
     tenants = tuple(stamp.tenants) if stamp.tenants is not None else None
-    return Decider(user_id=message.decided_by, role=stamp.role, tenants=tenants)
+    return Decider(user_id=subject, role=stamp.role, tenants=tenants)
 
 
 def check_reconciler(decider: Decider) -> None:

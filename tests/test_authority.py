@@ -5,14 +5,25 @@ operators, and keeps tenant-limited users inside their tenants."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDReusePolicy
 
 from roundtable.config import Settings
-from roundtable.models import Attestation, DecisionInput, RunInput, RunResult, WorkflowArgs
+from roundtable.models import (
+    Attestation,
+    DecisionInput,
+    ExtendInput,
+    ExtendOutput,
+    RunInput,
+    RunResult,
+    RunState,
+    WorkflowArgs,
+)
 from roundtable.permissions import Authority, PolicyNotAllowedError, capped_policy
 from roundtable.store import InvalidInputError
 from tests.api_server import Api, serve_api
@@ -369,3 +380,93 @@ async def test_a_raw_reconcile_update_is_refused(tmp_path) -> None:
         assert (await h.store.get_action(action_id))["status"] == "unknown"
         await handle.execute_update(RoundtableWorkflow.reconcile_action, as_operator(raw))
         assert (await h.store.get_action(action_id))["status"] == "failed"
+
+
+def forged(snapshot: Any) -> Any:
+    """A capability snapshot that calls every tool R0."""
+    tools = [t.model_copy(update={"risk_level": "R0"}) for t in snapshot.tools]
+    return snapshot.model_copy(update={"tools": tools})
+
+
+async def test_a_made_up_carried_state_gets_no_grant_and_no_lower_risk(tmp_path) -> None:
+    """Found in a second review: a workflow started straight through Temporal
+    with a made-up carried state skipped the start's checks: it reused an
+    operator run's id (after terminating it) and its grant, and called an R3
+    write R0 so that a raw signal could approve it."""
+    async with harness(tmp_path, authority=authority()) as h, serve_api(h) as api:
+        for lie in ("risk", "request"):
+            calls = [ticket_call("ticket_update", "T-OPS")]
+            started = await start(api, "ops", calls, write_policy="auto_approve_up_to:R1")
+            run_id = started.json()["run_id"]
+            await pending(h, run_id)
+            legit = h.client.get_workflow_handle(run_id)
+            snapshot = (await h.state(legit)).snapshot  # readable by anyone with the UI
+            await legit.terminate("someone with Temporal access")
+            run = await h.store.get_run(run_id)
+            request = RunInput(
+                run_id=run_id,
+                task_text="anything",
+                user_id="ops",
+                write_policy="auto_approve_up_to:R1",
+                script=script(("seat-1", 1, [{**ticket_call("ticket_close", "T-9"), "id": "x"}])),
+            )
+            carried = RunState(
+                run_id=run_id,
+                session_id=run["session_id"],
+                status="running",
+                snapshot=forged(snapshot) if lie == "risk" else snapshot,
+                threads={"seat-1": [], "seat-2": []},
+            )
+            handle = await h.client.start_workflow(
+                RoundtableWorkflow.run,
+                WorkflowArgs(request=request, carried=carried),
+                id=run_id,
+                task_queue=h.task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            )
+            if lie == "request":
+                # The real snapshot, another request: no grant, so a person
+                # decides, and not one a raw signal names (R3 is for operators).
+                state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+                (approval_id,) = state.pending_approvals
+                await handle.signal(
+                    RoundtableWorkflow.approval_decision,
+                    DecisionInput(approval_id=approval_id, decision="approved", decided_by="m"),
+                )
+                await asyncio.sleep(0.5)
+                assert (await h.store.get_approval(approval_id))["status"] == "pending"
+                await handle.terminate("done probing")
+            else:
+                with pytest.raises(WorkflowFailureError):
+                    await handle.result()
+                actions = await h.store.list_actions(run_id)
+                assert not [a for a in actions if a["tool_name"] == "ticket_close"]
+        assert not any(w["ticket_id"] == "T-9" for w in await h.tickets.write_log())
+
+
+async def test_a_raw_extension_keeps_the_workers_limits_and_names_nobody(tmp_path) -> None:
+    calls = [ticket_call("ticket_update", "T-5")]
+    async with harness(tmp_path, authority=authority()) as h:
+        handle = await h.start(task_text="t", script=script(("seat-1", 1, calls)))
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        greedy = ExtendInput(
+            approval_id=approval_id,
+            seconds=3600,
+            extended_by="ops",
+            max_seconds=10**9,
+            max_extensions=10**6,
+            max_total_seconds=10**9,
+        )
+        refused = 0
+        for _ in range(5):
+            try:
+                await handle.execute_update(
+                    RoundtableWorkflow.extend_approval, greedy, result_type=ExtendOutput
+                )
+            except WorkflowUpdateFailedError:
+                refused += 1
+        assert refused == 2  # the worker's limit of 3 held
+        events = await h.store.list_events(handle.id)
+        by = [e["payload"]["by"] for e in events if e["event_type"] == "approval.extended"]
+        assert by == ["unattested:ops"] * 3

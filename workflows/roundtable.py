@@ -292,6 +292,7 @@ class RoundtableWorkflow:
                 write_policy=self.request.write_policy,
                 approval_deadline=workflow.now()
                 + timedelta(seconds=self.request.approval_timeout_seconds),
+                request_fingerprint=self.request.fingerprint(),
             ),
             start_to_close_timeout=BOOKKEEPING,
             summary=f"intercept {call.name} from {seat}",

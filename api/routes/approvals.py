@@ -140,4 +140,5 @@ async def extend(
         ctx.settings.max_approval_extension_seconds,
         max_extensions=ctx.settings.max_approval_extensions,
         max_total_seconds=ctx.settings.max_approval_total_seconds,
+        decider=caller.decider(),
     )

@@ -174,7 +174,8 @@ async def run_events(
         events = await ctx.store.events_page(run_id, after_seq=after_number(cursor), limit=limit)
         last = (events[-1]["seq"],) if events else None
         return page([event_view(e) for e in events], limit, last)
-    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
+    # Only a sequence number we could have sent ("²".isdigit() is True, too).
+    start = int(last_event_id) if last_event_id and _plain_number(last_event_id) else 0
     return StreamingResponse(
         _stream(ctx, run_id, start, request),
         media_type="text/event-stream",
@@ -202,3 +203,7 @@ async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> 
                 quiet = 0.0
                 yield ": keep-alive\n\n"
         await asyncio.sleep(SSE_POLL_SECONDS)
+
+
+def _plain_number(value: str) -> bool:
+    return value.isascii() and value.isdigit() and len(value) <= 18

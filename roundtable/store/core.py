@@ -266,6 +266,21 @@ class StoreCore:
             raise ConflictError("this Idempotency-Key was already used for a different request")
         return run
 
+    async def pin_snapshot(self, run_id: str, digest: str) -> None:
+        """Record the capability snapshot the worker computed for the run (its
+        workflow's start, or a reset to it, computes it anew)."""
+        async with self._transaction() as session:
+            run = await self._lock_run(session, run_id)
+            if run.snapshot_digest != digest:
+                run.snapshot_digest = digest
+                await self._audit(
+                    session,
+                    run,
+                    "run.snapshot_pinned",
+                    {"snapshot_digest": digest},
+                    await database_now(session),
+                )
+
     async def get_run(self, run_id: str) -> dict[str, Any]:
         async with self._reader() as session:
             row = await session.get(RunRow, run_id)

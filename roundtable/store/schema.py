@@ -95,6 +95,8 @@ class RunRow(Base):
     granted_write_policy: Mapped[str | None] = mapped_column(String(40))
     started_by_role: Mapped[str | None] = mapped_column(String(16))
     tenants: Mapped[list[str] | None] = mapped_column(JSONValue)
+    # The capability snapshot the worker pinned the run to (sha256).
+    snapshot_digest: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 

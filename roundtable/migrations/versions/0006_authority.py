@@ -10,6 +10,8 @@ Create Date: 2026-11-30
 - ``runs.started_by_role``: the role whose ceiling that check used.
 - ``runs.tenants`` / ``api_tokens.tenants``: the tenants a run's writes and a
   token's decisions may name; NULL means every tenant.
+- ``runs.snapshot_digest``: the capability snapshot the worker pinned the run
+  to; a workflow carrying another one (forged) is refused.
 
 Plain ALTER TABLE ADD COLUMN, as in 0005, so SQLite's triggers stay.
 """
@@ -34,6 +36,7 @@ def upgrade() -> None:
     op.add_column("runs", sa.Column("granted_write_policy", sa.String(40), nullable=True))
     op.add_column("runs", sa.Column("started_by_role", sa.String(16), nullable=True))
     op.add_column("runs", sa.Column("tenants", _json(), nullable=True))
+    op.add_column("runs", sa.Column("snapshot_digest", sa.String(64), nullable=True))
     op.add_column("api_tokens", sa.Column("tenants", _json(), nullable=True))
 
 
@@ -41,6 +44,7 @@ def downgrade() -> None:
     with op.batch_alter_table("api_tokens") as batch:
         batch.drop_column("tenants")
     with op.batch_alter_table("runs") as batch:
+        batch.drop_column("snapshot_digest")
         batch.drop_column("tenants")
         batch.drop_column("started_by_role")
         batch.drop_column("granted_write_policy")
