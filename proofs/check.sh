@@ -73,6 +73,7 @@ holds model -DMAXDB=2 -DMAXCRASH=1
 holds frozen-call -DFROZEN_CALL -DMAXDB=1 -DMAXCRASH=1
 fails lost-lease-keeps-writing -DBUG_LOST_LEASE_KEEPS_WRITING
 fails lost-lease-two-writers -DBUG_LOST_LEASE_KEEPS_WRITING -DWRITERS_ONLY
+fails keeper-lets-go-at-cancel -DBUG_KEEPER_LETS_GO_AT_CANCEL
 fails frozen-call-strict -DFROZEN_CALL -DSTRICT
 
 exit "$failed"

@@ -10,6 +10,8 @@
  *   spin -a lease.pml                                  every check must hold
  *   spin -a -DFROZEN_CALL lease.pml                    a worker frozen inside its
  *                                                      tool call: the fence's checks hold
+ *   spin -a -DBUG_KEEPER_LETS_GO_AT_CANCEL lease.pml   must FAIL (the first fix: the call is
+ *                                                      cancelled, but not held while it stops)
  *   spin -a -DFROZEN_CALL -DSTRICT lease.pml           must FAIL (the documented limit:
  *                                                      only the fence stops a frozen call)
  *   spin -a -DBUG_LOST_LEASE_KEEPS_WRITING lease.pml   must FAIL (the bug the keeper fixed)
@@ -291,8 +293,8 @@ call:  /* the tool call beside its keeper (call_under_lease, _Keeper.keep, _wind
 keeper_lost:  /* a hold refused, failing or too slow, or the action no longer executing */
        lost = 1; grace = 1;
        printf("MSC: e%d's keeper: lease of a%d in doubt\n", e, a);
-#ifdef BUG_LOST_LEASE_KEEPS_WRITING
-       guard[e] = 0     /* the old code: renewals fail, nothing stops the call, the lease lapses */
+#if defined(BUG_LOST_LEASE_KEEPS_WRITING) || defined(BUG_KEEPER_LETS_GO_AT_CANCEL)
+       guard[e] = 0     /* the old code: renewals fail or stop, the lease lapses under the call */
 #endif
   :: phase == CP_BEFORE && CALL_GOES_ON ->
 tool_start:  /* TicketSystem._start: the fence */

@@ -18,6 +18,7 @@ CHECKS = (
     "frozen-call",
     "lost-lease-keeps-writing",
     "lost-lease-two-writers",
+    "keeper-lets-go-at-cancel",
     "frozen-call-strict",
 )
 
