@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint bench venv system-deps clean
+.PHONY: run test lint proofs bench venv system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ lint: venv
 
 test: venv system-deps lint
 	$(VENV)/bin/pytest
+
+# The write protocol model-checked with Spin (proofs/README.md): the model must
+# hold and each broken variant must give a counterexample. Needs spin and gcc;
+# builds in a temporary directory. tests/test_proofs.py runs it under `test`.
+proofs:
+	bash proofs/check.sh
 
 # What the safety costs: store claims against a bare upsert, as ratios.
 bench: venv
