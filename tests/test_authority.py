@@ -6,6 +6,8 @@ operators, and keeps tenant-limited users inside their tenants."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +31,16 @@ from roundtable.store import InvalidInputError
 from tests.api_server import Api, serve_api
 from tests.workflow_harness import Harness, as_operator, harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
+
+
+@asynccontextmanager
+async def same_rules(tmp_path: Any, **settings: Any) -> AsyncIterator[tuple[Harness, Api]]:
+    """A worker and an API that read the same settings, as in a deployment."""
+    async with (
+        harness(tmp_path, authority=authority(**settings)) as h,
+        serve_api(h, **settings) as api,
+    ):
+        yield h, api
 
 
 def authority(**settings: Any) -> Authority:
@@ -143,11 +155,7 @@ async def test_a_service_ceiling_can_be_raised_by_the_server_only(tmp_path) -> N
 
 async def test_separation_of_duties_the_starter_may_not_approve(tmp_path) -> None:
     calls = [ticket_call("ticket_update", "T-5")]
-    rules = {"approvers": "others"}
-    async with (
-        harness(tmp_path, authority=authority(**rules)) as h,
-        serve_api(h, **rules) as api,
-    ):
+    async with same_rules(tmp_path, approvers="others") as (h, api):
         run_id = (await start(api, "alice", calls)).json()["run_id"]
         approval_id, action = await pending(h, run_id)
         own = await decide(api, "alice", approval_id, action)
@@ -309,11 +317,7 @@ async def test_an_operators_attestation_copied_from_history_vouches_for_nothing_
     """An operator's refused edit stays in the history with its attestation;
     resent with other edits, or none, it once approved as the operator."""
     calls = [ticket_call("ticket_update", "T-5", fields={"refund": "10000"})]
-    rules = {"approvers": "others"}
-    async with (
-        harness(tmp_path, authority=authority(**rules)) as h,
-        serve_api(h, **rules) as api,
-    ):
+    async with same_rules(tmp_path, approvers="others") as (h, api):
         run_id = (await start(api, "alice", calls)).json()["run_id"]
         approval_id, action = await pending(h, run_id)
         typo = {"tenant_id": "acme", "ticket_id": "T-5", "feilds": {"refund": "10"}}

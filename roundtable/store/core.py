@@ -310,17 +310,7 @@ class StoreCore:
             query = query.where(RunRow.user_id == user_id)
         if status is not None:
             query = query.where(RunRow.status == status)
-        if after is not None:
-            created, last_id = after
-            query = query.where(
-                or_(
-                    RunRow.created_at > created,
-                    and_(RunRow.created_at == created, RunRow.id > last_id),
-                )
-            )
-        if limit is not None:
-            query = query.limit(limit)
-        return await self._all(query)
+        return await self._all(page_after(query, RunRow, after, limit))
 
     async def set_run_status(
         self, run_id: str, status: str, failure: Mapping[str, Any] | None = None
@@ -448,3 +438,22 @@ async def _logged(session: AsyncSession, run_id: str, dedupe_key: str) -> bool:
         )
     )
     return found.scalar_one_or_none() is not None
+
+
+def page_after(query: Any, row: Any, after: tuple[datetime, str] | None, limit: int | None) -> Any:
+    """Keyset paging over rows ordered by (created_at, id): those after the
+    last one seen, at most ``limit``."""
+    if after is not None:
+        created, last_id = after
+        query = query.where(
+            or_(row.created_at > created, and_(row.created_at == created, row.id > last_id))
+        )
+    return query if limit is None else query.limit(limit)
+
+
+def numbered_after(query: Any, column: Any, after: int | None, limit: int | None) -> Any:
+    """Rows ordered by a growing number (audit seq, delivery id), after ``after``."""
+    if after is not None:
+        query = query.where(column > after)
+    query = query.order_by(column)
+    return query if limit is None else query.limit(limit)

@@ -17,10 +17,10 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from roundtable.store.core import StoreCore, row_to_dict
+from roundtable.store.core import StoreCore, numbered_after, page_after, row_to_dict
 from roundtable.store.engine import read_only_engine
 from roundtable.store.errors import InvalidInputError, NotFoundError
 from roundtable.store.schema import (
@@ -108,16 +108,7 @@ class ReadOps(StoreCore):
             query = query.where(ApprovalRow.id == approval_id)
         if status is not None:
             query = query.where(ApprovalRow.status == status)
-        if after is not None:
-            created, last_id = after
-            query = query.where(
-                or_(
-                    ApprovalRow.created_at > created,
-                    and_(ApprovalRow.created_at == created, ApprovalRow.id > last_id),
-                )
-            )
-        if limit is not None:
-            query = query.limit(limit)
+        query = page_after(query, ApprovalRow, after, limit)
         async with self._snapshot() as session:
             rows = (await session.execute(query)).all()
             return [(row_to_dict(approval), row_to_dict(action)) for approval, action in rows]
@@ -127,11 +118,7 @@ class ReadOps(StoreCore):
     ) -> list[dict[str, Any]]:
         """A run's audit events in sequence order, after ``after_seq``."""
         query = select(AuditEventRow).where(AuditEventRow.run_id == run_id)
-        if after_seq is not None:
-            query = query.where(AuditEventRow.seq > after_seq)
-        query = query.order_by(AuditEventRow.seq)
-        if limit is not None:
-            query = query.limit(limit)
+        query = numbered_after(query, AuditEventRow.seq, after_seq, limit)
         async with self._snapshot() as session:
             return [row_to_dict(r) for r in (await session.execute(query)).scalars()]
 
@@ -142,10 +129,6 @@ class ReadOps(StoreCore):
         query = select(WebhookDeliveryRow)
         if run_id is not None:
             query = query.where(WebhookDeliveryRow.run_id == run_id)
-        if after_id is not None:
-            query = query.where(WebhookDeliveryRow.id > after_id)
-        query = query.order_by(WebhookDeliveryRow.id)
-        if limit is not None:
-            query = query.limit(limit)
+        query = numbered_after(query, WebhookDeliveryRow.id, after_id, limit)
         async with self._snapshot() as session:
             return [row_to_dict(r) for r in (await session.execute(query)).scalars()]
