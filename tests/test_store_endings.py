@@ -168,3 +168,23 @@ async def test_a_database_error_never_quotes_its_bound_values(store) -> None:
                 {"secret": "SEKRET-value"},
             )
     assert "SEKRET" not in str(failed.value)
+
+
+async def test_a_webhook_delivery_id_as_long_as_real_ones_is_recorded(store) -> None:
+    """Found by the chaos harness on PostgreSQL: event ids run to about 170
+    characters and delivery_id held 64, so every attempt's record failed and
+    the delivery was retried (and re-sent) eight times."""
+    run = await store.ensure_run(run_id="run-" + "a" * 24, user_id="u", task_text="t")
+    long_id = f"{run['id']}:approval.requested:{'b' * 36}:{'c' * 36}"
+    await store.record_webhook_attempt(
+        delivery_id=long_id,
+        run_id=run["id"],
+        event_type="approval.requested",
+        url="http://receiver/… #12345678",
+        attempt=1,
+        status_code=200,
+        error=None,
+        delivered=True,
+    )
+    (recorded,) = await store.list_webhook_deliveries(run_id=run["id"])
+    assert recorded["delivery_id"] == long_id

@@ -274,7 +274,8 @@ class WebhookDeliveryRow(Base):
     id: Mapped[int] = mapped_column(
         BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
     )
-    delivery_id: Mapped[str] = mapped_column(String(64), index=True)
+    # "<run id>:<event type>:<subject id>": up to about 170 characters.
+    delivery_id: Mapped[str] = mapped_column(String(255), index=True)
     run_id: Mapped[str | None] = mapped_column(String(64), index=True)
     event_type: Mapped[str] = mapped_column(String(64))
     url: Mapped[str] = mapped_column(Text)

@@ -12,6 +12,9 @@ Create Date: 2026-11-30
   token's decisions may name; NULL means every tenant.
 - ``runs.snapshot_digest``: the capability snapshot the worker pinned the run
   to; a workflow carrying another one (forged) is refused.
+- ``webhook_deliveries.delivery_id`` grows to 255 characters: event ids run to
+  about 170, which PostgreSQL refused (SQLite does not check lengths, so it
+  is left as it is there).
 
 Plain ALTER TABLE ADD COLUMN, as in 0005, so SQLite's triggers stay.
 """
@@ -37,10 +40,26 @@ def upgrade() -> None:
     op.add_column("runs", sa.Column("started_by_role", sa.String(16), nullable=True))
     op.add_column("runs", sa.Column("tenants", _json(), nullable=True))
     op.add_column("runs", sa.Column("snapshot_digest", sa.String(64), nullable=True))
+    if op.get_bind().dialect.name == "postgresql":
+        op.alter_column(
+            "webhook_deliveries",
+            "delivery_id",
+            type_=sa.String(255),
+            existing_type=sa.String(64),
+            existing_nullable=False,
+        )
     op.add_column("api_tokens", sa.Column("tenants", _json(), nullable=True))
 
 
 def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.alter_column(
+            "webhook_deliveries",
+            "delivery_id",
+            type_=sa.String(64),
+            existing_type=sa.String(255),
+            existing_nullable=False,
+        )
     with op.batch_alter_table("api_tokens") as batch:
         batch.drop_column("tenants")
     with op.batch_alter_table("runs") as batch:
