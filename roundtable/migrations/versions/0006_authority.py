@@ -13,8 +13,7 @@ Create Date: 2026-11-30
 - ``runs.snapshot_digest``: the capability snapshot the worker pinned the run
   to; a workflow carrying another one (forged) is refused.
 - ``webhook_deliveries.delivery_id`` grows to 255 characters: event ids run to
-  about 170, which PostgreSQL refused (SQLite does not check lengths, so it
-  is left as it is there).
+  about 170, which PostgreSQL refused (SQLite rebuilds the table).
 
 Plain ALTER TABLE ADD COLUMN, as in 0005, so SQLite's triggers stay.
 """
@@ -40,9 +39,8 @@ def upgrade() -> None:
     op.add_column("runs", sa.Column("started_by_role", sa.String(16), nullable=True))
     op.add_column("runs", sa.Column("tenants", _json(), nullable=True))
     op.add_column("runs", sa.Column("snapshot_digest", sa.String(64), nullable=True))
-    if op.get_bind().dialect.name == "postgresql":
-        op.alter_column(
-            "webhook_deliveries",
+    with op.batch_alter_table("webhook_deliveries") as batch:
+        batch.alter_column(
             "delivery_id",
             type_=sa.String(255),
             existing_type=sa.String(64),
@@ -52,9 +50,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        op.alter_column(
-            "webhook_deliveries",
+    with op.batch_alter_table("webhook_deliveries") as batch:
+        batch.alter_column(
             "delivery_id",
             type_=sa.String(64),
             existing_type=sa.String(255),
