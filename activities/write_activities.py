@@ -480,8 +480,11 @@ class WriteActivities:
     async def reconcile_action(self, inp: ReconcileInput) -> ReconcileOutput:
         check_reconciler(verified_decider(inp, datetime.now(UTC)))
         try:
+            fenced = None
+            if inp.outcome == "failed":
+                fenced = await _fence_target(self.store, self.registry, inp.action_id)
             action = await self.store.reconcile_action(
-                inp.action_id, inp.outcome, inp.decided_by, inp.note
+                inp.action_id, inp.outcome, inp.decided_by, inp.note, fenced_below=fenced
             )
             conflict, retry_at = None, None
         except ConflictError as exc:
@@ -511,6 +514,20 @@ def _refused(inp: InterceptInput, code: str, message: str) -> PendingWrite:
             content={"error_code": code, "message": message},
         ),
     )
+
+
+async def _fence_target(store: Store, registry: ToolRegistry, action_id: str) -> int | None:
+    """Before "it failed" is written down, make the tool refuse the attempt's
+    write should it land late (a worker frozen past its lease): its token and
+    any older one are fenced off. None when the tool cannot be fenced."""
+    action = await store.check_reconcilable(action_id)
+    tool = registry.get(action["tool_name"])
+    if tool is None or tool.fence is None or action["fencing_token"] is None:
+        return None
+    arguments = await store.get_action_arguments(action_id)
+    below = action["fencing_token"] + 1
+    await tool.fence(tool.parse(arguments), below)
+    return below
 
 
 def _tighter(asked: int | None, ours: int) -> int:

@@ -15,17 +15,15 @@ import contextlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from roundtable import operations
 from roundtable.config import load_settings
 from roundtable.models import (
     DecisionInput,
     ReconcileInput,
-    ReconcileOutput,
-    ReconcileRequest,
     RunInput,
     RunResult,
     RunState,
@@ -35,7 +33,7 @@ from roundtable.models import (
 from roundtable.permissions import Decider, attest
 from roundtable.security import ActionSecretKeyError
 from roundtable.store import AttemptMayBeRunningError, ConflictError, NotFoundError
-from roundtable.temporal import RECONCILE_WORKFLOW_NAME, WORKFLOW_NAME, connect
+from roundtable.temporal import WORKFLOW_NAME, connect
 
 __all__ = [
     "AttemptMayBeRunningError",
@@ -192,34 +190,7 @@ class RoundtableClient:
             request = attest(
                 request, Decider(user_id=decided_by, role="operator"), datetime.now(UTC)
             )
-        try:
-            return await operations.send_update(
-                self.temporal, run_id, operations.RECONCILE_UPDATE, request
-            )
-        except (operations.NotTrackedError, operations.NoLiveWorkflowError):
-            pass  # the run does not wait on it: settle it in the store
-        try:
-            out = await self.temporal.execute_workflow(
-                RECONCILE_WORKFLOW_NAME,
-                ReconcileRequest(run_id=run_id, reconcile=request),
-                id=f"reconcile-{action_id}-{request.request_id}",
-                task_queue=self.task_queue,
-                result_type=ReconcileOutput,
-            )
-        except WorkflowFailureError as exc:
-            raise _store_error(exc) from exc
-        if out.retry_at is not None:
-            raise AttemptMayBeRunningError(action_id, out.retry_at, message=out.conflict)
-        if out.conflict:
-            raise ConflictError(out.conflict)
-        return out.status
-
-
-def _store_error(exc: WorkflowFailureError) -> Exception:
-    """A failed reconciliation workflow as the error its activity raised."""
-    cause = exc.cause
-    while cause is not None and not isinstance(cause, ApplicationError):
-        cause = cause.cause
-    if isinstance(cause, ApplicationError) and cause.type == "NotFound":
-        return NotFoundError(str(cause))
-    return ConflictError(str(cause or exc))
+        status, _ = await operations.reconcile_request(
+            self.temporal, run_id, request, self.task_queue
+        )
+        return status

@@ -11,12 +11,13 @@ import contextlib
 import hashlib
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.service import RPCError, RPCStatusCode
 
 from roundtable.models import (
@@ -24,6 +25,8 @@ from roundtable.models import (
     ExtendInput,
     ExtendOutput,
     ReconcileInput,
+    ReconcileOutput,
+    ReconcileRequest,
     RunInput,
     WorkflowArgs,
 )
@@ -33,16 +36,18 @@ from roundtable.store import (
     AttemptMayBeRunningError,
     ConflictError,
     InvalidInputError,
+    NotFoundError,
     RunGrant,
     Store,
 )
 from roundtable.store.errors import FORBIDDEN_PREFIX, forbidden
-from roundtable.temporal import WORKFLOW_NAME
+from roundtable.temporal import RECONCILE_WORKFLOW_NAME, WORKFLOW_NAME
 
 DECIDE_UPDATE, RECONCILE_UPDATE = "decide_approval", "reconcile_action"
 EXTEND_UPDATE = "extend_approval"
 REFRESH_SIGNAL = "refresh"
 FINGERPRINT_MEMO = "request_fingerprint"
+RECONCILE_WITHIN = timedelta(minutes=2)
 
 
 class TemporalUnavailableError(RuntimeError):
@@ -207,7 +212,13 @@ async def extend(
 
 
 async def reconcile(
-    client: Client, store: Store, action_id: str, outcome: str, decided_by: str, note: str | None
+    client: Client,
+    store: Store,
+    action_id: str,
+    outcome: str,
+    decided_by: str,
+    note: str | None,
+    task_queue: str,
 ) -> dict[str, Any]:
     """Settle an unknown action, whatever state its run's workflow is in:
     through the workflow when it is open and waiting on the action, directly
@@ -233,14 +244,61 @@ async def reconcile(
         Decider(user_id=decided_by, role="operator"),
         datetime.now(UTC),
     )
-    try:
-        status = await send_update(client, action["run_id"], RECONCILE_UPDATE, request)
-        via = "workflow"
-    except (NotTrackedError, NoLiveWorkflowError):
-        settled = await store.reconcile_action(action_id, outcome, decided_by, note)
-        status, via = settled["status"], "store"
-        await nudge(client, action["run_id"])
+    status, via = await reconcile_request(client, action["run_id"], request, task_queue)
     return {"action_id": action_id, "run_id": action["run_id"], "status": status, "via": via}
+
+
+async def reconcile_request(
+    client: Client, run_id: str, request: ReconcileInput, task_queue: str
+) -> tuple[str, str]:
+    """``(status, via)``: through the run's workflow when it is open and
+    waiting on the action ("workflow"); otherwise through a short
+    reconciliation workflow ("store"), so that either way a worker, which
+    holds the tools, fences the target before the outcome is written, and
+    the run's workflow, if open, is told to look."""
+    try:
+        return await send_update(client, run_id, RECONCILE_UPDATE, request), "workflow"
+    except (NotTrackedError, NoLiveWorkflowError):
+        pass
+    try:
+        out = await client.execute_workflow(
+            RECONCILE_WORKFLOW_NAME,
+            ReconcileRequest(run_id=run_id, reconcile=request),
+            id=f"reconcile-{request.action_id}-{request.request_id}",
+            task_queue=task_queue,
+            result_type=ReconcileOutput,
+            # No worker on the queue: say so rather than wait for ever.
+            execution_timeout=RECONCILE_WITHIN,
+        )
+    except WorkflowFailureError as exc:
+        raise _store_error(exc) from exc
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.UNAVAILABLE:
+            raise TemporalUnavailableError(f"Temporal is unavailable: {exc.message}") from exc
+        raise
+    if out.retry_at is not None:
+        raise AttemptMayBeRunningError(request.action_id, out.retry_at, message=out.conflict)
+    if out.conflict:
+        raise ConflictError(out.conflict)
+    await nudge(client, run_id)
+    return out.status, "store"
+
+
+def _store_error(exc: WorkflowFailureError) -> Exception:
+    """A failed reconciliation workflow as the error its activity raised."""
+    cause = exc.cause
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause
+    kind = cause.type if isinstance(cause, ApplicationError) else None
+    if isinstance(exc.cause, TemporalTimeout):
+        return TemporalUnavailableError(
+            "no worker took the reconciliation in time: is a worker polling this task queue?"
+        )
+    if kind == "NotFound":
+        return NotFoundError(str(cause))
+    if kind and kind.startswith(FORBIDDEN_PREFIX):
+        return forbidden(kind.removeprefix(FORBIDDEN_PREFIX), str(cause))
+    return ConflictError(str(cause or exc))
 
 
 def new_run_id() -> str:

@@ -65,6 +65,7 @@ def cli_reconcile(h: Harness, tmp_path: Path, action_id: str) -> tuple[int, dict
             "PATH": str(Path(sys.executable).parent),
             "ROUNDTABLE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}",
             "ROUNDTABLE_TEMPORAL_ADDRESS": h.client.service_client.config.target_host,
+            "ROUNDTABLE_TASK_QUEUE": h.task_queue,
             "ROUNDTABLE_ACTION_SECRET_KEY": TEST_SECRET,
         },
     )

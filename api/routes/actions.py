@@ -46,5 +46,11 @@ async def reconcile(
     if caller.role != "operator":
         raise Problem(403, "forbidden", "only operators reconcile")
     return await operations.reconcile(
-        await ctx.temporal(), ctx.store, action_id, body.outcome, caller.user_id, body.note
+        await ctx.temporal(),
+        ctx.store,
+        action_id,
+        body.outcome,
+        caller.user_id,
+        body.note,
+        ctx.settings.task_queue,
     )

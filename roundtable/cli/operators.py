@@ -103,7 +103,9 @@ def reconcile(
             if action["status"] != "unknown":
                 raise conflict(f"action {action_id} is {action['status']}, not unknown")
             client = await temporal(config)
-            return await operations.reconcile(client, store, action_id, outcome, actor(by), note)
+            return await operations.reconcile(
+                client, store, action_id, outcome, actor(by), note, config.task_queue
+            )
 
     done = run_or_fail(settle(), as_json)
     emit(done, as_json, f"action {action_id} reconciled as {done['status']}")

@@ -20,7 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from roundtable.store.approvals import ApprovalOps
 from roundtable.store.core import require_aware, require_text, row_to_dict
 from roundtable.store.engine import database_clock, database_now, insert_for
-from roundtable.store.errors import AttemptMayBeRunningError, ConflictError, InvalidInputError
+from roundtable.store.errors import (
+    AttemptMayBeRunningError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+)
 from roundtable.store.schema import (
     ActionLeaseRow,
     ActionRow,
@@ -515,32 +520,54 @@ class ExecutionOps(ApprovalOps):
             )
         ).scalar_one()
 
+    async def check_reconcilable(self, action_id: str) -> dict[str, Any]:
+        """The action, if it may be reconciled now; else the error
+        :meth:`reconcile_action` would raise. Nothing is written."""
+        async with self._reader() as session:
+            action = await session.get(ActionRow, action_id)
+            if action is None:
+                raise NotFoundError(f"action {action_id!r} not found")
+            await self._refuse_unreconcilable(session, action)
+            return row_to_dict(action)
+
+    async def _refuse_unreconcilable(self, session: AsyncSession, action: ActionRow) -> datetime:
+        if action.status != ActionStatus.UNKNOWN:
+            raise ConflictError(
+                f"action {action.id!r} is {action.status}; only unknown actions reconcile"
+            )
+        now = await database_now(session)
+        lease = await self._lease_of(session, action.id)
+        if lease is not None and lease.lease_expires_at > now:
+            # Its attempt may still be running (a frozen or partitioned
+            # worker): whatever the operator saw in the real system could
+            # still change, and a successor's claim would make two writers.
+            raise AttemptMayBeRunningError(action.id, lease.lease_expires_at)
+        return now
+
     async def reconcile_action(
-        self, action_id: str, outcome: str, decided_by: str, note: str | None = None
+        self,
+        action_id: str,
+        outcome: str,
+        decided_by: str,
+        note: str | None = None,
+        fenced_below: int | None = None,
     ) -> dict[str, Any]:
-        """An operator settles an ``unknown`` action; its target is freed."""
+        """An operator settles an ``unknown`` action; its target is freed.
+        ``fenced_below``: the tool was told to refuse writes of this target
+        with a fencing token below it (so a frozen attempt cannot land late)."""
         if outcome not in RECONCILE_OUTCOMES:
             raise InvalidInputError("outcome must be 'succeeded' or 'failed'")
         require_text("decided_by", decided_by)
         refuse_unstorable("note", note)
         async with self._transaction() as session:
             run, action = await self._lock_action(session, action_id)
-            if action.status != ActionStatus.UNKNOWN:
-                raise ConflictError(
-                    f"action {action_id!r} is {action.status}; only unknown actions reconcile"
-                )
-            now = await database_now(session)
-            lease = await self._lease_of(session, action_id)
-            if lease is not None and lease.lease_expires_at > now:
-                # Its attempt may still be running (a frozen or partitioned
-                # worker): whatever the operator saw in the real system could
-                # still change, and a successor's claim would make two writers.
-                raise AttemptMayBeRunningError(action_id, lease.lease_expires_at)
+            now = await self._refuse_unreconcilable(session, action)
             result = {
                 **(action.result or {}),
                 "reconciled_outcome": outcome,
                 "reconciled_by": decided_by,
                 "reconciliation_note": note,
+                **({"fenced_below": fenced_below} if fenced_below is not None else {}),
             }
             if not await self._compare_and_set(
                 session,
@@ -562,6 +589,7 @@ class ExecutionOps(ApprovalOps):
                     "outcome": outcome,
                     "decided_by": decided_by,
                     "note": note,
+                    **({"fenced_below": fenced_below} if fenced_below is not None else {}),
                 },
                 now,
             )

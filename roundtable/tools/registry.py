@@ -69,6 +69,11 @@ class ToolDefinition:
     # reads whose "read-only" is someone else's word (an MCP server's hint):
     # they run at most once.
     retry_safe: bool = True
+    # How to fence the system the tool writes to: make it refuse, from now on,
+    # any write of this call's target carrying a fencing token below the one
+    # given. Reconciling an unknown write as failed does this first, so an
+    # attempt frozen past its lease can never land after the operator's word.
+    fence: Callable[[Any, int], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
         if (self.args_model is None) == (self.input_schema is None):

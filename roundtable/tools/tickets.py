@@ -254,6 +254,13 @@ class TicketSystem:
         raise ToolDefiniteFailure("stale_fencing_token", "a newer writer took over")
 
     @to_completion
+    async def fence(self, args: TicketRef, token: int) -> None:
+        """From now on, refuse writes of this ticket with a token below ``token``."""
+        async with self._sessions() as session, session.begin():
+            ticket = await self._ticket(session, args)
+            ticket.highest_fencing_token = max(ticket.highest_fencing_token, token)
+
+    @to_completion
     async def _close_log(self, ctx: ToolContext, outcome: str) -> None:
         async with self._sessions() as session, session.begin():
             log = await _log_entry(session, ctx)
@@ -339,5 +346,6 @@ def register_ticket_tools(registry: ToolRegistry, system: TicketSystem) -> None:
                 # The demo system writes in this process, in one transaction:
                 # when the call has ended, so has everything it did.
                 effects_end_with_call=True,
+                fence=system.fence,
             )
         )
