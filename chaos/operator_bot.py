@@ -104,7 +104,9 @@ class OperatorBot:
                     fate = name
                     break
                 roll -= weight
-            if fate == "edit" and not _editable(approval):
+            if _editable(approval) and not self.counts["planned_edit"]:
+                fate = "edit"  # the first editable write is edited: the path is always met
+            elif fate == "edit" and not _editable(approval):
                 fate = "approve"
             self.fates[approval["id"]] = fate
             self.counts[f"planned_{fate}"] += 1
