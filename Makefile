@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint proofs bench venv system-deps clean
+.PHONY: run test lint proofs bench venv system-deps clean chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,18 @@ proofs:
 # What the safety costs: store claims against a bare upsert, as ratios.
 bench: venv
 	$(VENV)/bin/python -m bench.claims
+
+# Chaos (issue 10): a contended workload under seeded faults for DURATION
+# seconds, then the invariant checker and the canary scan; exit 1 on any
+# violation, leak, or fault kind never injected. DB=postgres uses a throwaway
+# PostgreSQL cluster (`make system-deps` installs it). `make test` runs a short
+# one (tests/test_chaos.py).
+SEED ?= 7
+DURATION ?= 600
+DB ?= sqlite
+
+chaos: venv
+	$(VENV)/bin/python -m chaos --seed $(SEED) --duration $(DURATION) --db $(DB)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import and_, delete, false, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from roundtable import chaos_hook
 from roundtable.store.approvals import ApprovalOps
 from roundtable.store.core import require_aware, require_text, row_to_dict
 from roundtable.store.engine import database_clock, database_now, insert_for
@@ -357,6 +358,9 @@ class ExecutionOps(ApprovalOps):
                 )
                 .values(lease_expires_at=now + length)
             )
+            # Test-only (chaos harness; inert unless ROUNDTABLE_CHAOS=1): the
+            # database fails before this renewal commits.
+            chaos_hook.maybe_fail("renew")
             return status if result.rowcount == 1 else None
 
     async def record_action_terminal_result(
@@ -423,6 +427,9 @@ class ExecutionOps(ApprovalOps):
             if isinstance((result or {}).get("error_code"), str):
                 payload["error_code"] = result["error_code"]  # type: ignore[index]
             await self._audit(session, run, f"action.{status}", payload, now)
+            # Test-only (chaos harness; inert unless ROUNDTABLE_CHAOS=1): the
+            # database fails before the result commits.
+            chaos_hook.maybe_fail("record_result")
         return True
 
     async def _attempt_reported(
