@@ -4,6 +4,7 @@
 #                   (skipped when ROUNDTABLE_TEST_DATABASE_URL names an existing server)
 #   chromium        the browser check of the Temporal UI (driven by playwright)
 #   docker-compose  validates docker-compose.yml (Docker itself does not run here)
+#   spin, gcc       make proofs: the Spin model checker and the compiler for its verifiers
 set -euo pipefail
 
 wanted=()
@@ -12,6 +13,8 @@ if [ -z "${ROUNDTABLE_TEST_DATABASE_URL:-}" ] && ! compgen -G "/usr/lib/postgres
 fi
 command -v chromium >/dev/null 2>&1 || wanted+=(chromium)
 command -v docker-compose >/dev/null 2>&1 || wanted+=(docker-compose)
+command -v spin >/dev/null 2>&1 || wanted+=(spin)
+command -v gcc >/dev/null 2>&1 || wanted+=(gcc)
 [ ${#wanted[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then
