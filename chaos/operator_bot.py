@@ -88,9 +88,7 @@ class OperatorBot:
 
     async def step(self) -> None:
         self._steps += 1
-        answer = await self._call("GET", "/v1/approvals", params={"status": "pending"})
-        answer.raise_for_status()
-        for approval in answer.json():
+        for approval in await self._pending():
             await self._decide(approval)
         await self._reconcile_unknowns()
 
@@ -146,17 +144,24 @@ class OperatorBot:
 
     # ----------------------------------------------------------------- unknowns
 
+    async def _pending(self) -> list[dict[str, Any]]:
+        return await self._every("/v1/approvals", status="pending")
+
     async def _runs(self) -> list[dict[str, Any]]:
-        runs, cursor = [], None
+        return await self._every("/v1/runs")
+
+    async def _every(self, path: str, **filters: str) -> list[dict[str, Any]]:
+        """Every page of a list (they all answer {items, next_cursor})."""
+        items, cursor = [], None
         while True:
-            params = {"limit": 200, **({"cursor": cursor} if cursor else {})}
-            answer = await self._call("GET", "/v1/runs", params=params)
+            params = {"limit": 200, **filters, **({"cursor": cursor} if cursor else {})}
+            answer = await self._call("GET", path, params=params)
             answer.raise_for_status()
             page = answer.json()
-            runs += page["items"]
+            items += page["items"]
             cursor = page["next_cursor"]
             if not cursor:
-                return runs
+                return items
 
     async def _reconcile_unknowns(self) -> None:
         runs = await self._runs()
