@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from roundtable.security import derive_target_key
@@ -57,6 +58,21 @@ async def new_action(
             "status": status,
             **extra,
         }
+    )
+
+
+async def waiting_action(
+    store: Store, run: dict[str, Any], key: str, expires_at: datetime
+) -> dict[str, Any]:
+    """An action of ``run`` waiting for a person until ``expires_at``, on a
+    target of its own (named by ``key``)."""
+    return await new_action(
+        store,
+        run,
+        key=key,
+        target_key=target_for(key),
+        status="waiting_approval",
+        approval_expires_at=expires_at,
     )
 
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import event
 
 from tests.api_server import Api, serve_api
-from tests.helpers import new_action, new_run, target_for
+from tests.helpers import new_run, waiting_action
 from tests.workflow_harness import harness
 
 
@@ -54,14 +54,7 @@ async def _approvals_for(store, user: str, count: int) -> dict:  # type: ignore[
     run = await new_run(store, user_id=user)
     expires = datetime.now(UTC) + timedelta(hours=1)
     for n in range(count):
-        await new_action(
-            store,
-            run,
-            key=f"{run['id']}-{n}",
-            target_key=target_for(f"{run['id']}-{n}"),
-            status="waiting_approval",
-            approval_expires_at=expires,
-        )
+        await waiting_action(store, run, f"{run['id']}-{n}", expires)
     return run
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from roundtable.store import Store
 from roundtable.views import run_view
-from tests.helpers import new_action, new_run, target_for
+from tests.helpers import new_run, waiting_action
 
 WRITES = 40
 
@@ -27,14 +27,7 @@ async def test_run_view_while_writes_are_intercepted_never_sees_half_a_write(
         nonlocal writing
         try:
             for n in range(WRITES):
-                await new_action(
-                    store,
-                    run,
-                    key=f"k-{n}",
-                    target_key=target_for(f"task-{n}"),
-                    status="waiting_approval",
-                    approval_expires_at=expires,
-                )
+                await waiting_action(store, run, f"task-{n}", expires)
         finally:
             writing = False
 
