@@ -42,18 +42,26 @@ DB_WINDOW_SECONDS = 15
 MIN_GAP_SECONDS = 4
 
 
-def schedule(rng: random.Random, start: float, end: float) -> list[tuple[float, str]]:
-    """Every kind once, in a seeded order, spread over [start, end); then more
-    of them at seeded moments while the window allows."""
-    kinds = list(KINDS)
-    rng.shuffle(kinds)
+def rounds_for(duration: float) -> int:
+    """How many times each kind is injected: once per two minutes (a
+    10-minute run injects every kind 5 times)."""
+    return max(1, int(duration // 120))
+
+
+def schedule(
+    rng: random.Random, start: float, end: float, rounds: int = 1
+) -> list[tuple[float, str]]:
+    """Every kind ``rounds`` times: each round all kinds in a seeded order,
+    the rounds spread evenly over [start, end)."""
+    slots = []
+    for _ in range(rounds):
+        kinds = list(KINDS)
+        rng.shuffle(kinds)
+        slots += kinds
     span = max(end - start, 1.0)
-    planned = [
-        (start + span * (i + rng.random() * 0.5) / len(kinds), k) for i, k in enumerate(kinds)
+    return [
+        (start + span * (i + rng.random() * 0.5) / len(slots), kind) for i, kind in enumerate(slots)
     ]
-    extra = int(span // 60)
-    planned += [(rng.uniform(start, end), rng.choice(KINDS)) for _ in range(extra)]
-    return sorted(planned)
 
 
 @dataclass
@@ -80,14 +88,14 @@ class Faults:
         if injected:
             self.counts[kind] += 1
 
-    async def run(self, plan: list[tuple[float, str]], stop_at: float) -> None:
+    async def run(self, plan: list[tuple[float, str]], stop_at: float, rounds: int = 1) -> None:
         for moment, kind in plan:
             wait = moment - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            # Past the end, only kinds not yet injected still run: every kind
-            # gets its chance, however short the session.
-            if time.monotonic() >= stop_at and self.counts[kind]:
+            # Past the end (faults take their time), only kinds still short of
+            # their rounds run: every kind gets its due, however slow the session.
+            if time.monotonic() >= stop_at and self.counts[kind] >= rounds:
                 continue
             self.attempted[kind] += 1
             try:

@@ -18,7 +18,7 @@ import httpx
 from temporalio.client import Client
 
 from chaos import canary as canaries
-from chaos.faults import KINDS, Faults, schedule
+from chaos.faults import KINDS, Faults, rounds_for, schedule
 from chaos.operator_bot import FINAL_RUNS, OperatorBot
 from chaos.stack import Stack
 from chaos.workload import Workload
@@ -116,10 +116,11 @@ class Session:
         bot_task = asyncio.create_task(bot.run(bot_stop))
         start = time.monotonic()
         end = start + self.duration
-        plan = schedule(faults.rng, start + 8, end - 10)
+        rounds = rounds_for(self.duration)
+        plan = schedule(faults.rng, start + 8, end - 10, rounds)
         supervisor = asyncio.create_task(self._supervise(stack, faults))
         try:
-            fault_task = asyncio.create_task(faults.run(plan, end))
+            fault_task = asyncio.create_task(faults.run(plan, end, rounds))
             await self._drive(workload, url, end, fault_task)
             say(self.t0, "workload stopped; waiting for the fault under way to end")
             await fault_task
@@ -140,7 +141,10 @@ class Session:
         await self._scan(stack, url, sink)
         self.outcome.faults = faults.counts
         if self.duration >= FULL_COVERAGE_SECONDS:
-            self.outcome.missing_kinds = [k for k in KINDS if not faults.counts[k]]
+            short = [k for k in KINDS if faults.counts[k] < rounds_for(self.duration)]
+            self.outcome.missing_kinds = [
+                f"{k} ({faults.counts[k]} of {rounds_for(self.duration)})" for k in short
+            ]
         self.outcome.notes += [
             f"runs started: {len(workload.started)} by surface {dict(workload.surfaces)}",
             f"start errors: {len(workload.errors)}",
