@@ -75,5 +75,6 @@ fails lost-lease-keeps-writing -DBUG_LOST_LEASE_KEEPS_WRITING
 fails lost-lease-two-writers -DBUG_LOST_LEASE_KEEPS_WRITING -DWRITERS_ONLY
 fails keeper-lets-go-at-cancel -DBUG_KEEPER_LETS_GO_AT_CANCEL
 fails frozen-call-strict -DFROZEN_CALL -DSTRICT
+fails frozen-call-without-fence -DFROZEN_CALL -DNO_FENCE
 
 exit "$failed"

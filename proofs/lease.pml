@@ -12,8 +12,9 @@
  *                                                      tool call: the fence's checks hold
  *   spin -a -DBUG_KEEPER_LETS_GO_AT_CANCEL lease.pml   must FAIL (the first fix: the call is
  *                                                      cancelled, but not held while it stops)
- *   spin -a -DFROZEN_CALL -DSTRICT lease.pml           must FAIL (the documented limit:
- *                                                      only the fence stops a frozen call)
+ *   spin -a -DFROZEN_CALL -DSTRICT lease.pml           must FAIL (a frozen call may still
+ *                                                      run when reconciled; the fence stops its write)
+ *   spin -a -DFROZEN_CALL -DNO_FENCE lease.pml         must FAIL (the late write lands)
  *   spin -a -DBUG_LOST_LEASE_KEEPS_WRITING lease.pml   must FAIL (the bug the keeper fixed)
  *   ... -DBUG_LOST_LEASE_KEEPS_WRITING -DWRITERS_ONLY  must FAIL: without the I5 checks
  *                                                      (which catch it first), two writers
@@ -36,10 +37,15 @@
 #endif
 
 /* The strict checks (mutual exclusion without the fence's help, nothing of a
- * reconciled action still running, a ledger that tells the truth) hold unless
- * a worker can freeze inside its call; -DSTRICT keeps them on regardless. */
+ * reconciled action still running) hold unless a worker can freeze inside its
+ * call; -DSTRICT keeps them on regardless. The ledger checks (nothing lands
+ * after a reconciliation, the ledger tells the truth) hold always, thanks to
+ * the reconciliation fence; -DNO_FENCE removes the fence (must then fail). */
 #ifndef FROZEN_CALL
 #define STRICT
+#endif
+#if defined(STRICT) || defined(FROZEN_CALL)
+#define LEDGER
 #endif
 
 #define NONE 255
@@ -193,6 +199,14 @@ inline reconcile(a) {
        /* I5: nothing of the action can still write */
        assert(!(calling[0] && cact[0] == a) && !(calling[1] && cact[1] == a));
 #endif
+#ifndef NO_FENCE
+       /* write_activities._fence_target / TicketSystem.fence: "failed" is
+        * written only after the tool refuses this attempt's token */
+       if
+       :: applied[a] == 0 && highest < tok[a] + 1 -> highest = tok[a] + 1
+       :: else -> skip
+       fi;
+#endif
        st[a] = (applied[a] > 0 -> SUCCEEDED : FAILED);
        reconciled[a] = 1;
        delete_lease(a);
@@ -325,7 +339,7 @@ tool_finish:  /* TicketSystem._finish: the fence again, then the write applies *
               printf("MSC: ticket applies e%d's write of a%d (token %d)\n", e, a, mine);
               assert(applied[a] == 1);                     /* I2: nothing applied twice */
               assert(!win[1 - e] || wtok[1 - e] < mine);   /* I1 (fenced): no live rival */
-#if defined(STRICT) && !defined(WRITERS_ONLY)
+#if defined(LEDGER) && !defined(WRITERS_ONLY)
               assert(!reconciled[a]);                      /* I5: nothing lands after reconciliation */
 #endif
               if
@@ -558,7 +572,7 @@ quiescent:  /* everyone has stopped: time passes, every lease runs out, the swee
   d_step { reconcile(0); reconcile(1) }
   /* I5: after reconciliation the target is free */
   assert(lease_act == NONE && st[0] != UNKNOWN && st[1] != UNKNOWN);
-#ifdef STRICT
+#ifdef LEDGER
   /* the ledger tells the truth: succeeded exactly when the ticket was written */
   assert((st[0] == SUCCEEDED) == (applied[0] == 1));
   assert((st[1] == SUCCEEDED) == (applied[1] == 1))
