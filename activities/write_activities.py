@@ -525,9 +525,18 @@ async def _fence_target(store: Store, registry: ToolRegistry, action_id: str) ->
     if tool is None or tool.fence is None or action["fencing_token"] is None:
         return None
     arguments = await store.get_action_arguments(action_id)
-    below = action["fencing_token"] + 1
-    await tool.fence(tool.parse(arguments), below)
-    return below
+    attempt = ToolContext(
+        run_id=action["run_id"],
+        seat=action["agent_id"],
+        action_id=action_id,
+        idempotency_key=action["idempotency_key"],
+        fencing_token=action["fencing_token"],
+    )
+    if not await tool.fence(tool.parse(arguments), attempt):
+        raise ConflictError(
+            f"{action['tool_name']}'s own log shows this write applied: reconcile it as succeeded"
+        )
+    return action["fencing_token"] + 1
 
 
 def _tighter(asked: int | None, ours: int) -> int:

@@ -3,6 +3,9 @@ the ticket log and Temporal passes; an operator's wrong guess is caught."""
 
 from __future__ import annotations
 
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
 from roundtable.evidence import gather
 from roundtable.invariants import check, summary
 from roundtable.models import DecisionInput, RunResult
@@ -35,8 +38,13 @@ async def test_real_runs_leave_no_violations_and_a_wrong_guess_is_caught(tmp_pat
         evidence = await gather(h.store, h.tickets, h.client, started)
         assert check(evidence) == [], check(evidence)
 
-        # The operator guesses "failed" without looking: the ticket log says otherwise.
-        await reconcile(lost, unknown_id, "failed")
+        # The operator guesses "failed" without looking: the ticket's fence
+        # sees the write applied and refuses.
+        with pytest.raises(WorkflowUpdateFailedError):
+            await reconcile(lost, unknown_id, "failed")
+        # A tool without a fence could not tell: the store takes the guess.
+        await h.store.reconcile_action(unknown_id, "failed", "op-1", "guessed")
+        await lost.signal(RoundtableWorkflow.refresh)
         finished = h.client.get_workflow_handle(lost.id, result_type=RunResult)
         await finished.result()
         evidence = await gather(h.store, h.tickets, h.client, started | {"run-never-made"})

@@ -70,10 +70,11 @@ class ToolDefinition:
     # they run at most once.
     retry_safe: bool = True
     # How to fence the system the tool writes to: make it refuse, from now on,
-    # any write of this call's target carrying a fencing token below the one
-    # given. Reconciling an unknown write as failed does this first, so an
+    # the write of this attempt (the context's idempotency key and token) and
+    # any older one to the same target; False if it shows that write already
+    # applied. Reconciling an unknown write as failed does this first, so an
     # attempt frozen past its lease can never land after the operator's word.
-    fence: Callable[[Any, int], Awaitable[None]] | None = None
+    fence: Callable[[Any, ToolContext], Awaitable[bool]] | None = None
 
     def __post_init__(self) -> None:
         if (self.args_model is None) == (self.input_schema is None):

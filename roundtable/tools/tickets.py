@@ -210,7 +210,7 @@ class TicketSystem:
             ticket = await self._ticket(session, args)
             stale = ctx.fencing_token < ticket.highest_fencing_token
             if not stale:
-                ticket.highest_fencing_token = ctx.fencing_token
+                ticket.highest_fencing_token = max(ticket.highest_fencing_token, ctx.fencing_token)
             session.add(
                 TicketWriteRow(
                     idempotency_key=ctx.idempotency_key,
@@ -254,11 +254,19 @@ class TicketSystem:
         raise ToolDefiniteFailure("stale_fencing_token", "a newer writer took over")
 
     @to_completion
-    async def fence(self, args: TicketRef, token: int) -> None:
-        """From now on, refuse writes of this ticket with a token below ``token``."""
+    async def fence(self, args: TicketRef, ctx: ToolContext) -> bool:
+        """From now on, refuse this attempt's write (and any older one) to this
+        ticket: True. False when the log shows the write already applied (the
+        operator's "failed" would be wrong). Under the ticket's row lock, so a
+        write is either applied before this or refused after it."""
         async with self._sessions() as session, session.begin():
             ticket = await self._ticket(session, args)
-            ticket.highest_fencing_token = max(ticket.highest_fencing_token, token)
+            log = await _log_entry(session, ctx)
+            if log is not None and log.outcome == "applied":
+                return False
+            below = (ctx.fencing_token or 0) + 1
+            ticket.highest_fencing_token = max(ticket.highest_fencing_token, below)
+            return True
 
     @to_completion
     async def _close_log(self, ctx: ToolContext, outcome: str) -> None:
@@ -269,7 +277,11 @@ class TicketSystem:
 
     @staticmethod
     async def _ticket(session: Any, args: TicketRef) -> TicketRow:
-        ticket = await session.get(TicketRow, (args.tenant_id, args.ticket_id))
+        # Row-locked (PostgreSQL; SQLite's writers are serialised anyway): a
+        # write's check-then-apply and a fence never interleave.
+        ticket = await session.get(
+            TicketRow, (args.tenant_id, args.ticket_id), with_for_update=True
+        )
         if ticket is None:
             ticket = TicketRow(
                 tenant_id=args.tenant_id,
