@@ -81,6 +81,9 @@ class RoundtableWorkflow:
     @workflow.init
     def __init__(self, args: WorkflowArgs) -> None:
         self.request: RunInput = args.request
+        # What the worker checks the run's grant against; the request never
+        # changes, so it is hashed once, not at every write.
+        self._fingerprint = args.request.fingerprint()
         self.state: RunState = args.carried or RunState(run_id=args.request.run_id or "")
         self._decided: dict[str, str] = {}  # approval id → action status after the decision
         self._reconciled: dict[str, str] = {}  # action id → status after reconciliation
@@ -151,7 +154,7 @@ class RoundtableWorkflow:
                 seat_tools=self.request.seat_tools,
                 write_policy=self.request.write_policy,
                 models=sorted(self.request.models()),
-                request_fingerprint=self.request.fingerprint(),
+                request_fingerprint=self._fingerprint,
             ),
             start_to_close_timeout=BOOKKEEPING,
             summary="open run",
@@ -292,7 +295,7 @@ class RoundtableWorkflow:
                 write_policy=self.request.write_policy,
                 approval_deadline=workflow.now()
                 + timedelta(seconds=self.request.approval_timeout_seconds),
-                request_fingerprint=self.request.fingerprint(),
+                request_fingerprint=self._fingerprint,
             ),
             start_to_close_timeout=BOOKKEEPING,
             summary=f"intercept {call.name} from {seat}",
