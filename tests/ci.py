@@ -1,6 +1,8 @@
 """One rule for test prerequisites the suite installs itself (PostgreSQL,
-Chromium, docker-compose): missing under CI=true is a failure; elsewhere a
-skip that says why and how to get it."""
+Chromium, docker-compose, Spin and gcc; `make test` installs each when
+missing, through scripts/ensure-system-deps.sh): missing under CI=true is a
+failure, never a skip; elsewhere (a machine where they cannot be installed,
+say without root) a skip that says what is missing and how to get it."""
 
 from __future__ import annotations
 
