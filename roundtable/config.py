@@ -46,6 +46,11 @@ class Settings(BaseSettings):
     ui_origins: list[str] = Field(
         default_factory=lambda: ["http://127.0.0.1:8233", "http://localhost:8233"]
     )
+    # The embedded stack only: serve /codec/ui/{encode,decode} with no token to
+    # a browser on this machine showing a page from ui_origins. `temporal
+    # server start-dev` takes the UI's codec endpoint only on its command line,
+    # where any token would be readable by every local user.
+    ui_codec_loopback: bool = False
     demo_ticket_write_delay_seconds: float = Field(default=0.5, ge=0)
     # Chaos for demos and tests: writes to these demo ticket ids apply, then fail.
     demo_ticket_drop_after_write: list[str] = Field(default_factory=list)

@@ -5,8 +5,15 @@ a row here fails this test instead of going unchecked."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
+from starlette.requests import Request
+
+from api.problems import Problem
+from api.routes.codec import _loopback_ui_caller
+from roundtable.config import Settings
 from tests.api_server import serve_api
 from tests.workflow_harness import harness, script, ticket_call
 
@@ -154,3 +161,48 @@ async def test_the_codec_path_takes_only_a_codec_token(tmp_path) -> None:
             response = await api.http.post(f"/codec/t/{api.tokens[who]}/decode", json=body)
             assert response.status_code == 403, who
         assert (await api.http.post("/codec/t/rt_nope/decode", json=body)).status_code == 401
+
+
+async def test_the_loopback_codec_serves_only_the_local_ui_and_only_when_on(tmp_path) -> None:
+    """The embedded stack's UI decodes with no token (one on the Temporal
+    command line would be readable by every local user), so the endpoint must
+    refuse every caller that is not a browser on this machine showing the UI."""
+    body = {"payloads": []}
+    ui = {"Origin": "http://127.0.0.1:8233"}
+    async with harness(tmp_path) as h:
+        async with serve_api(h) as api:
+            off = await api.http.post("/codec/ui/decode", json=body, headers=ui)
+            assert off.status_code == 404, off.text
+        async with serve_api(h, ui_codec_loopback=True) as api:
+            ok = await api.http.post("/codec/ui/decode", json=body, headers=ui)
+            assert ok.status_code == 200, ok.text
+            assert ok.headers["access-control-allow-origin"] == ui["Origin"]
+            refused = {
+                "no origin (not a browser page)": {},
+                "another site's page": {"Origin": "https://evil.example"},
+                "the UI's origin on another port": {"Origin": "http://127.0.0.1:9999"},
+                "a DNS-rebound page": {"Host": "evil.example:8000", **ui},
+            }
+            for why, headers in refused.items():
+                response = await api.http.post("/codec/ui/decode", json=body, headers=headers)
+                assert response.status_code == 403, why
+            # It decodes and encodes, nothing else: no route under it reads runs.
+            assert (await api.http.post("/codec/ui/encode", json=body, headers=ui)).is_success
+            assert (await api.http.get("/codec/ui/v1/runs", headers=ui)).status_code == 404
+
+
+def test_the_loopback_codec_refuses_a_peer_on_another_machine() -> None:
+    """Reached through a port forward or a 0.0.0.0 bind, the peer is remote:
+    refused, whatever Origin and Host it sends."""
+
+    def request(peer: str) -> Request:
+        headers = [(b"host", b"127.0.0.1:8000"), (b"origin", b"http://127.0.0.1:8233")]
+        return Request({"type": "http", "headers": headers, "client": (peer, 5555)})
+
+    ctx = SimpleNamespace(settings=Settings(ui_codec_loopback=True))
+    assert _loopback_ui_caller(request("127.0.0.1"), ctx).role == "codec"
+    assert _loopback_ui_caller(request("::1"), ctx).role == "codec"
+    for peer in ("10.1.2.3", "192.168.0.7", "not-an-address"):
+        with pytest.raises(Problem) as refused:
+            _loopback_ui_caller(request(peer), ctx)
+        assert refused.value.status == 403, peer

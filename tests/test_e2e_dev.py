@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -81,30 +82,36 @@ def _command_lines() -> list[str]:
     return lines
 
 
-def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_gets_only_a_codec_token(
+def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_decodes_without_one(
     tmp_path: Path,
 ) -> None:
     """Once the UI's codec endpoint carried the operator token: readable at the
     UI's /api/v1/settings, in the temporal process's command line and in the
-    API's access log, and never revoked."""
+    API's access log, and never revoked. Now the UI decodes through the
+    loopback endpoint, which takes no token, so no token is on any command line."""
     with dev_stack(tmp_path) as stack:
         (token_file,) = stack.wait_for(r"operator token: in (\S+) \(readable only by you")
         operator = (tmp_path / token_file).read_text().strip()
-        settings = httpx.get(f"http://127.0.0.1:{stack.ui_port}/api/v1/settings", timeout=10)
+        ui = f"http://127.0.0.1:{stack.ui_port}"
+        settings = httpx.get(f"{ui}/api/v1/settings", timeout=10)
         endpoint = settings.json()["Codec"]["Endpoint"]
-        codec = endpoint.rsplit("/", 1)[-1]
-        assert codec.startswith("rt_") and codec != operator
         api = f"http://127.0.0.1:{stack.api_port}"
-        # The UI's credential decodes and does nothing else.
-        decoded = httpx.post(f"{endpoint}/decode", json={"payloads": []}, timeout=10)
+        assert endpoint == f"{api}/codec/ui", endpoint
+        # The UI's page decodes (its browser sends the UI's Origin); no other
+        # page does, and the endpoint reads nothing but payloads.
+        decoded = httpx.post(
+            f"{endpoint}/decode", json={"payloads": []}, headers={"Origin": ui}, timeout=10
+        )
         assert decoded.status_code == 200, decoded.text
-        for path in ("/v1/runs", "/v1/approvals"):
-            refused = httpx.get(api + path, headers={"Authorization": f"Bearer {codec}"})
-            assert refused.status_code == 403, refused.text
+        evil = httpx.post(
+            f"{endpoint}/decode", json={"payloads": []}, headers={"Origin": "https://evil.example"}
+        )
+        assert evil.status_code == 403, evil.text
         # An operator token is never taken in a URL.
         in_path = httpx.post(f"{api}/codec/t/{operator}/decode", json={"payloads": []})
         assert in_path.status_code == 403
-        assert not any(operator in line for line in _command_lines())
+        lines = _command_lines()
+        assert not any(operator in line or re.search(r"\brt_[\w-]{16}", line) for line in lines)
         stack.wait_for(r"waiting for approval")
     assert operator not in stack.output
     assert not (tmp_path / token_file).exists()
@@ -120,4 +127,4 @@ def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_gets_only_a_codec_to
         check=True,
     )
     dev_tokens = [t for t in json.loads(listed.stdout) if t["label"] == "roundtable dev"]
-    assert len(dev_tokens) == 2 and all(t["revoked_at"] for t in dev_tokens), dev_tokens
+    assert len(dev_tokens) == 1 and dev_tokens[0]["revoked_at"], dev_tokens

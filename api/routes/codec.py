@@ -8,8 +8,10 @@ nothing else) may use it.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Request
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
@@ -144,3 +146,48 @@ async def encode_for_ui(token: str, request: Request, ctx: Context) -> dict[str,
 @router.post("/t/{token}/decode", include_in_schema=False)
 async def decode_for_ui(token: str, request: Request, ctx: Context) -> dict[str, Any]:
     return await _decode(request, await _path_caller(token, ctx))
+
+
+# The embedded stack's UI: `temporal server start-dev` takes its codec endpoint
+# only on the command line, which every local user can list, so no token goes
+# there. Instead, with ROUNDTABLE_UI_CODEC_LOOPBACK on (`roundtable dev` turns
+# it on), /codec/ui serves a browser on this machine showing a page from
+# ROUNDTABLE_UI_ORIGINS, and nobody else: the peer must be loopback, the Host
+# a loopback name (a DNS-rebound page names its own host) and the Origin, which
+# browsers send on every cross-origin POST and pages cannot forge, one of the
+# UI's. It grants what the dev UI itself grants anyone on this machine who can
+# reach it: decoded payloads.
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _is_loopback(address: str | None) -> bool:
+    try:
+        return address is not None and ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _loopback_ui_caller(request: Request, ctx: Context) -> Principal:
+    if not ctx.settings.ui_codec_loopback:
+        raise Problem(404, "not_found", "the loopback codec endpoint is off")
+    try:
+        host = urlsplit("//" + request.headers.get("host", "")).hostname
+    except ValueError:
+        host = None
+    origin = request.headers.get("origin")
+    peer = request.client.host if request.client else None
+    if not _is_loopback(peer) or host not in _LOOPBACK_HOSTS:
+        raise Problem(403, "forbidden", "the loopback codec endpoint serves this machine only")
+    if origin not in ctx.settings.ui_origins:
+        raise Problem(403, "forbidden", "the loopback codec endpoint serves the Temporal UI only")
+    return Principal(user_id="temporal-ui", role="codec")
+
+
+@router.post("/ui/encode", include_in_schema=False)
+async def encode_for_local_ui(request: Request, ctx: Context) -> dict[str, Any]:
+    return await _encode(request, _loopback_ui_caller(request, ctx))
+
+
+@router.post("/ui/decode", include_in_schema=False)
+async def decode_for_local_ui(request: Request, ctx: Context) -> dict[str, Any]:
+    return await _decode(request, _loopback_ui_caller(request, ctx))

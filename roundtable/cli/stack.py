@@ -14,7 +14,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -108,26 +107,17 @@ DEV_TOKEN_LABEL = "roundtable dev"  # noqa: S105 (a label, not a secret)
 OPERATOR_TOKEN_FILE = "operator-token"  # noqa: S105 (a file name; 0600, in the state dir)
 
 
-@dataclass(frozen=True)
-class DevTokens:
-    operator: str  # for the person at the keyboard, in a 0600 file
-    codec: str  # for the Temporal UI: can only encode and decode payloads
-    ids: tuple[str, ...]
-
-
-async def _dev_tokens(settings: Settings, token_file: Path) -> DevTokens:
-    """This session's tokens. Those an earlier session left (it was killed
-    before it could revoke them) are revoked first."""
+async def _dev_operator_token(settings: Settings, token_file: Path) -> str:
+    """This session's operator token, in a file only you can read. Tokens an
+    earlier session left (it was killed before it could revoke them) are
+    revoked first. The UI needs none: it decodes through /codec/ui."""
     async with open_store(settings.database_url) as store:
         await _revoke_dev_tokens(store)
-        operator, first = await store.create_token(
+        operator, _ = await store.create_token(
             user_id="dev-operator", role="operator", label=DEV_TOKEN_LABEL
         )
-        codec, second = await store.create_token(
-            user_id="temporal-ui", role="codec", label=DEV_TOKEN_LABEL
-        )
     write_private(token_file, operator + "\n")
-    return DevTokens(operator=operator, codec=codec, ids=(first["id"], second["id"]))
+    return operator
 
 
 def write_private(path: Path, text: str) -> None:
@@ -289,11 +279,12 @@ async def _dev(
     from worker import run_worker
 
     await upgrade(settings.database_url)
-    # The UI decodes payloads through the API with a codec token, which can do
-    # nothing else; the operator token goes to a file only you can read.
+    # The operator token goes to a file only you can read. The UI decodes
+    # payloads through the API's loopback codec endpoint, which needs no token:
+    # the Temporal CLI takes the endpoint only on its command line.
     token_file = state_dir / OPERATOR_TOKEN_FILE
-    tokens = await _dev_tokens(settings, token_file)
-    codec_endpoint = f"http://127.0.0.1:{api_port}/codec/t/{tokens.codec}"
+    await _dev_operator_token(settings, token_file)
+    codec_endpoint = f"http://127.0.0.1:{api_port}/codec/ui"
     background: list[asyncio.Task] = []
     server = None
     try:
@@ -362,11 +353,13 @@ def dev(
     state_dir.mkdir(parents=True, exist_ok=True)
     _dev_secret()
     os.environ["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{temporal_port}"
-    # The UI calls the API's codec endpoint from the browser: allow its origin.
+    # The UI calls the API's codec endpoint from the browser: allow its
+    # origin, on the loopback endpoint that takes no token.
     os.environ.setdefault(
         "ROUNDTABLE_UI_ORIGINS",
         json.dumps([f"http://127.0.0.1:{ui_port}", f"http://localhost:{ui_port}"]),
     )
+    os.environ.setdefault("ROUNDTABLE_UI_CODEC_LOOPBACK", "true")
     settings = load_settings()
     try:
         _run_until_stopped(_dev(settings, temporal_port, ui_port, api_port, demo, state_dir))
