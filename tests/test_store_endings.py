@@ -161,7 +161,7 @@ async def test_a_database_error_never_quotes_its_bound_values(store) -> None:
     from sqlalchemy import text
     from sqlalchemy.exc import DBAPIError
 
-    async with store._transaction() as session:
+    async with store.db.transaction() as session:
         with pytest.raises(DBAPIError) as failed:
             await session.execute(
                 text("INSERT INTO no_such_table (secret) VALUES (:secret)"),

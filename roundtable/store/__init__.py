@@ -5,12 +5,17 @@ Use :func:`open_store`; it migrates the schema before handing the store out.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
-from roundtable.completion import complete_every_public_coroutine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from roundtable.config import load_settings
-from roundtable.store.core import RunGrant
+from roundtable.store.actions import Actions
+from roundtable.store.approvals import Approvals
+from roundtable.store.database import Database
 from roundtable.store.engine import create_engine_for
 from roundtable.store.errors import (
     AttemptMayBeRunningError,
@@ -20,9 +25,13 @@ from roundtable.store.errors import (
     NotFoundError,
     StoreError,
 )
+from roundtable.store.events import Events
+from roundtable.store.leases import Leases
 from roundtable.store.migrate import upgrade_database
-from roundtable.store.reads import ReadOps
-from roundtable.store.results import ToolResultOps
+from roundtable.store.reads import Reads
+from roundtable.store.results import ToolResults
+from roundtable.store.runs import RunGrant, Runs
+from roundtable.store.sessions import Sessions
 from roundtable.store.states import (
     FINAL_RUN_STATUSES,
     ActionStatus,
@@ -30,6 +39,8 @@ from roundtable.store.states import (
     ClaimOutcome,
     RunStatus,
 )
+from roundtable.store.tokens import Tokens
+from roundtable.store.webhooks import Webhooks
 
 __all__ = [
     "FINAL_RUN_STATUSES",
@@ -49,16 +60,103 @@ __all__ = [
 ]
 
 
-@complete_every_public_coroutine
-class Store(ReadOps, ToolResultOps):
-    """Sessions, runs, actions, approvals, leases and audit; every method is one
-    or more atomic transactions and returns plain dicts or outcome strings.
+def _on(repository: str, method: Callable[..., Any]) -> Any:
+    """A store method that is ``method`` of the named repository, under the
+    name callers (the README, the reference safety test) have always used."""
+
+    @functools.wraps(method)
+    async def forwarded(self: Store, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(getattr(self, repository), method.__name__)(*args, **kwargs)
+
+    return forwarded
+
+
+class Store:
+    """Sessions, runs, actions, approvals, leases, events, tokens, webhooks and
+    tool results: one repository each (``store.actions``, ``store.leases``, …),
+    each owning its rows and their transitions, over one :class:`Database`
+    (transactions, row locks, compare-and-set, the audit append). Every
+    method is one or more atomic transactions and returns plain dicts or
+    outcome strings.
 
     A caller cancelled mid-call (an activity cancelled, a timeout) never
     abandons a database call half-way: the call runs to its own end first,
     then the cancellation goes on. Abandoned mid-transaction, an aiosqlite
     connection was seen to keep SQLite's write lock for a minute, stalling
     every writer (test_store_cancellation.py)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.db = Database(engine)
+        self.engine = engine
+        self.session_factory = self.db.session_factory
+        self.sessions = Sessions(self.db)
+        self.events = Events(self.db)
+        self.approvals = Approvals(self.db)
+        self.actions = Actions(self.db, self.approvals)
+        self.leases = Leases(self.db)
+        self.runs = Runs(self.db, self.sessions, self.actions, self.leases)
+        self.tokens = Tokens(self.db)
+        self.webhooks = Webhooks(self.db)
+        self.results = ToolResults(self.db)
+        self.reads = Reads(self.db)
+
+    # The names the store has always answered to, each one repository's method.
+    create_session = _on("sessions", Sessions.create)
+    get_session = _on("sessions", Sessions.get)
+    list_sessions = _on("sessions", Sessions.list)
+
+    create_run = _on("runs", Runs.create)
+    ensure_run = _on("runs", Runs.ensure)
+    get_run = _on("runs", Runs.get)
+    list_runs = _on("runs", Runs.list)
+    set_run_status = _on("runs", Runs.set_status)
+    pin_snapshot = _on("runs", Runs.pin_snapshot)
+    record_refusal = _on("runs", Runs.record_refusal)
+    record_turn = _on("runs", Runs.record_turn)
+    settle_closed_run = _on("runs", Runs.settle_closed)
+
+    create_action = _on("actions", Actions.create)
+    get_action = _on("actions", Actions.get)
+    list_actions = _on("actions", Actions.list)
+    get_action_arguments = _on("actions", Actions.arguments)
+    withdraw_action = _on("actions", Actions.withdraw)
+    check_reconcilable = _on("actions", Actions.check_reconcilable)
+    reconcile_action = _on("actions", Actions.reconcile)
+
+    create_approval = _on("approvals", Approvals.create)
+    get_approval = _on("approvals", Approvals.get)
+    list_approvals = _on("approvals", Approvals.list)
+    decide_approval = _on("approvals", Approvals.decide)
+    approve_with_edits = _on("approvals", Approvals.approve_with_edits)
+    extend_approval = _on("approvals", Approvals.extend)
+    expire_approval = _on("approvals", Approvals.expire)
+    expire_due_approvals = _on("approvals", Approvals.expire_due)
+
+    claim_action_for_execution = _on("leases", Leases.claim)
+    renew_action_lease = _on("leases", Leases.renew)
+    hold_action_lease = _on("leases", Leases.hold)
+    record_action_terminal_result = _on("leases", Leases.record_result)
+    recover_expired_action_leases = _on("leases", Leases.recover_expired)
+    live_lease_action_ids = _on("leases", Leases.live_action_ids)
+
+    list_events = _on("events", Events.list)
+    events_page = _on("events", Events.page)
+    verify_audit_chain = _on("events", Events.verify_chain)
+
+    create_token = _on("tokens", Tokens.create)
+    list_tokens = _on("tokens", Tokens.list)
+    revoke_token = _on("tokens", Tokens.revoke)
+    authenticate_token = _on("tokens", Tokens.authenticate)
+
+    record_webhook_attempt = _on("webhooks", Webhooks.record_attempt)
+    list_webhook_deliveries = _on("webhooks", Webhooks.list)
+    webhook_deliveries_page = _on("webhooks", Webhooks.page)
+
+    save_tool_result = _on("results", ToolResults.save)
+    get_tool_result = _on("results", ToolResults.get)
+
+    run_snapshot = _on("reads", Reads.run_snapshot)
+    approvals_with_actions = _on("reads", Reads.approvals_with_actions)
 
 
 @asynccontextmanager

@@ -1,4 +1,6 @@
-"""Creating and reading actions; their full arguments live encrypted beside them."""
+"""Actions: proposed writes, created once per idempotency key (their full
+arguments encrypted beside them), withdrawn when their run ends, and
+reconciled by an operator when their outcome is unknown."""
 
 from __future__ import annotations
 
@@ -6,26 +8,36 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from roundtable.completion import complete_every_public_coroutine
 from roundtable.security import (
     arguments_digest,
     decrypt_arguments,
     encrypt_arguments,
     redact_arguments,
 )
-from roundtable.store.core import StoreCore, new_id, require_aware, require_text, row_to_dict
+from roundtable.store.approvals import Approvals
+from roundtable.store.claims import lease_of
+from roundtable.store.database import Database, found, reload
 from roundtable.store.engine import database_now
-from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
-from roundtable.store.schema import ActionRow, ActionSecretRow, ApprovalRow, RunRow
+from roundtable.store.errors import (
+    AttemptMayBeRunningError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+)
+from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
+from roundtable.store.schema import ActionLeaseRow, ActionRow, ActionSecretRow, RunRow
 from roundtable.store.states import (
     DENIED_BY_POLICY,
     INITIAL_ACTION_STATUSES,
+    RECONCILE_OUTCOMES,
     ActionStatus,
-    ApprovalStatus,
 )
+from roundtable.store.text import refuse_unstorable
 
 RISK_LEVELS = ("R0", "R1", "R2", "R3")
 _REQUIRED_FIELDS = (
@@ -91,8 +103,29 @@ def _validated_action_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {**fields, "safe_argument_fields": list(safe), "target_namespace_wide": namespace_wide}
 
 
-class ActionOps(StoreCore):
-    async def create_action(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+async def refuse_unreconcilable(session: AsyncSession, action: ActionRow) -> datetime:
+    """The one rule for reconciling: only an ``unknown`` action whose attempt
+    cannot still be running. Returns the database time it was checked at."""
+    if action.status != ActionStatus.UNKNOWN:
+        raise ConflictError(
+            f"action {action.id!r} is {action.status}; only unknown actions reconcile"
+        )
+    now = await database_now(session)
+    lease = await lease_of(session, action.id)
+    if lease is not None and lease.lease_expires_at > now:
+        # Its attempt may still be running (a frozen or partitioned
+        # worker): whatever the operator saw in the real system could
+        # still change, and a successor's claim would make two writers.
+        raise AttemptMayBeRunningError(action.id, lease.lease_expires_at)
+    return now
+
+
+@complete_every_public_coroutine
+class Actions:
+    def __init__(self, db: Database, approvals: Approvals) -> None:
+        self.db, self.approvals = db, approvals
+
+    async def create(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """Persist a proposed write. The same idempotency key for the same call
         returns the existing action; for a different call it is a conflict."""
         data = _validated_action_fields(fields)
@@ -115,7 +148,7 @@ class ActionOps(StoreCore):
         raise ConflictError("idempotency key already belongs to a different action")
 
     async def _find_by_idempotency_key(self, key: str) -> dict[str, Any] | None:
-        async with self._reader() as session:
+        async with self.db.reader() as session:
             row = (
                 await session.execute(select(ActionRow).where(ActionRow.idempotency_key == key))
             ).scalar_one_or_none()
@@ -135,8 +168,8 @@ class ActionOps(StoreCore):
             if arguments is not None
             else None
         )
-        async with self._transaction() as session:
-            run = await self._lock_run(session, data["run_id"])
+        async with self.db.transaction() as session:
+            run = await self.db.lock_run(session, data["run_id"])
             if run.session_id != data["session_id"]:
                 raise InvalidInputError("session_id does not match the run's session")
             now = await database_now(session)
@@ -172,7 +205,7 @@ class ActionOps(StoreCore):
                 session.add(
                     ActionSecretRow(action_id=action_id, arguments_encrypted=sealed, created_at=now)
                 )
-            await self._audit(
+            await self.db.audit(
                 session,
                 run,
                 "action.created",
@@ -188,56 +221,17 @@ class ActionOps(StoreCore):
                 now,
             )
             if data.get("approval_expires_at") is not None:
-                await self._add_approval(session, run, row, data["approval_expires_at"], now)
+                await self.approvals.open_locked(
+                    session, run, row, data["approval_expires_at"], now
+                )
         return row_to_dict(row)
 
-    async def _add_approval(
-        self,
-        session: AsyncSession,
-        run: RunRow,
-        action: ActionRow,
-        expires_at: datetime,
-        now: datetime,
-    ) -> ApprovalRow:
-        """Open the approval of a waiting action (caller holds the run lock)."""
-        if expires_at <= now:
-            raise InvalidInputError("expires_at must be in the future")
-        approval = ApprovalRow(
-            id=new_id(),
-            action_id=action.id,
-            run_id=run.id,
-            status=ApprovalStatus.PENDING,
-            expires_at=expires_at,
-            created_at=now,
-            updated_at=now,
-        )
-        session.add(approval)
-        action.approval_id = approval.id
-        action.updated_at = now
-        await self._audit(
-            session,
-            run,
-            "approval.requested",
-            {
-                "approval_id": approval.id,
-                "action_id": action.id,
-                "expires_at": expires_at.isoformat(),
-            },
-            now,
-        )
-        return approval
+    async def get(self, action_id: str) -> dict[str, Any]:
+        return await self.db.get(ActionRow, action_id)
 
-    async def get_action(self, action_id: str) -> dict[str, Any]:
-        async with self._reader() as session:
-            row = await session.get(ActionRow, action_id)
-            if row is None:
-                raise NotFoundError(f"action {action_id!r} not found")
-            return row_to_dict(row)
-
-    async def list_actions(self, run_id: str) -> list[dict[str, Any]]:
-        async with self._reader() as session:
-            if await session.get(RunRow, run_id) is None:
-                raise NotFoundError(f"run {run_id!r} not found")
+    async def list(self, run_id: str) -> list[dict[str, Any]]:
+        async with self.db.reader() as session:
+            await found(session, RunRow, run_id)
             rows = (
                 await session.execute(
                     select(ActionRow)
@@ -247,28 +241,102 @@ class ActionOps(StoreCore):
             ).scalars()
             return [row_to_dict(row) for row in rows]
 
-    async def get_action_arguments(self, action_id: str) -> dict[str, Any]:
+    async def arguments(self, action_id: str) -> dict[str, Any]:
         """The full, decrypted arguments: for the executor only, never for display."""
-        async with self._reader() as session:
+        async with self.db.reader() as session:
             row = await session.get(ActionSecretRow, action_id)
             if row is None:
                 raise NotFoundError(f"no stored arguments for action {action_id!r}")
             sealed = row.arguments_encrypted
         return decrypt_arguments(sealed, associated_data=action_id.encode())
 
-    async def _lock_action(self, session: Any, action_id: str) -> tuple[RunRow, ActionRow]:
-        """Lock the action's run, then read the action (stable while we hold it)."""
-        run_id = (
-            await session.execute(select(ActionRow.run_id).where(ActionRow.id == action_id))
-        ).scalar_one_or_none()
-        if run_id is None:
-            raise NotFoundError(f"action {action_id!r} not found")
-        run = await self._lock_run(session, run_id)
-        action = (
-            await session.execute(
-                select(ActionRow)
-                .where(ActionRow.id == action_id)
-                .execution_options(populate_existing=True)
+    async def withdraw(self, action_id: str, reason: str) -> dict[str, Any]:
+        """The run ends before this write could run: a pending approval is
+        withdrawn and a waiting or approved (never claimed) action rejected,
+        with ``reason``. An action already executing or settled is left as it
+        is. Returns the action as it now stands."""
+        require_text("reason", reason)
+        async with self.db.transaction() as session:
+            run, action = await self.db.lock_row(session, ActionRow, action_id)
+            if action.status not in (ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED):
+                return row_to_dict(action)
+            now = await database_now(session)
+            payload = {"action_id": action.id, "reason": reason}
+            if action.status == ActionStatus.WAITING_APPROVAL:
+                await self.approvals.withdraw_pending_locked(session, run, action, reason, now)
+            await self.db.compare_and_set(
+                session,
+                ActionRow,
+                action.id,
+                (ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED),
+                {
+                    "status": ActionStatus.REJECTED,
+                    "result": {"error_code": reason},
+                    "finished_at": now,
+                    "updated_at": now,
+                },
             )
-        ).scalar_one()
-        return run, action
+            await self.db.audit(session, run, "action.rejected", payload, now)
+            await session.flush()
+            refreshed = await session.get(ActionRow, action.id, populate_existing=True)
+            return row_to_dict(refreshed)
+
+    async def check_reconcilable(self, action_id: str) -> dict[str, Any]:
+        """The action, if it may be reconciled now; else the error
+        :meth:`reconcile_action` would raise. Nothing is written."""
+        async with self.db.reader() as session:
+            action = await found(session, ActionRow, action_id)
+            await refuse_unreconcilable(session, action)
+            return row_to_dict(action)
+
+    async def reconcile(
+        self,
+        action_id: str,
+        outcome: str,
+        decided_by: str,
+        note: str | None = None,
+        fenced_below: int | None = None,
+    ) -> dict[str, Any]:
+        """An operator settles an ``unknown`` action; its target is freed.
+        ``fenced_below``: the tool was told to refuse writes of this target
+        with a fencing token below it (so a frozen attempt cannot land late)."""
+        if outcome not in RECONCILE_OUTCOMES:
+            raise InvalidInputError("outcome must be 'succeeded' or 'failed'")
+        require_text("decided_by", decided_by)
+        refuse_unstorable("note", note)
+        async with self.db.transaction() as session:
+            run, action = await self.db.lock_row(session, ActionRow, action_id)
+            now = await refuse_unreconcilable(session, action)
+            result = {
+                **(action.result or {}),
+                "reconciled_outcome": outcome,
+                "reconciled_by": decided_by,
+                "reconciliation_note": note,
+                **({"fenced_below": fenced_below} if fenced_below is not None else {}),
+            }
+            if not await self.db.compare_and_set(
+                session,
+                ActionRow,
+                action_id,
+                (ActionStatus.UNKNOWN,),
+                {"status": outcome, "result": result, "updated_at": now},
+            ):
+                raise ConflictError(f"action {action_id!r} is no longer unknown")
+            await session.execute(
+                delete(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
+            )
+            await self.db.audit(
+                session,
+                run,
+                "action.reconciled",
+                {
+                    "action_id": action_id,
+                    "outcome": outcome,
+                    "decided_by": decided_by,
+                    "note": note,
+                    **({"fenced_below": fenced_below} if fenced_below is not None else {}),
+                },
+                now,
+            )
+            await session.flush()
+            return row_to_dict(await reload(session, ActionRow, action_id))

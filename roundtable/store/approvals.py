@@ -1,4 +1,6 @@
-"""Approvals: requested once, decided or expired exactly once (compare-and-set)."""
+"""Approvals: requested once, decided, extended or expired exactly once
+(compare-and-set under the run lock). The rules a decision must pass
+(``require_pending``, ``require_digest``) live here, once."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from roundtable.completion import complete_every_public_coroutine
 from roundtable.config import load_settings
 from roundtable.security import (
     Target,
@@ -17,10 +20,10 @@ from roundtable.security import (
     redact_arguments,
 )
 from roundtable.security import arguments_digest as digest_arguments
-from roundtable.store.actions import ActionOps
-from roundtable.store.core import require_aware, require_text, row_to_dict
+from roundtable.store.database import Database
 from roundtable.store.engine import database_now
-from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+from roundtable.store.errors import ConflictError, InvalidInputError
+from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
 from roundtable.store.schema import (
     ActionRow,
     ActionSecretRow,
@@ -37,11 +40,66 @@ from roundtable.store.states import (
 from roundtable.store.text import refuse_unstorable
 
 
-class ApprovalOps(ActionOps):
-    async def create_approval(self, *, action_id: str, expires_at: datetime) -> dict[str, Any]:
+def require_pending(approval: ApprovalRow) -> None:
+    """Only a pending approval may be decided, edited or extended."""
+    if approval.status != ApprovalStatus.PENDING:
+        raise ConflictError(f"approval {approval.id!r} is already {approval.status}")
+
+
+def require_digest(action: ActionRow | None, arguments_digest: str) -> None:
+    """A decision names the arguments it saw; the action must still hold them."""
+    if action is None or action.arguments_digest != arguments_digest:
+        raise ConflictError(
+            "arguments_digest does not match the action's arguments; "
+            "re-read the approval before deciding"
+        )
+
+
+@complete_every_public_coroutine
+class Approvals:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def open_locked(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        action: ActionRow,
+        expires_at: datetime,
+        now: datetime,
+    ) -> ApprovalRow:
+        """Open the approval of a waiting action (caller holds the run lock)."""
+        if expires_at <= now:
+            raise InvalidInputError("expires_at must be in the future")
+        approval = ApprovalRow(
+            id=new_id(),
+            action_id=action.id,
+            run_id=run.id,
+            status=ApprovalStatus.PENDING,
+            expires_at=expires_at,
+            created_at=now,
+            updated_at=now,
+        )
+        session.add(approval)
+        action.approval_id = approval.id
+        action.updated_at = now
+        await self.db.audit(
+            session,
+            run,
+            "approval.requested",
+            {
+                "approval_id": approval.id,
+                "action_id": action.id,
+                "expires_at": expires_at.isoformat(),
+            },
+            now,
+        )
+        return approval
+
+    async def create(self, *, action_id: str, expires_at: datetime) -> dict[str, Any]:
         require_aware("expires_at", expires_at)
-        async with self._transaction() as session:
-            run, action = await self._lock_action(session, action_id)
+        async with self.db.transaction() as session:
+            run, action = await self.db.lock_row(session, ActionRow, action_id)
             if action.status != ActionStatus.WAITING_APPROVAL:
                 raise ConflictError(
                     f"action {action_id!r} is {action.status}; only a waiting_approval "
@@ -57,19 +115,15 @@ class ApprovalOps(ActionOps):
             ).scalar_one_or_none()
             if open_approval is not None:
                 raise ConflictError(f"action {action_id!r} already has pending approval")
-            approval = await self._add_approval(
+            approval = await self.open_locked(
                 session, run, action, expires_at, await database_now(session)
             )
         return row_to_dict(approval)
 
-    async def get_approval(self, approval_id: str) -> dict[str, Any]:
-        async with self._reader() as session:
-            row = await session.get(ApprovalRow, approval_id)
-            if row is None:
-                raise NotFoundError(f"approval {approval_id!r} not found")
-            return row_to_dict(row)
+    async def get(self, approval_id: str) -> dict[str, Any]:
+        return await self.db.get(ApprovalRow, approval_id)
 
-    async def list_approvals(
+    async def list(
         self, *, run_id: str | None = None, status: str | None = None
     ) -> list[dict[str, Any]]:
         """Observational: an overdue approval reads ``pending`` until expired by
@@ -81,9 +135,9 @@ class ApprovalOps(ActionOps):
             query = query.where(ApprovalRow.run_id == run_id)
         if status is not None:
             query = query.where(ApprovalRow.status == status)
-        return await self._all(query)
+        return await self.db.all(query)
 
-    async def decide_approval(
+    async def decide(
         self,
         approval_id: str,
         decision: str,
@@ -104,17 +158,11 @@ class ApprovalOps(ActionOps):
         require_text("decided_by", decided_by)
         refuse_unstorable("reason", reason)
         expired_late = False
-        async with self._transaction() as session:
-            run, approval = await self._lock_approval(session, approval_id)
-            if approval.status != ApprovalStatus.PENDING:
-                raise ConflictError(f"approval {approval_id!r} is already {approval.status}")
+        async with self.db.transaction() as session:
+            run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
+            require_pending(approval)
             if arguments_digest is not None:
-                action = await session.get(ActionRow, approval.action_id)
-                if action is None or action.arguments_digest != arguments_digest:
-                    raise ConflictError(
-                        "arguments_digest does not match the action's arguments; "
-                        "re-read the approval before deciding"
-                    )
+                require_digest(await session.get(ActionRow, approval.action_id), arguments_digest)
             now = await database_now(session)
             if now >= approval.expires_at:
                 expired_late = await self._expire_locked(session, run, approval, now)
@@ -124,7 +172,7 @@ class ApprovalOps(ActionOps):
                 )
         if expired_late:
             raise ConflictError(f"approval {approval_id!r} expired before the decision arrived")
-        return await self.get_approval(approval_id)
+        return await self.get(approval_id)
 
     async def approve_with_edits(
         self,
@@ -140,13 +188,12 @@ class ApprovalOps(ActionOps):
         Returns the approval and the changes, redacted as the action's view is."""
         require_text("decided_by", decided_by)
         refuse_unstorable("reason", reason)
-        async with self._transaction() as session:
-            run, approval = await self._lock_approval(session, approval_id)
-            if approval.status != ApprovalStatus.PENDING:
-                raise ConflictError(f"approval {approval_id!r} is already {approval.status}")
+        async with self.db.transaction() as session:
+            run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
+            require_pending(approval)
             action = await session.get(ActionRow, approval.action_id)
-            if arguments_digest is not None and action.arguments_digest != arguments_digest:
-                raise ConflictError("arguments_digest does not match the action's arguments")
+            if arguments_digest is not None:
+                require_digest(action, arguments_digest)
             now = await database_now(session)
             if now >= approval.expires_at:
                 raise ConflictError(f"approval {approval_id!r} has already expired")
@@ -168,7 +215,7 @@ class ApprovalOps(ActionOps):
             action.arguments_digest = digest_arguments(action.id, action.tool_name, arguments)
             action.target_key, action.target_scope = target.key, target.scope
             action.target_namespace_wide = target.namespace_wide
-            await self._audit(
+            await self.db.audit(
                 session,
                 run,
                 "action.arguments_edited",
@@ -183,9 +230,9 @@ class ApprovalOps(ActionOps):
             await self._apply_decision(
                 session, run, approval, ApprovalStatus.APPROVED, decided_by, reason, now
             )
-        return await self.get_approval(approval_id), changes
+        return await self.get(approval_id), changes
 
-    async def extend_approval(
+    async def extend(
         self,
         approval_id: str,
         seconds: float,
@@ -206,10 +253,9 @@ class ApprovalOps(ActionOps):
         if seconds > max_seconds:
             raise InvalidInputError(f"an extension is at most {int(max_seconds)} seconds")
         require_text("extended_by", extended_by)
-        async with self._transaction() as session:
-            run, approval = await self._lock_approval(session, approval_id)
-            if approval.status != ApprovalStatus.PENDING:
-                raise ConflictError(f"approval {approval_id!r} is already {approval.status}")
+        async with self.db.transaction() as session:
+            run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
+            require_pending(approval)
             now = await database_now(session)
             if now >= approval.expires_at:
                 raise ConflictError(f"approval {approval_id!r} has already expired")
@@ -219,7 +265,7 @@ class ApprovalOps(ActionOps):
                 session, approval, after, max_extensions, max_total_seconds
             )
             approval.expires_at, approval.updated_at = after, now
-            await self._audit(
+            await self.db.audit(
                 session,
                 run,
                 "approval.extended",
@@ -232,7 +278,7 @@ class ApprovalOps(ActionOps):
                 },
                 now,
             )
-        return await self.get_approval(approval_id)
+        return await self.get(approval_id)
 
     @staticmethod
     async def _within_extension_limits(
@@ -277,7 +323,7 @@ class ApprovalOps(ActionOps):
         reason: str | None,
         now: datetime,
     ) -> None:
-        changed = await self._compare_and_set(
+        changed = await self.db.compare_and_set(
             session,
             ApprovalRow,
             approval.id,
@@ -295,7 +341,7 @@ class ApprovalOps(ActionOps):
         action_status = (
             ActionStatus.APPROVED if decision == ApprovalStatus.APPROVED else ActionStatus.REJECTED
         )
-        await self._compare_and_set(
+        await self.db.compare_and_set(
             session,
             ActionRow,
             approval.action_id,
@@ -312,31 +358,13 @@ class ApprovalOps(ActionOps):
             "decided_by": decided_by,
             "reason": reason,
         }
-        await self._audit(session, run, f"approval.{decision}", who, now)
-        await self._audit(session, run, f"action.{action_status}", who, now)
-
-    async def _lock_approval(
-        self, session: AsyncSession, approval_id: str
-    ) -> tuple[RunRow, ApprovalRow]:
-        run_id = (
-            await session.execute(select(ApprovalRow.run_id).where(ApprovalRow.id == approval_id))
-        ).scalar_one_or_none()
-        if run_id is None:
-            raise NotFoundError(f"approval {approval_id!r} not found")
-        run = await self._lock_run(session, run_id)
-        approval = (
-            await session.execute(
-                select(ApprovalRow)
-                .where(ApprovalRow.id == approval_id)
-                .execution_options(populate_existing=True)
-            )
-        ).scalar_one()
-        return run, approval
+        await self.db.audit(session, run, f"approval.{decision}", who, now)
+        await self.db.audit(session, run, f"action.{action_status}", who, now)
 
     async def _expire_locked(
         self, session: AsyncSession, run: RunRow, approval: ApprovalRow, now: datetime
     ) -> bool:
-        changed = await self._compare_and_set(
+        changed = await self.db.compare_and_set(
             session,
             ApprovalRow,
             approval.id,
@@ -345,7 +373,7 @@ class ApprovalOps(ActionOps):
         )
         if not changed:
             return False
-        await self._compare_and_set(
+        await self.db.compare_and_set(
             session,
             ActionRow,
             approval.action_id,
@@ -362,11 +390,11 @@ class ApprovalOps(ActionOps):
             "action_id": approval.action_id,
             "reason": APPROVAL_EXPIRED_REASON,
         }
-        await self._audit(session, run, "approval.expired", payload, now)
-        await self._audit(session, run, "action.rejected", payload, now)
+        await self.db.audit(session, run, "approval.expired", payload, now)
+        await self.db.audit(session, run, "action.rejected", payload, now)
         return True
 
-    async def expire_approval(self, approval_id: str, deadline: datetime | None = None) -> bool:
+    async def expire(self, approval_id: str, deadline: datetime | None = None) -> bool:
         """Expire one approval now: the workflow's own deadline timer is
         authoritative for its run, whatever the database clock says. With
         ``deadline`` (the one the timer was armed for), an approval whose
@@ -375,67 +403,13 @@ class ApprovalOps(ActionOps):
         False if not expired (already decided, or extended)."""
         if deadline is not None:
             require_aware("deadline", deadline)
-        async with self._transaction() as session:
-            run, approval = await self._lock_approval(session, approval_id)
+        async with self.db.transaction() as session:
+            run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
             if deadline is not None and approval.expires_at > deadline:
                 return False
             return await self._expire_locked(session, run, approval, await database_now(session))
 
-    async def withdraw_action(self, action_id: str, reason: str) -> dict[str, Any]:
-        """The run ends before this write could run: a pending approval is
-        withdrawn and a waiting or approved (never claimed) action rejected,
-        with ``reason``. An action already executing or settled is left as it
-        is. Returns the action as it now stands."""
-        require_text("reason", reason)
-        async with self._transaction() as session:
-            run, action = await self._lock_action(session, action_id)
-            if action.status not in (ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED):
-                return row_to_dict(action)
-            now = await database_now(session)
-            payload = {"action_id": action.id, "reason": reason}
-            if action.status == ActionStatus.WAITING_APPROVAL:
-                withdrawn = (
-                    await session.execute(
-                        update(ApprovalRow)
-                        .where(
-                            ApprovalRow.action_id == action.id,
-                            ApprovalRow.status == ApprovalStatus.PENDING,
-                        )
-                        .values(
-                            status=ApprovalStatus.WITHDRAWN,
-                            decision_reason=reason,
-                            decided_at=now,
-                            updated_at=now,
-                        )
-                        .returning(ApprovalRow.id)
-                    )
-                ).scalar_one_or_none()
-                if withdrawn is not None:
-                    await self._audit(
-                        session,
-                        run,
-                        "approval.withdrawn",
-                        {**payload, "approval_id": withdrawn},
-                        now,
-                    )
-            await self._compare_and_set(
-                session,
-                ActionRow,
-                action.id,
-                (ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED),
-                {
-                    "status": ActionStatus.REJECTED,
-                    "result": {"error_code": reason},
-                    "finished_at": now,
-                    "updated_at": now,
-                },
-            )
-            await self._audit(session, run, "action.rejected", payload, now)
-            await session.flush()
-            refreshed = await session.get(ActionRow, action.id, populate_existing=True)
-            return row_to_dict(refreshed)
-
-    async def expire_due_approvals(
+    async def expire_due(
         self, run_id: str | None = None, now: datetime | None = None
     ) -> list[dict[str, str]]:
         """Expire every pending approval whose deadline is at or before ``now``
@@ -443,28 +417,52 @@ class ApprovalOps(ActionOps):
         approval is expired by exactly one caller, and only that caller reports it."""
         if now is not None:
             require_aware("now", now)
-        async with self._reader() as session:
-            cutoff = now or await database_now(session)
+
+        def due(cutoff: datetime) -> Any:
             query = select(ApprovalRow.id).where(
                 ApprovalRow.status == ApprovalStatus.PENDING, ApprovalRow.expires_at <= cutoff
             )
             if run_id is not None:
                 query = query.where(ApprovalRow.run_id == run_id)
-            due = list((await session.execute(query.order_by(ApprovalRow.expires_at))).scalars())
+            return query.order_by(ApprovalRow.expires_at)
 
-        expired: list[dict[str, str]] = []
-        for approval_id in due:
-            async with self._transaction() as session:
-                run, approval = await self._lock_approval(session, approval_id)
-                db_clock = await database_now(session)
-                if approval.expires_at > (now or db_clock):
-                    continue
-                if await self._expire_locked(session, run, approval, db_clock):
-                    expired.append(
-                        {
-                            "id": approval.id,
-                            "run_id": approval.run_id,
-                            "action_id": approval.action_id,
-                        }
-                    )
-        return expired
+        async def settle(session: AsyncSession, approval_id: str) -> dict[str, str] | None:
+            run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
+            db_clock = await database_now(session)
+            if approval.expires_at > (now or db_clock):
+                return None  # extended meanwhile
+            if not await self._expire_locked(session, run, approval, db_clock):
+                return None
+            return {"id": approval.id, "run_id": approval.run_id, "action_id": approval.action_id}
+
+        return await self.db.sweep(due, settle, now)
+
+    async def withdraw_pending_locked(
+        self, session: AsyncSession, run: RunRow, action: ActionRow, reason: str, now: datetime
+    ) -> None:
+        """The action's pending approval, if any, is withdrawn (its run ends
+        before it was decided; the caller holds the run lock)."""
+        withdrawn = (
+            await session.execute(
+                update(ApprovalRow)
+                .where(
+                    ApprovalRow.action_id == action.id,
+                    ApprovalRow.status == ApprovalStatus.PENDING,
+                )
+                .values(
+                    status=ApprovalStatus.WITHDRAWN,
+                    decision_reason=reason,
+                    decided_at=now,
+                    updated_at=now,
+                )
+                .returning(ApprovalRow.id)
+            )
+        ).scalar_one_or_none()
+        if withdrawn is not None:
+            await self.db.audit(
+                session,
+                run,
+                "approval.withdrawn",
+                {"action_id": action.id, "reason": reason, "approval_id": withdrawn},
+                now,
+            )

@@ -12,48 +12,34 @@ queries whatever the page size.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from roundtable.store.core import StoreCore, numbered_after, page_after, row_to_dict
-from roundtable.store.engine import read_only_engine
-from roundtable.store.errors import InvalidInputError, NotFoundError
-from roundtable.store.schema import (
-    ActionRow,
-    ApprovalRow,
-    AuditEventRow,
-    RunRow,
-    WebhookDeliveryRow,
-)
+from roundtable.completion import complete_every_public_coroutine
+from roundtable.store.database import Database, found
+from roundtable.store.errors import InvalidInputError
+from roundtable.store.rows import page_after, row_to_dict
+from roundtable.store.schema import ActionRow, ApprovalRow, AuditEventRow, RunRow
 from roundtable.store.states import ApprovalStatus
 
 TURN_EVENT = "turn.completed"
 
 
-class ReadOps(StoreCore):
-    def __init__(self, engine: AsyncEngine) -> None:
-        super().__init__(engine)
-        snapshots = read_only_engine(engine)
-        if engine.dialect.name == "postgresql":
-            snapshots = snapshots.execution_options(isolation_level="REPEATABLE READ")
-        self._snapshot_factory = async_sessionmaker(snapshots, expire_on_commit=False)
+@complete_every_public_coroutine
+class Reads:
+    """Views over several aggregates, each read as of one instant
+    (``Database.snapshot``); a run's events and webhook deliveries page in
+    their own repositories the same way."""
 
-    @asynccontextmanager
-    async def _snapshot(self) -> AsyncIterator[AsyncSession]:
-        async with self._snapshot_factory() as session, session.begin():
-            yield session
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     async def run_snapshot(self, run_id: str) -> dict[str, Any]:
         """A run with its actions, approvals and turn events, as of one instant."""
-        async with self._snapshot() as session:
-            run = await session.get(RunRow, run_id)
-            if run is None:
-                raise NotFoundError(f"run {run_id!r} not found")
+        async with self.db.snapshot() as session:
+            run = await found(session, RunRow, run_id)
             actions = await session.execute(
                 select(ActionRow)
                 .where(ActionRow.run_id == run_id)
@@ -109,26 +95,6 @@ class ReadOps(StoreCore):
         if status is not None:
             query = query.where(ApprovalRow.status == status)
         query = page_after(query, ApprovalRow, after, limit)
-        async with self._snapshot() as session:
+        async with self.db.snapshot() as session:
             rows = (await session.execute(query)).all()
             return [(row_to_dict(approval), row_to_dict(action)) for approval, action in rows]
-
-    async def events_page(
-        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
-    ) -> list[dict[str, Any]]:
-        """A run's audit events in sequence order, after ``after_seq``."""
-        query = select(AuditEventRow).where(AuditEventRow.run_id == run_id)
-        query = numbered_after(query, AuditEventRow.seq, after_seq, limit)
-        async with self._snapshot() as session:
-            return [row_to_dict(r) for r in (await session.execute(query)).scalars()]
-
-    async def webhook_deliveries_page(
-        self, *, run_id: str | None = None, after_id: int | None = None, limit: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Delivery attempts in the order they were made, after ``after_id``."""
-        query = select(WebhookDeliveryRow)
-        if run_id is not None:
-            query = query.where(WebhookDeliveryRow.run_id == run_id)
-        query = numbered_after(query, WebhookDeliveryRow.id, after_id, limit)
-        async with self._snapshot() as session:
-            return [row_to_dict(r) for r in (await session.execute(query)).scalars()]

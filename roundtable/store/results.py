@@ -10,24 +10,29 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from roundtable.completion import complete_every_public_coroutine
 from roundtable.security import decrypt_arguments, encrypt_arguments
-from roundtable.store.core import new_id, require_text
+from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import NotFoundError
+from roundtable.store.rows import new_id, require_text
 from roundtable.store.schema import ToolResultRow
 from roundtable.store.text import escape_text
-from roundtable.store.webhooks import WebhookOps
 
 
-class ToolResultOps(WebhookOps):
-    async def save_tool_result(self, *, run_id: str, seat: str, call_id: str, content: Any) -> str:
+@complete_every_public_coroutine
+class ToolResults:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def save(self, *, run_id: str, seat: str, call_id: str, content: Any) -> str:
         """Keep ``content`` (anything JSON can hold); returns its reference."""
         require_text("run_id", run_id)
         result_id = f"result-{new_id()}"
         body = {"content": content}
         sealed = encrypt_arguments(body, associated_data=result_id.encode())
         size = len(json.dumps(body, default=str))
-        async with self._transaction() as session:
+        async with self.db.transaction() as session:
             session.add(
                 ToolResultRow(
                     id=result_id,
@@ -41,9 +46,9 @@ class ToolResultOps(WebhookOps):
             )
         return result_id
 
-    async def get_tool_result(self, result_id: str) -> dict[str, Any]:
+    async def get(self, result_id: str) -> dict[str, Any]:
         """``{"id", "run_id", "seat", "call_id", "size_bytes", "content"}``."""
-        async with self._reader() as session:
+        async with self.db.reader() as session:
             row = await session.get(ToolResultRow, result_id)
             if row is None:
                 raise NotFoundError(f"tool result {result_id!r} not found")

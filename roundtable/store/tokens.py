@@ -10,10 +10,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from roundtable.store.core import new_id, require_text, row_to_dict
+from roundtable.completion import complete_every_public_coroutine
+from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
-from roundtable.store.execution import ExecutionOps
+from roundtable.store.rows import new_id, require_text, row_to_dict
 from roundtable.store.schema import ApiTokenRow
 
 # codec: may only encode and decode payloads (the Temporal UI's credential).
@@ -43,8 +44,12 @@ def _public(row: ApiTokenRow) -> dict[str, Any]:
     return view
 
 
-class TokenOps(ExecutionOps):
-    async def create_token(
+@complete_every_public_coroutine
+class Tokens:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create(
         self,
         *,
         user_id: str,
@@ -62,7 +67,7 @@ class TokenOps(ExecutionOps):
         if tenants is not None and role != "user":
             raise InvalidInputError("only user tokens are limited to tenants")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        async with self._transaction() as session:
+        async with self.db.transaction() as session:
             row = ApiTokenRow(
                 id=new_id(),
                 token_hash=hash_token(token),
@@ -76,13 +81,13 @@ class TokenOps(ExecutionOps):
             session.add(row)
         return token, _public(row)
 
-    async def list_tokens(self) -> list[dict[str, Any]]:
-        async with self._reader() as session:
+    async def list(self) -> list[dict[str, Any]]:
+        async with self.db.reader() as session:
             rows = await session.execute(select(ApiTokenRow).order_by(ApiTokenRow.created_at))
             return [_public(row) for row in rows.scalars()]
 
-    async def revoke_token(self, token_id: str) -> dict[str, Any]:
-        async with self._transaction() as session:
+    async def revoke(self, token_id: str) -> dict[str, Any]:
+        async with self.db.transaction() as session:
             row = await session.get(ApiTokenRow, token_id)
             if row is None:
                 raise NotFoundError(f"token {token_id!r} not found")
@@ -91,11 +96,11 @@ class TokenOps(ExecutionOps):
             row.revoked_at = await database_now(session)
         return _public(row)
 
-    async def authenticate_token(self, token: str) -> dict[str, Any] | None:
+    async def authenticate(self, token: str) -> dict[str, Any] | None:
         """The token's owner and role, or None for an unknown or revoked token."""
         if not token.startswith(TOKEN_PREFIX):
             return None
-        async with self._reader() as session:
+        async with self.db.reader() as session:
             row = (
                 await session.execute(
                     select(ApiTokenRow).where(ApiTokenRow.token_hash == hash_token(token))

@@ -1,0 +1,212 @@
+"""The database core every repository shares: transactions, row locks,
+compare-and-set and the audit append.
+
+Locking discipline (why there are no deadlocks within a run): every operation
+that changes a run's rows locks that run's row *first* (``lock_run``, or
+``lock_row`` for one of its actions or approvals), and appends its audit
+events through the same row. On SQLite ``BEGIN IMMEDIATE`` already serialises
+writers; on PostgreSQL the run row lock does. Rows shared between runs
+(leases, fencing counters) are only ever taken after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from roundtable.store.audit import append_event
+from roundtable.store.engine import database_now, read_only_engine
+from roundtable.store.errors import NotFoundError
+from roundtable.store.rows import row_to_dict
+from roundtable.store.schema import (
+    ActionRow,
+    ApiTokenRow,
+    ApprovalRow,
+    AuditEventRow,
+    Base,
+    RunRow,
+    SessionRow,
+    ToolResultRow,
+)
+
+T = TypeVar("T")
+R = TypeVar("R", bound=Base)
+
+# What "not found" calls each kind of row.
+_NOUNS: dict[type[Base], str] = {
+    SessionRow: "session",
+    RunRow: "run",
+    ActionRow: "action",
+    ApprovalRow: "approval",
+    ApiTokenRow: "token",
+    ToolResultRow: "tool result",
+}
+
+
+class Database:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        # Writers use this factory through transaction(); it is also public for
+        # tests and tools that must change rows directly.
+        self.session_factory = async_sessionmaker(engine, expire_on_commit=False)
+        readers = read_only_engine(engine)
+        self._read_factory = async_sessionmaker(readers, expire_on_commit=False)
+        # Views that read several tables must agree with themselves: on
+        # PostgreSQL at REPEATABLE READ every statement sees the database as
+        # of the first; SQLite's deferred transactions in WAL mode do the same.
+        if engine.dialect.name == "postgresql":
+            readers = readers.execution_options(isolation_level="REPEATABLE READ")
+        self._snapshot_factory = async_sessionmaker(readers, expire_on_commit=False)
+        # SQLite admits one writer at a time. Queuing this process's writers
+        # here replaces SQLite's busy-handler sleeps with an orderly wait (the
+        # 50-claimer test went from 21 s to 4.5 s on this machine). Safety does
+        # not depend on it: BEGIN IMMEDIATE and the constraints still
+        # serialise, across processes too.
+        self._local_writer = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        async with contextlib.AsyncExitStack() as stack:
+            if self._local_writer is not None:
+                await stack.enter_async_context(self._local_writer)
+            session = await stack.enter_async_context(self.session_factory())
+            await stack.enter_async_context(session.begin())
+            yield session
+
+    def reader(self) -> AsyncSession:
+        """A session for reads only: never takes SQLite's write lock."""
+        return self._read_factory()
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[AsyncSession]:
+        """One read-only transaction: all its reads see one instant."""
+        async with self._snapshot_factory() as session, session.begin():
+            yield session
+
+    async def all(self, query: Any) -> list[dict[str, Any]]:
+        """Run a read query for whole rows; plain dicts out."""
+        async with self.reader() as session:
+            return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
+
+    async def get(self, model: type[R], row_id: str) -> dict[str, Any]:
+        """One row as a dict, or NotFoundError."""
+        async with self.reader() as session:
+            return row_to_dict(await found(session, model, row_id))
+
+    async def lock_run(self, session: AsyncSession, run_id: str) -> RunRow:
+        run = (
+            await session.execute(
+                select(RunRow)
+                .where(RunRow.id == run_id)
+                .with_for_update()
+                .execution_options(populate_existing=True)
+            )
+        ).scalar_one_or_none()
+        if run is None:
+            raise NotFoundError(f"run {run_id!r} not found")
+        return run
+
+    async def lock_row(
+        self, session: AsyncSession, model: type[R], row_id: str
+    ) -> tuple[RunRow, R]:
+        """Lock the run an action or approval belongs to, then read the row
+        afresh (stable while the run lock is held)."""
+        run_id = (
+            await session.execute(select(model.run_id).where(model.id == row_id))  # type: ignore[attr-defined]
+        ).scalar_one_or_none()
+        if run_id is None:
+            raise NotFoundError(f"{_NOUNS[model]} {row_id!r} not found")
+        run = await self.lock_run(session, run_id)
+        return run, await reload(session, model, row_id)
+
+    @staticmethod
+    async def compare_and_set(
+        session: AsyncSession,
+        model: type[Base],
+        row_id: str,
+        expected_statuses: tuple[str, ...],
+        values: Mapping[str, Any],
+    ) -> bool:
+        """``UPDATE … WHERE id = :id AND status IN (:expected)``: True if it changed the row.
+
+        The run lock already makes these transitions exclusive; the guard in the
+        statement keeps each one correct even without it.
+        """
+        result = await session.execute(
+            update(model)
+            .where(model.id == row_id, model.status.in_(expected_statuses))  # type: ignore[attr-defined]
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        return result.rowcount == 1
+
+    @staticmethod
+    async def audit(
+        session: AsyncSession,
+        run: RunRow,
+        event_type: str,
+        payload: Mapping[str, Any],
+        now: datetime,
+        dedupe_key: str | None = None,
+    ) -> None:
+        """Append to the run's hash-chained log (the caller holds the run lock)."""
+        await session.flush()
+        await append_event(session, run, event_type, payload, now, dedupe_key)
+
+    async def sweep(
+        self,
+        due: Callable[[datetime], Any],
+        settle: Callable[[AsyncSession, str], Awaitable[T | None]],
+        now: datetime | None,
+    ) -> list[T]:
+        """Scan, then recheck: the ids ``due(cutoff)`` selects at ``now``
+        (default: the database clock) are read without locks, then each is
+        settled in a transaction of its own by ``settle``, which locks and
+        checks it again (it may have moved meanwhile) and returns what it
+        changed, or None. Safe to run twice or concurrently."""
+        async with self.reader() as session:
+            cutoff = now or await database_now(session)
+            candidates = list((await session.execute(due(cutoff))).scalars())
+        settled: list[T] = []
+        for row_id in candidates:
+            async with self.transaction() as session:
+                outcome = await settle(session, row_id)
+                if outcome is not None:
+                    settled.append(outcome)
+        return settled
+
+
+async def found(session: AsyncSession, model: type[R], row_id: str) -> R:
+    """The row with this id, or NotFoundError naming it."""
+    row = await session.get(model, row_id)
+    if row is None:
+        raise NotFoundError(f"{_NOUNS[model]} {row_id!r} not found")
+    return row
+
+
+async def reload(session: AsyncSession, model: type[R], row_id: str) -> R:
+    """The row as the database now holds it (not the session's cached copy)."""
+    return (
+        await session.execute(
+            select(model)
+            .where(model.id == row_id)  # type: ignore[attr-defined]
+            .execution_options(populate_existing=True)
+        )
+    ).scalar_one()
+
+
+async def logged(session: AsyncSession, run_id: str, dedupe_key: str) -> bool:
+    """Whether the run's log already holds the event with this key."""
+    hit = await session.execute(
+        select(AuditEventRow.id).where(
+            AuditEventRow.run_id == run_id, AuditEventRow.dedupe_key == dedupe_key
+        )
+    )
+    return hit.scalar_one_or_none() is not None

@@ -1,0 +1,333 @@
+"""Executing approved actions: claim under a target lease, renew, record, recover.
+
+The rules (docs/architecture.md, section 5):
+- the lease row's primary key (the target key) admits one holder per target;
+- a lease is removed only by a definite result or an operator's reconciliation,
+  never by expiry, so clock trouble costs liveness, never safety;
+- a lease that expired while its action was executing makes the action
+  ``unknown``, and the target stays blocked until reconciled;
+- nothing here ever re-executes anything.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from roundtable import chaos_hook
+from roundtable.completion import complete_every_public_coroutine
+from roundtable.store.claims import lease_of, take_lease, target_has_unknown
+from roundtable.store.database import Database, reload
+from roundtable.store.engine import database_clock, database_now
+from roundtable.store.errors import InvalidInputError
+from roundtable.store.rows import require_aware, row_to_dict
+from roundtable.store.schema import ActionLeaseRow, ActionRow, RunRow
+from roundtable.store.states import (
+    FINAL_ACTION_STATUSES,
+    LEASE_EXPIRED_ERROR_CODE,
+    TERMINAL_RESULT_STATUSES,
+    ActionStatus,
+    ClaimOutcome,
+)
+from roundtable.store.text import escape_text
+
+MAX_LEASE_SECONDS = 24 * 3600
+
+
+def _lease_length(lease_seconds: float) -> timedelta:
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
+        raise InvalidInputError("lease_seconds must be a number")
+    if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+        raise InvalidInputError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
+    return timedelta(seconds=lease_seconds)
+
+
+@complete_every_public_coroutine
+class Leases:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def claim(self, action_id: str, lease_seconds: float) -> ClaimOutcome:
+        """Try to start executing an approved action; see :class:`ClaimOutcome`."""
+        length = _lease_length(lease_seconds)
+        async with self.db.transaction() as session:
+            run, action = await self.db.lock_row(session, ActionRow, action_id)
+            now = await database_now(session)
+            if action.status in FINAL_ACTION_STATUSES:
+                return ClaimOutcome.ALREADY_FINISHED
+            if action.status == ActionStatus.UNKNOWN:
+                return ClaimOutcome.UNKNOWN
+            if action.status == ActionStatus.WAITING_APPROVAL:
+                return ClaimOutcome.NOT_APPROVED
+            if action.status == ActionStatus.EXECUTING:
+                return await self._claim_own_executing(session, run, action, now)
+            if await target_has_unknown(session, action):
+                return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
+            return await take_lease(self.db, session, run, action, now, length)
+
+    async def _claim_own_executing(
+        self, session: AsyncSession, run: RunRow, action: ActionRow, now: datetime
+    ) -> ClaimOutcome:
+        lease = await lease_of(session, action.id)
+        if lease is not None and lease.lease_expires_at > now:
+            return ClaimOutcome.IN_PROGRESS
+        # Our own lease ran out mid-execution: nobody can know what happened.
+        await self.mark_unknown(session, run, action, lease, now)
+        return ClaimOutcome.UNKNOWN
+
+    async def mark_unknown(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        action: ActionRow,
+        lease: ActionLeaseRow | None,
+        now: datetime,
+        error_code: str = LEASE_EXPIRED_ERROR_CODE,
+    ) -> bool:
+        """executing → unknown because the lease lapsed (or the workflow closed
+        under it); the lease row stays, blocking the target."""
+        result = {"error_code": error_code}
+        changed = await self.db.compare_and_set(
+            session,
+            ActionRow,
+            action.id,
+            (ActionStatus.EXECUTING,),
+            {
+                "status": ActionStatus.UNKNOWN,
+                "result": result,
+                "finished_at": now,
+                "updated_at": now,
+            },
+        )
+        if changed:
+            await self.db.audit(
+                session,
+                run,
+                "action.unknown",
+                {
+                    "action_id": action.id,
+                    "fencing_token": lease.fencing_token if lease else action.fencing_token,
+                    "error_code": error_code,
+                },
+                now,
+            )
+        return changed
+
+    async def renew(
+        self, action_id: str, fencing_token: int, lease_seconds: float
+    ) -> bool:
+        """Extend a live lease held under ``fencing_token`` of an ``executing``
+        action. An expired lease is not renewed: once it lapsed, the action's
+        outcome is already in doubt."""
+        held = await self._extend_lease(
+            action_id, fencing_token, lease_seconds, (ActionStatus.EXECUTING,)
+        )
+        return held is not None
+
+    async def hold(
+        self, action_id: str, fencing_token: int, lease_seconds: float
+    ) -> str | None:
+        """What an attempt that is still running does: extend its live lease,
+        whether its action is still ``executing`` or was meanwhile made
+        ``unknown`` by someone else (its call may still be under way, so the
+        target stays held and reconciliation refused). Returns the action's
+        status, or None when the lease is lost (lapsed, gone, another token)."""
+        return await self._extend_lease(
+            action_id,
+            fencing_token,
+            lease_seconds,
+            (ActionStatus.EXECUTING, ActionStatus.UNKNOWN),
+        )
+
+    async def _extend_lease(
+        self, action_id: str, fencing_token: int, lease_seconds: float, statuses: tuple
+    ) -> str | None:
+        length = _lease_length(lease_seconds)
+        async with self.db.transaction() as session:
+            status = (
+                await session.execute(select(ActionRow.status).where(ActionRow.id == action_id))
+            ).scalar_one_or_none()
+            if status not in statuses:
+                return None
+            # The clock is read by the statement itself on PostgreSQL, after
+            # any wait for the row: a lease that lapsed meanwhile is not held.
+            now = database_clock(session)
+            if now is None:
+                now = await database_now(session)
+            result = await session.execute(
+                update(ActionLeaseRow)
+                .where(
+                    ActionLeaseRow.action_id == action_id,
+                    ActionLeaseRow.fencing_token == fencing_token,
+                    ActionLeaseRow.lease_expires_at > now,
+                )
+                .values(lease_expires_at=now + length)
+            )
+            # Test-only (chaos harness; inert unless ROUNDTABLE_CHAOS=1): the
+            # database fails before this renewal commits.
+            chaos_hook.maybe_fail("renew")
+            return status if result.rowcount == 1 else None
+
+    async def record_result(
+        self,
+        action_id: str,
+        status: str,
+        result: dict[str, Any] | None = None,
+        *,
+        fencing_token: int | None = None,
+        external_object_id: str | None = None,
+        attempt_over: bool = False,
+    ) -> bool:
+        """Record how an execution ended. Only an ``executing`` action changes
+        (False otherwise, e.g. recovery already made it ``unknown``). A definite
+        result frees the target; ``unknown`` keeps it blocked.
+
+        ``attempt_over``: the executing attempt itself records this, after its
+        tool call returned or was cancelled to the end, so nothing of it can
+        still be running: the lease's clock stops and the action may be
+        reconciled at once. Anyone else (the workflow after the activity
+        failed) leaves the lease to run out first."""
+        if status not in TERMINAL_RESULT_STATUSES:
+            raise InvalidInputError("status must be succeeded, failed or unknown")
+        if result is not None and not isinstance(result, dict):
+            raise InvalidInputError("result must be a JSON object")
+        async with self.db.transaction() as session:
+            run, action = await self.db.lock_row(session, ActionRow, action_id)
+            if fencing_token is not None and action.fencing_token != fencing_token:
+                return False
+            if action.status == ActionStatus.UNKNOWN:
+                # Someone made it unknown while the attempt ran (a timeout, a
+                # closed run). What the attempt then saw is kept as evidence for
+                # whoever reconciles it; the status stays unknown.
+                await self._attempt_reported(session, run, action, status, result)
+                if attempt_over:  # and it has ended: no need to wait out the lease
+                    await self._end_attempt(session, run, action)
+                return False
+            if action.status != ActionStatus.EXECUTING:
+                return False
+            now = await database_now(session)
+            values: dict[str, Any] = {
+                "status": status,
+                "result": result,
+                "finished_at": now,
+                "updated_at": now,
+            }
+            if external_object_id is not None:
+                # From the tool: kept, escaped, rather than failing the write's record.
+                values["external_object_id"] = escape_text(external_object_id)
+            if not await self.db.compare_and_set(
+                session, ActionRow, action_id, (ActionStatus.EXECUTING,), values
+            ):
+                return False
+            if status != ActionStatus.UNKNOWN:
+                await session.execute(
+                    delete(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
+                )
+            elif attempt_over:
+                await self._end_attempt(session, run, action, audit=False)
+            payload: dict[str, Any] = {
+                "action_id": action_id,
+                "fencing_token": action.fencing_token,
+            }
+            if isinstance((result or {}).get("error_code"), str):
+                payload["error_code"] = result["error_code"]  # type: ignore[index]
+            await self.db.audit(session, run, f"action.{status}", payload, now)
+            # Test-only (chaos harness; inert unless ROUNDTABLE_CHAOS=1): the
+            # database fails before the result commits.
+            chaos_hook.maybe_fail("record_result")
+        return True
+
+    async def _attempt_reported(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        action: ActionRow,
+        status: str,
+        result: dict[str, Any] | None,
+    ) -> None:
+        now = await database_now(session)
+        action.result = {
+            **(action.result or {}),
+            "attempt_reported": {
+                "status": status,
+                **({"result": result} if result is not None else {}),
+            },
+        }
+        action.updated_at = now
+        payload: dict[str, Any] = {
+            "action_id": action.id,
+            "fencing_token": action.fencing_token,
+            "status": status,
+        }
+        if isinstance((result or {}).get("error_code"), str):
+            payload["error_code"] = result["error_code"]  # type: ignore[index]
+        await self.db.audit(session, run, "action.attempt_reported", payload, now)
+
+    async def _end_attempt(
+        self, session: AsyncSession, run: RunRow, action: ActionRow, audit: bool = True
+    ) -> None:
+        """The executing attempt has ended: stop its lease's clock. The row
+        stays (the target remains blocked until reconciled)."""
+        now = await database_now(session)
+        ended = await session.execute(
+            update(ActionLeaseRow)
+            .where(
+                ActionLeaseRow.action_id == action.id,
+                ActionLeaseRow.fencing_token == action.fencing_token,
+                ActionLeaseRow.lease_expires_at > now,
+            )
+            .values(lease_expires_at=now)
+        )
+        if audit and ended.rowcount:
+            await self.db.audit(
+                session,
+                run,
+                "action.attempt_ended",
+                {"action_id": action.id, "fencing_token": action.fencing_token},
+                now,
+            )
+
+    async def recover_expired(
+        self, run_id: str | None = None, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """Turn every executing action whose lease expired at or before ``now``
+        (default: the database clock) into ``unknown``. Never re-executes; the
+        targets stay blocked. Returns the actions it changed."""
+        if now is not None:
+            require_aware("now", now)
+
+        def due(cutoff: datetime) -> Any:
+            query = (
+                select(ActionLeaseRow.action_id)
+                .join(ActionRow, ActionRow.id == ActionLeaseRow.action_id)
+                .where(
+                    ActionRow.status == ActionStatus.EXECUTING,
+                    ActionLeaseRow.lease_expires_at <= cutoff,
+                )
+            )
+            return query if run_id is None else query.where(ActionLeaseRow.run_id == run_id)
+
+        async def settle(session: AsyncSession, action_id: str) -> dict[str, Any] | None:
+            run, action = await self.db.lock_row(session, ActionRow, action_id)
+            lease = await lease_of(session, action_id)
+            db_clock = await database_now(session)
+            if lease is None or lease.lease_expires_at > (now or db_clock):
+                return None  # renewed meanwhile
+            if not await self.mark_unknown(session, run, action, lease, db_clock):
+                return None
+            await session.flush()
+            return row_to_dict(await reload(session, ActionRow, action_id))
+
+        return await self.db.sweep(due, settle, now)
+
+    async def live_action_ids(self) -> set[str]:
+        """The actions whose lease has not run out by the database's clock."""
+        async with self.db.reader() as session:
+            now = await database_now(session)
+            rows = await session.execute(
+                select(ActionLeaseRow.action_id).where(ActionLeaseRow.lease_expires_at > now)
+            )
+            return set(rows.scalars())

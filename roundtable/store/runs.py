@@ -1,0 +1,337 @@
+"""Runs: created with their grant, moved along their state machine, their
+turns and refusals logged, settled when their workflow closes without them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from roundtable.completion import complete_every_public_coroutine
+from roundtable.store.audit import GENESIS_HASH
+from roundtable.store.claims import lease_of
+from roundtable.store.database import Database, logged
+from roundtable.store.engine import database_now
+from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+from roundtable.store.rows import new_id, page_after, require_text, row_to_dict
+from roundtable.store.schema import ActionRow, RunRow, SessionRow
+from roundtable.store.sessions import Sessions
+from roundtable.store.states import (
+    FINAL_RUN_STATUSES,
+    RUN_ENDED_REASON,
+    RUN_TRANSITIONS,
+    WORKFLOW_CLOSED_ERROR_CODE,
+    ActionStatus,
+    RunStatus,
+)
+from roundtable.store.text import escape_text
+
+if TYPE_CHECKING:
+    from roundtable.store.actions import Actions
+    from roundtable.store.leases import Leases
+
+
+def _run_status(status: str) -> RunStatus:
+    try:
+        return RunStatus(status)
+    except ValueError as exc:
+        raise InvalidInputError(f"unknown run status {status!r}") from exc
+
+
+def _failure(failure: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """A run's failure as stored: a short code and a bounded message."""
+    if failure is None:
+        return None
+    code, message = failure.get("code"), failure.get("message")
+    if not isinstance(code, str) or not code or not isinstance(message, str):
+        raise InvalidInputError("failure needs a code and a message")
+    return {"code": code[:64], "message": message[:2000]}
+
+
+@dataclass(frozen=True)
+class RunGrant:
+    """What the API or CLI allowed a run when it started it (see
+    roundtable/permissions.py); empty for a run the worker creates."""
+
+    write_policy: str | None = None
+    role: str | None = None
+    tenants: tuple[str, ...] | None = None  # None: every tenant
+
+    def audited(self) -> dict[str, Any]:
+        if self.role is None:
+            return {}
+        return {
+            "granted_write_policy": self.write_policy,
+            "started_by_role": self.role,
+            "tenants": list(self.tenants) if self.tenants is not None else None,
+        }
+
+
+@complete_every_public_coroutine
+class Runs:
+    def __init__(self, db: Database, sessions: Sessions, actions: Actions, leases: Leases) -> None:
+        self.db, self.sessions, self.actions, self.leases = db, sessions, actions, leases
+
+    async def create(
+        self,
+        *,
+        session_id: str,
+        user_id: str,
+        run_id: str | None = None,
+        request_fingerprint: str | None = None,
+        grant: RunGrant | None = None,
+    ) -> dict[str, Any]:
+        require_text("user_id", user_id)
+        grant = grant or RunGrant()
+        async with self.db.transaction() as session:
+            owner = await session.get(SessionRow, session_id)
+            # Another user's session is reported as missing: ids must not leak.
+            if owner is None or owner.user_id != user_id:
+                raise NotFoundError(f"session {session_id!r} not found")
+            now = await database_now(session)
+            run = RunRow(
+                id=run_id or new_id(),
+                session_id=session_id,
+                user_id=user_id,
+                status=RunStatus.PENDING,
+                last_event_seq=0,
+                last_event_hash=GENESIS_HASH,
+                request_fingerprint=request_fingerprint,
+                granted_write_policy=grant.write_policy,
+                started_by_role=grant.role,
+                tenants=list(grant.tenants) if grant.tenants is not None else None,
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(run)
+            await self.db.audit(
+                session,
+                run,
+                "run.created",
+                {"session_id": session_id, **grant.audited()},
+                now,
+            )
+        return row_to_dict(run)
+
+    async def ensure(
+        self,
+        *,
+        run_id: str,
+        user_id: str,
+        task_text: str,
+        request_fingerprint: str | None = None,
+        grant: RunGrant | None = None,
+    ) -> dict[str, Any]:
+        """The run with this id, created (with its session) if it does not exist yet.
+        Callers that start a workflow create the run first, so it is readable at once.
+        With ``request_fingerprint``, an existing run made for another request
+        is a conflict (an Idempotency-Key reused for a different body)."""
+        try:
+            run = await self.get(run_id)
+        except NotFoundError:
+            session = await self.sessions.create(user_id=user_id, task_text=task_text)
+            try:
+                return await self.create(
+                    session_id=session["id"],
+                    user_id=user_id,
+                    run_id=run_id,
+                    request_fingerprint=request_fingerprint,
+                    grant=grant,
+                )
+            except IntegrityError:  # created concurrently; theirs stands
+                run = await self.get(run_id)
+        if run["user_id"] != user_id:
+            raise ConflictError(f"run {run_id!r} belongs to another user")
+        known = run["request_fingerprint"]
+        if request_fingerprint and known and known != request_fingerprint:
+            raise ConflictError("this Idempotency-Key was already used for a different request")
+        return run
+
+    async def pin_snapshot(self, run_id: str, digest: str) -> None:
+        """Record the capability snapshot the worker computed for the run (its
+        workflow's start, or a reset to it, computes it anew)."""
+        async with self.db.transaction() as session:
+            run = await self.db.lock_run(session, run_id)
+            if run.snapshot_digest != digest:
+                run.snapshot_digest = digest
+                await self.db.audit(
+                    session,
+                    run,
+                    "run.snapshot_pinned",
+                    {"snapshot_digest": digest},
+                    await database_now(session),
+                )
+
+    async def get(self, run_id: str) -> dict[str, Any]:
+        return await self.db.get(RunRow, run_id)
+
+    async def list_sessions(self, *, user_id: str | None = None) -> list[dict[str, Any]]:
+        query = select(SessionRow).order_by(SessionRow.created_at, SessionRow.id)
+        if user_id is not None:
+            query = query.where(SessionRow.user_id == user_id)
+        return await self.db.all(query)
+
+    async def list(
+        self,
+        *,
+        user_id: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+        after: tuple[datetime, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Oldest first; ``after`` is the (created_at, id) of the last row seen."""
+        if status is not None and status not in set(RunStatus):
+            raise InvalidInputError(f"unknown run status {status!r}")
+        query = select(RunRow).order_by(RunRow.created_at, RunRow.id)
+        if user_id is not None:
+            query = query.where(RunRow.user_id == user_id)
+        if status is not None:
+            query = query.where(RunRow.status == status)
+        return await self.db.all(page_after(query, RunRow, after, limit))
+
+    async def set_status(
+        self, run_id: str, status: str, failure: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Move a run along its state machine (and its session with it).
+        ``failure`` ({"code", "message"}) says why a run failed, ended or stalled;
+        it is cleared when a stalled run moves on."""
+        target = _run_status(status)
+        checked = _failure(failure)
+        async with self.db.transaction() as session:
+            run = await self.db.lock_run(session, run_id)
+            await self.move(session, run, target, checked)
+        return row_to_dict(run)
+
+    async def move(
+        self,
+        session: AsyncSession,
+        run: RunRow,
+        target: RunStatus,
+        failure: dict[str, str] | None,
+    ) -> bool:
+        """The transition itself, under the caller's run lock; False if already there."""
+        current = RunStatus(run.status)
+        if target == current:
+            return False
+        if target not in RUN_TRANSITIONS[current]:
+            raise ConflictError(f"run {run.id!r} cannot go from {current} to {target}")
+        now = await database_now(session)
+        run.status = target
+        run.updated_at = now
+        if failure is not None or current == RunStatus.STALLED:
+            run.failure = failure
+        owner = await session.get(SessionRow, run.session_id)
+        if owner is not None:
+            owner.status = target
+            owner.updated_at = now
+        change: dict[str, Any] = {"from": current, "to": target}
+        if failure is not None:
+            change["failure"] = failure
+        await self.db.audit(session, run, "run.status_changed", change, now)
+        return True
+
+    async def record_refusal(
+        self, run_id: str, *, call_key: str, seat: str, tool_name: str, code: str, message: str
+    ) -> None:
+        """A write refused before it became an action (a tenant the run may
+        not act for, say): nothing ran, but the log says it was asked for.
+        Once per ``call_key``, however often the intercept is retried."""
+        key = f"action.refused:{call_key}"
+        async with self.db.transaction() as session:
+            run = await self.db.lock_run(session, run_id)
+            seen = await logged(session, run_id, key)
+            if not seen:
+                await self.db.audit(
+                    session,
+                    run,
+                    "action.refused",
+                    {"seat": seat, "tool_name": tool_name, "code": code, "message": message},
+                    await database_now(session),
+                    dedupe_key=key[:255],
+                )
+
+    async def record_turn(
+        self,
+        run_id: str,
+        *,
+        seat: str,
+        round_number: int,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        role: str = "seat",
+    ) -> bool:
+        """A model turn's token usage, in the run's audit log (summed by views).
+        Once per turn: a retried turn activity finds its event and adds none
+        (False), so the log's usage matches the workflow's."""
+        key = escape_text(f"turn.completed:{role}:{seat}:{round_number}")
+        async with self.db.transaction() as session:
+            run = await self.db.lock_run(session, run_id)
+            seen = await logged(session, run_id, key)
+            if seen:
+                return False
+            await self.db.audit(
+                session,
+                run,
+                "turn.completed",
+                {
+                    "seat": seat,
+                    "round": round_number,
+                    "model": model,
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                },
+                await database_now(session),
+                dedupe_key=key,
+            )
+        return True
+
+    async def settle_closed(
+        self, run_id: str, status: str, failure: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The run's workflow closed without settling it (terminated, timed out,
+        or never started): make the store say so. Each ``executing`` action
+        becomes ``unknown`` exactly as with a lost lease (its lease keeps
+        running, so it is reconcilable once its attempt cannot be alive); each
+        pending approval is withdrawn and each unclaimed write rejected
+        (``run_ended``); the run takes the final ``status``. Idempotent."""
+        final = RunStatus(status)
+        if final not in FINAL_RUN_STATUSES:
+            raise InvalidInputError(f"{status!r} is not a final run status")
+        open_statuses = (
+            ActionStatus.EXECUTING,
+            ActionStatus.WAITING_APPROVAL,
+            ActionStatus.APPROVED,
+        )
+        unsettled = [a for a in await self.actions.list(run_id) if a["status"] in open_statuses]
+        made_unknown, withdrawn = [], []
+        for action in unsettled:
+            if action["status"] != ActionStatus.EXECUTING:
+                if (await self.actions.withdraw(action["id"], RUN_ENDED_REASON))["status"] == (
+                    ActionStatus.REJECTED
+                ):
+                    withdrawn.append(action["id"])
+                continue
+            async with self.db.transaction() as session:
+                run, row = await self.db.lock_row(session, ActionRow, action["id"])
+                lease = await lease_of(session, row.id)
+                now = await database_now(session)
+                if await self.leases.mark_unknown(
+                    session, run, row, lease, now, WORKFLOW_CLOSED_ERROR_CODE
+                ):
+                    made_unknown.append(row.id)
+        checked = {"code": failure["code"], "message": failure["message"]} if failure else None
+        async with self.db.transaction() as session:
+            run = await self.db.lock_run(session, run_id)
+            if RunStatus(run.status) not in FINAL_RUN_STATUSES:
+                await self.move(session, run, final, checked)
+        return {
+            "run": await self.get(run_id),
+            "unknown_actions": made_unknown,
+            "withdrawn_actions": withdrawn,
+        }
