@@ -5,6 +5,10 @@ a row here fails this test instead of going unchecked."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
+import subprocess
 from types import SimpleNamespace
 from typing import Any
 
@@ -182,27 +186,64 @@ async def test_the_loopback_codec_serves_only_the_local_ui_and_only_when_on(tmp_
                 "another site's page": {"Origin": "https://evil.example"},
                 "the UI's origin on another port": {"Origin": "http://127.0.0.1:9999"},
                 "a DNS-rebound page": {"Host": "evil.example:8000", **ui},
+                "a rebound subdomain of localhost": {"Host": "evil.localhost:8000", **ui},
+                "localhost with a trailing dot": {"Host": "localhost.:8000", **ui},
+                "a short-form address": {"Host": "127.1:8000", **ui},
             }
             for why, headers in refused.items():
-                response = await api.http.post("/codec/ui/decode", json=body, headers=headers)
-                assert response.status_code == 403, why
+                for path in ("/codec/ui/decode", "/codec/ui/encode"):
+                    response = await api.http.post(path, json=body, headers=headers)
+                    assert response.status_code == 403, (why, path)
             # It decodes and encodes, nothing else: no route under it reads runs.
             assert (await api.http.post("/codec/ui/encode", json=body, headers=ui)).is_success
             assert (await api.http.get("/codec/ui/v1/runs", headers=ui)).status_code == 404
 
 
 def test_the_loopback_codec_refuses_a_peer_on_another_machine() -> None:
-    """Reached through a port forward or a 0.0.0.0 bind, the peer is remote:
-    refused, whatever Origin and Host it sends."""
+    """Reached through a 0.0.0.0 bind or a forward that names its client, the
+    peer is remote: refused, whatever Origin and Host it sends."""
 
     def request(peer: str) -> Request:
         headers = [(b"host", b"127.0.0.1:8000"), (b"origin", b"http://127.0.0.1:8233")]
-        return Request({"type": "http", "headers": headers, "client": (peer, 5555)})
+        scope = {"type": "http", "headers": headers, "client": (peer, 5555)}
+        return Request({**scope, "server": ("127.0.0.1", 8000)})
 
     ctx = SimpleNamespace(settings=Settings(ui_codec_loopback=True))
-    assert _loopback_ui_caller(request("127.0.0.1"), ctx).role == "codec"
-    assert _loopback_ui_caller(request("::1"), ctx).role == "codec"
     for peer in ("10.1.2.3", "192.168.0.7", "not-an-address"):
         with pytest.raises(Problem) as refused:
             _loopback_ui_caller(request(peer), ctx)
         assert refused.value.status == 403, peer
+
+
+# Standard library only: it runs on the system's Python, which another user can
+# execute (the project's virtualenv may not be readable to them).
+_AS_ANOTHER_USER = """
+import http.client, sys
+connection = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=30)
+connection.request("POST", "/codec/ui/decode", body='{"payloads": []}',
+                   headers={"Origin": sys.argv[2], "Content-Type": "application/json"})
+print(connection.getresponse().status)
+"""
+_SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="switching to another uid needs root")
+@pytest.mark.skipif(_SYSTEM_PYTHON is None, reason="no system python3 for another user to run")
+async def test_the_loopback_codec_refuses_another_local_user(tmp_path) -> None:
+    """Another user on this machine can send the UI's Origin and a loopback
+    Host; the kernel still says whose socket it is."""
+    ui = "http://127.0.0.1:8233"
+    async with harness(tmp_path) as h, serve_api(h, ui_codec_loopback=True) as api:
+        body, origin = {"payloads": []}, {"Origin": ui}
+        mine = await api.http.post("/codec/ui/decode", json=body, headers=origin)
+        assert mine.is_success, mine.text
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [_SYSTEM_PYTHON, "-c", _AS_ANOTHER_USER, str(api.http.base_url.port), ui],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            user=65534,  # nobody
+            check=False,
+        )
+        assert done.stdout.strip() == "403", done.stdout + done.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,6 +20,7 @@ from temporalio.api.common.v1 import Payloads
 
 from api.auth import CodecCaller, Context, Principal, authenticated, require_codec_role
 from api.openapi import AUTHENTICATED, problems
+from api.peer import peer_uid, socket_owners_listed
 from api.problems import Problem
 from api.schemas import Payloads as PayloadsDocument
 from api.schemas import PayloadsIn
@@ -151,12 +153,13 @@ async def decode_for_ui(token: str, request: Request, ctx: Context) -> dict[str,
 # The embedded stack's UI: `temporal server start-dev` takes its codec endpoint
 # only on the command line, which every local user can list, so no token goes
 # there. Instead, with ROUNDTABLE_UI_CODEC_LOOPBACK on (`roundtable dev` turns
-# it on), /codec/ui serves a browser on this machine showing a page from
-# ROUNDTABLE_UI_ORIGINS, and nobody else: the peer must be loopback, the Host
-# a loopback name (a DNS-rebound page names its own host) and the Origin, which
+# it on), /codec/ui serves the UI's page in a browser of the API's own user:
+# the peer must be loopback and (on Linux) owned by our uid, the Host a
+# loopback name (a DNS-rebound page names its own host) and the Origin, which
 # browsers send on every cross-origin POST and pages cannot forge, one of the
-# UI's. It grants what the dev UI itself grants anyone on this machine who can
-# reach it: decoded payloads.
+# UI's. A process of our own user can pass all of these (it can read our
+# files anyway), and so can anything it forwards to the port: never forward
+# the dev API's port.
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
@@ -180,7 +183,18 @@ def _loopback_ui_caller(request: Request, ctx: Context) -> Principal:
         raise Problem(403, "forbidden", "the loopback codec endpoint serves this machine only")
     if origin not in ctx.settings.ui_origins:
         raise Problem(403, "forbidden", "the loopback codec endpoint serves the Temporal UI only")
+    if socket_owners_listed() and _peer_owner(request) != os.getuid():
+        # A process of another local user can send any Origin it likes; its
+        # socket, though, is listed with its owner.
+        raise Problem(403, "forbidden", "the loopback codec serves the API's own user only")
     return Principal(user_id="temporal-ui", role="codec")
+
+
+def _peer_owner(request: Request) -> int | None:
+    server = request.scope.get("server")
+    if request.client is None or not server:
+        return None
+    return peer_uid(request.client.port, server[1])
 
 
 @router.post("/ui/encode", include_in_schema=False)
