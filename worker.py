@@ -33,10 +33,11 @@ from activities.sweep_activities import SweepActivities
 from activities.webhook_activities import WebhookActivities
 from activities.write_activities import WriteActivities
 from roundtable.config import Settings, load_settings
+from roundtable.names import SWEEP_SCHEDULE_ID
 from roundtable.permissions import Authority
 from roundtable.security import read_action_secret
 from roundtable.store import Store, open_store
-from roundtable.temporal import SWEEP_SCHEDULE_ID, connect
+from roundtable.temporal import connect
 from roundtable.tools.mcp import load_config, register_mcp_tools
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools

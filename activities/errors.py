@@ -9,16 +9,13 @@ from typing import ParamSpec, TypeVar
 
 from temporalio.exceptions import ApplicationError
 
+from roundtable.names import CONFLICT, FORBIDDEN_PREFIX, INVALID_INPUT, NOT_FOUND
 from roundtable.store.errors import (
-    FORBIDDEN_PREFIX,
     ConflictError,
     ForbiddenError,
     InvalidInputError,
     NotFoundError,
 )
-
-CONFLICT, NOT_FOUND, INVALID_INPUT = "Conflict", "NotFound", "InvalidInput"
-
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -27,6 +27,7 @@ from roundtable.models import (
     TurnRequest,
     canonical_digest,
 )
+from roundtable.names import INVALID_INPUT
 from roundtable.permissions import (
     Authority,
     ModelNotAllowedError,
@@ -67,7 +68,7 @@ class RunActivities:
         try:
             snapshot = self.registry.snapshot(inp.seats, inp.tools, inp.seat_tools)
         except ValueError as exc:
-            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+            raise ApplicationError(str(exc), type=INVALID_INPUT, non_retryable=True) from exc
         require_own_run(inp.run_id)
         run = await self.store.ensure_run(
             run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
@@ -107,7 +108,7 @@ class RunActivities:
         try:
             adapter = resolve_model(inp.model)
         except UnknownModelError as exc:
-            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+            raise ApplicationError(str(exc), type=INVALID_INPUT, non_retryable=True) from exc
         if inp.role == "manager":
             messages = manager_messages(inp.task_text, inp.others)
             new_messages: list[ChatMessage] = []

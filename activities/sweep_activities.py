@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from roundtable.models import Model, RunState
+from roundtable.names import REFRESH_SIGNAL
 from roundtable.store import Store
 from roundtable.store.states import ActionStatus, RunStatus
 
@@ -154,7 +155,7 @@ class SweepActivities:
         for action_id in state.unknown_actions:
             action = await self.store.get_action(action_id)
             if action["status"] in (ActionStatus.SUCCEEDED, ActionStatus.FAILED):
-                await handle.signal("refresh")
+                await handle.signal(REFRESH_SIGNAL)
                 return
 
 

@@ -8,10 +8,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from roundtable.models import WebhookDelivery
+from roundtable.names import WEBHOOK_REJECTED
 from roundtable.store import Store
 from roundtable.webhooks import SIGNATURE_HEADER, body_of, receiver_label, sign
 
-REJECTED = "WebhookRejected"  # permanent: not retried
 FAILED = "WebhookFailed"  # transient: retried with backoff
 
 
@@ -36,7 +36,9 @@ class WebhookActivities:
         url = self.receivers.get(delivery.url)
         if url is None:
             raise ApplicationError(
-                "not a receiver this worker is configured for", type=REJECTED, non_retryable=True
+                "not a receiver this worker is configured for",
+                type=WEBHOOK_REJECTED,
+                non_retryable=True,
             )
         delivery = delivery.model_copy(update={"url": url})
         event = delivery.event.model_dump(mode="json")
@@ -80,6 +82,6 @@ class WebhookActivities:
         permanent = 400 <= response.status_code < 500 and response.status_code not in (408, 429)
         raise ApplicationError(
             f"{log['url']} answered {response.status_code}",
-            type=REJECTED if permanent else FAILED,
+            type=WEBHOOK_REJECTED if permanent else FAILED,
             non_retryable=permanent,
         )

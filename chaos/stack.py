@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from roundtable.temporal import SEARCH_ATTRIBUTE_FLAGS
+from roundtable.names import SEARCH_ATTRIBUTES
 
 BIN = Path(sys.executable).parent
 SECRET = "chaos-action-secret-not-for-production"  # noqa: S105 (a throwaway test secret)
@@ -165,7 +165,7 @@ class Stack:
             "--log-level",
             "warn",
         ]
-        for name, kind in SEARCH_ATTRIBUTE_FLAGS.items():
+        for name, kind in SEARCH_ATTRIBUTES.items():
             command += ["--search-attribute", f"{name}={kind}"]
         self.temporal = self._spawn("temporal", command, self.env(), group=True)
         self._wait_port(self.temporal_port, self.temporal, 60)

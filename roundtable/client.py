@@ -30,10 +30,11 @@ from roundtable.models import (
     ScriptDocument,
     WorkflowArgs,
 )
+from roundtable.names import RUN_WORKFLOW, STATE_QUERY
 from roundtable.permissions import Decider, attest
 from roundtable.security import ActionSecretKeyError
 from roundtable.store import AttemptMayBeRunningError, ConflictError, NotFoundError
-from roundtable.temporal import WORKFLOW_NAME, connect
+from roundtable.temporal import connect
 
 __all__ = [
     "AttemptMayBeRunningError",
@@ -119,7 +120,7 @@ class RoundtableClient:
         fingerprint = operations.request_fingerprint(request)
         try:
             await self.temporal.start_workflow(
-                WORKFLOW_NAME,
+                RUN_WORKFLOW,
                 WorkflowArgs(request=request),
                 id=run_id,
                 task_queue=self.task_queue,
@@ -135,7 +136,9 @@ class RoundtableClient:
         return RunHandle(self, run_id)
 
     async def state(self, run_id: str) -> RunState:
-        return await self.temporal.get_workflow_handle(run_id).query("state", result_type=RunState)
+        return await self.temporal.get_workflow_handle(run_id).query(
+            STATE_QUERY, result_type=RunState
+        )
 
     async def result(self, run_id: str) -> RunResult:
         return await self.temporal.get_workflow_handle(run_id, result_type=RunResult).result()

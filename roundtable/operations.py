@@ -30,6 +30,18 @@ from roundtable.models import (
     RunInput,
     WorkflowArgs,
 )
+from roundtable.names import (
+    ATTEMPT_MAY_BE_RUNNING,
+    DECIDE_UPDATE,
+    EXTEND_UPDATE,
+    FORBIDDEN_PREFIX,
+    INVALID_INPUT,
+    NOT_TRACKED,
+    RECONCILE_UPDATE,
+    RECONCILE_WORKFLOW,
+    REFRESH_SIGNAL,
+    RUN_WORKFLOW,
+)
 from roundtable.permissions import Attestable, Authority, Decider, attest
 from roundtable.store import (
     FINAL_RUN_STATUSES,
@@ -40,12 +52,8 @@ from roundtable.store import (
     RunGrant,
     Store,
 )
-from roundtable.store.errors import FORBIDDEN_PREFIX, forbidden
-from roundtable.temporal import RECONCILE_WORKFLOW_NAME, WORKFLOW_NAME
+from roundtable.store.errors import forbidden
 
-DECIDE_UPDATE, RECONCILE_UPDATE = "decide_approval", "reconcile_action"
-EXTEND_UPDATE = "extend_approval"
-REFRESH_SIGNAL = "refresh"
 FINGERPRINT_MEMO = "request_fingerprint"
 RECONCILE_WITHIN = timedelta(minutes=2)
 
@@ -62,9 +70,6 @@ class NotTrackedError(ConflictError):
     """The run's workflow is open but is not waiting on this action."""
 
 
-NOT_TRACKED, ATTEMPT_MAY_BE_RUNNING = "NotTracked", "AttemptMayBeRunning"
-
-
 def _typed(exc: WorkflowUpdateFailedError) -> Exception:
     """Bad input stays bad input (422); every other refusal is a conflict (409)."""
     cause = exc.cause
@@ -72,7 +77,7 @@ def _typed(exc: WorkflowUpdateFailedError) -> Exception:
         cause = cause.cause
     message = str(cause or exc)
     kind = cause.type if isinstance(cause, ApplicationError) else None
-    if kind == "InvalidInput":
+    if kind == INVALID_INPUT:
         return InvalidInputError(message)
     if kind and kind.startswith(FORBIDDEN_PREFIX):
         return forbidden(kind.removeprefix(FORBIDDEN_PREFIX), message)
@@ -262,7 +267,7 @@ async def reconcile_request(
         pass
     try:
         out = await client.execute_workflow(
-            RECONCILE_WORKFLOW_NAME,
+            RECONCILE_WORKFLOW,
             ReconcileRequest(run_id=run_id, reconcile=request),
             id=f"reconcile-{request.action_id}-{request.request_id}",
             task_queue=task_queue,
@@ -350,7 +355,7 @@ async def start_run(
         return {"run_id": run_id, "workflow_id": run_id, "status": run["status"]}, False
     try:
         await client.start_workflow(
-            WORKFLOW_NAME,
+            RUN_WORKFLOW,
             WorkflowArgs(request=request),
             id=run_id,
             task_queue=task_queue,

@@ -12,24 +12,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
 
 from roundtable.codec import EncryptionCodec, keys_from_environment
+from roundtable.names import SEARCH_ATTRIBUTES
 
-WORKFLOW_NAME = "RoundtableWorkflow"
-RECONCILE_WORKFLOW_NAME = "RoundtableReconcileWorkflow"
-SWEEP_SCHEDULE_ID = "roundtable-sweep"
-
-SEARCH_ATTRIBUTE_TYPES = {
-    "RoundtableStatus": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
-    "RoundtableUserId": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
-    "RoundtablePendingApprovals": IndexedValueType.INDEXED_VALUE_TYPE_INT,
-    "RoundtableUnknownActions": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+_INDEXED_TYPES = {
+    "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
 }
-# As `temporal server start-dev --search-attribute NAME=Type` spells them.
-SEARCH_ATTRIBUTE_FLAGS = {
-    "RoundtableStatus": "Keyword",
-    "RoundtableUserId": "Keyword",
-    "RoundtablePendingApprovals": "Int",
-    "RoundtableUnknownActions": "Int",
-}
+SEARCH_ATTRIBUTE_TYPES = {name: _INDEXED_TYPES[kind] for name, kind in SEARCH_ATTRIBUTES.items()}
 
 
 def data_converter(codec: EncryptionCodec | None = None) -> DataConverter:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from roundtable.temporal import SWEEP_SCHEDULE_ID
+from roundtable.names import SWEEP_SCHEDULE_ID
 from tests.e2e_stack import Stack, one_write_script, running_stack
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from roundtable.config import Settings
 from roundtable.models import RunState
+from roundtable.names import SWEEP_SCHEDULE_ID
 from roundtable.security import derive_target
 from roundtable.store import open_store
 from roundtable.store.schema import ApprovalRow
-from roundtable.temporal import SWEEP_SCHEDULE_ID
 from tests.e2e_stack import Stack, one_write_script, running_stack
 from tests.helpers import set_column
 from worker import ensure_sweep_schedule

@@ -17,9 +17,11 @@ from roundtable.temporal import data_converter
 from workflows.roundtable import RoundtableWorkflow
 from workflows.sweep import SweepWorkflow
 
-# Histories of this code's own tests, and in recorded-on-16ead1e/ histories of
-# runs made by the code before the safety rules changed (workflow.patched keeps
-# such runs on their old behaviour: they must replay to the end).
+# Histories of this code's own tests; in recorded-on-16ead1e/ histories of runs
+# made by the code before the safety rules changed, and in
+# recorded-before-handlers-patch/ those made before runs waited for their
+# message handlers to finish (workflow.patched keeps such runs on their old
+# behaviour: they must replay to the end).
 HISTORIES = {
     f"{path.parent.name}/{path.stem}": path.read_text()
     for path in sorted((Path(__file__).parent / "histories").glob("**/*.json"))

@@ -12,7 +12,8 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from roundtable.config import Settings
-from roundtable.temporal import SWEEP_SCHEDULE_ID, data_converter
+from roundtable.names import SWEEP_SCHEDULE_ID
+from roundtable.temporal import data_converter
 from tests.workflow_harness import venv_binary
 from worker import run_worker
 from workflows import search_attributes

@@ -13,10 +13,10 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities.write_activities import WriteActivities
     from roundtable.models import ReconcileOutput, ReconcileRequest
-    from roundtable.temporal import RECONCILE_WORKFLOW_NAME
+    from roundtable.names import RECONCILE_WORKFLOW, REFRESH_SIGNAL
 
 
-@workflow.defn(name=RECONCILE_WORKFLOW_NAME)
+@workflow.defn(name=RECONCILE_WORKFLOW)
 class ReconcileWorkflow:
     @workflow.run
     async def run(self, request: ReconcileRequest) -> ReconcileOutput:
@@ -31,7 +31,7 @@ class ReconcileWorkflow:
         )
         if out.conflict is None:
             try:
-                await workflow.get_external_workflow_handle(request.run_id).signal("refresh")
+                await workflow.get_external_workflow_handle(request.run_id).signal(REFRESH_SIGNAL)
             except ApplicationError:
                 workflow.logger.info("run %s has no live workflow to nudge", request.run_id)
         return out

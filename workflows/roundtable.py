@@ -40,7 +40,6 @@ with workflow.unsafe.imports_passed_through():
         RunInput,
         RunResult,
         RunState,
-        RunStatusInput,
         SignalSender,
         TakeTurnInput,
         ToolCall,
@@ -49,7 +48,23 @@ with workflow.unsafe.imports_passed_through():
         WebhookEvent,
         WorkflowArgs,
     )
-    from workflows import search_attributes as sa
+    from roundtable.names import (
+        ATTEMPT_MAY_BE_RUNNING,
+        CONFLICT,
+        DECIDE_UPDATE,
+        DECISION_SIGNAL,
+        EXTEND_UPDATE,
+        NOT_TRACKED,
+        RECONCILE_SIGNAL,
+        RECONCILE_UPDATE,
+        REFRESH_SIGNAL,
+        RUN_WORKFLOW,
+        STATE_QUERY,
+        WEBHOOK_REJECTED,
+    )
+
+from workflows.approval_clock import ApprovalClock, Wake
+from workflows.status import StatusBoard
 
 BOOKKEEPING = timedelta(seconds=30)
 MODEL_CALL = timedelta(minutes=5)
@@ -62,21 +77,19 @@ WEBHOOK_RETRIES = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(minutes=5),
     maximum_attempts=8,
-    non_retryable_error_types=["WebhookRejected"],
+    non_retryable_error_types=[WEBHOOK_REJECTED],
 )
-CONFLICT = "Conflict"
-# The update validator's answer when this run does not track an unknown
-# action: the caller reconciles it in the store instead.
-NOT_TRACKED = "NotTracked"
-ATTEMPT_MAY_BE_RUNNING = "AttemptMayBeRunning"
 SETTLED = ("succeeded", "failed")
 # Runs started before the safety-holes fixes keep their old behaviour to the
 # end (their histories must replay); runs started after take the new rules.
 # See _new_rules for where the two differ.
 SAFETY_RULES_PATCH = "safety-rules-v1"
+# Runs that reach the end after this change wait for every message handler
+# still running (a raw signal's sender lookup, say) before they complete.
+HANDLERS_DONE_PATCH = "handlers-finish-before-completion"
 
 
-@workflow.defn(name="RoundtableWorkflow")
+@workflow.defn(name=RUN_WORKFLOW)
 class RoundtableWorkflow:
     @workflow.init
     def __init__(self, args: WorkflowArgs) -> None:
@@ -89,14 +102,12 @@ class RoundtableWorkflow:
         self._reconciled: dict[str, str] = {}  # action id → status after reconciliation
         self._edits: dict[str, list] = {}  # approval id → what an operator changed
         self._deliveries: list = []  # webhook activities still under way
-        self._status_lock = asyncio.Lock()
-        self._published: tuple[str, int, int] | None = None
+        self._status = StatusBoard(self.state, self.request)
         self._refreshes = 0
         # Winding down: why the run is ending early (failed, cancelled), or None.
         self._ending: str | None = None
         self._tasks: list[asyncio.Task] = []  # every seat turn and tool call
         self._interruptible: set = set()  # model turns and reads under way
-        self._failure: dict[str, str] | None = None
         self._new_rules = True  # decided for good at the top of run()
 
     # ================================================================= the process
@@ -112,7 +123,7 @@ class RoundtableWorkflow:
         try:
             if args.carried is None:
                 await self._open_run()
-            await self._publish_status()
+            await self._status.publish()
             while self.state.round < self.request.max_rounds:
                 await self._play_round(self.state.round + 1)
                 self.state.round += 1
@@ -121,6 +132,8 @@ class RoundtableWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(WorkflowArgs(request=self.request, carried=self.state))
             await self._conclude()
+            if workflow.patched(HANDLERS_DONE_PATCH):
+                await workflow.wait_condition(workflow.all_handlers_finished)
         except (ActivityError, ApplicationError) as exc:
             # Regular activities fail as ActivityError, local ones as their own
             # ApplicationError: either way the store must say the run failed.
@@ -330,7 +343,7 @@ class RoundtableWorkflow:
     async def _await_decision(self, write: PendingWrite) -> str:
         approval_id = write.approval_id
         self.state.pending_approvals[approval_id] = write
-        await self._publish_status()
+        await self._status.publish()
         about = {
             "approval_id": approval_id,
             "action_id": write.action_id,
@@ -338,40 +351,29 @@ class RoundtableWorkflow:
             "seat": write.seat,
         }
         self._notify("approval.requested", approval_id, about)
-        # With no webhook receivers there is nobody to warn, and no warning timer:
-        # the same commands as before webhooks existed, so old histories replay.
-        warned = not self.state.webhook_urls
+        clock = ApprovalClock(
+            write,
+            lead=timedelta(seconds=self.state.expiring_lead_seconds),
+            warn=bool(self.state.webhook_urls),
+        )
         seen_refreshes = self._refreshes
 
         def woken(seen: int = seen_refreshes) -> bool:
             return approval_id in self._decided or self._refreshes != seen or bool(self._ending)
 
         while approval_id not in self._decided and not self._ending:
-            warn_at = write.approval_deadline - timedelta(seconds=self.state.expiring_lead_seconds)
-            if not warned and workflow.now() >= warn_at:
-                warned = True
+            if clock.warning_due():
                 self._notify(
                     "approval.expiring",
                     approval_id,
                     {**about, "expires_at": write.approval_deadline.isoformat()},
                 )
-            try:
-                if warned:
-                    await workflow.wait_condition(
-                        lambda seen=seen_refreshes: woken(seen),
-                        timeout=max(write.approval_deadline - workflow.now(), timedelta(0)),
-                        timeout_summary=f"approval expiry {approval_id}",
-                    )
-                else:
-                    await workflow.wait_condition(
-                        lambda seen=seen_refreshes: woken(seen),
-                        timeout=max(warn_at - workflow.now(), timedelta(0)),
-                        timeout_summary=f"approval expiring soon {approval_id}",
-                    )
-            except TimeoutError:
-                if warned:  # the deadline the timer was armed for has come
-                    await self._expire(write)
-                continue  # otherwise it was time to warn: loop round
+            wake = await clock.wait(lambda seen=seen_refreshes: woken(seen))
+            if wake is Wake.DEADLINE:
+                await self._expire(write)
+                continue
+            if wake is Wake.WARNING:
+                continue
             if approval_id not in self._decided and self._refreshes != seen_refreshes:
                 seen_refreshes = self._refreshes  # the sweep or an extension: look again
                 await self._check_approval(write)
@@ -384,7 +386,7 @@ class RoundtableWorkflow:
             )
             self._decided[approval_id] = withdrawn.status
         self.state.pending_approvals.pop(approval_id, None)
-        await self._publish_status()
+        await self._status.publish()
         return self._decided[approval_id]
 
     async def _expire(self, write: PendingWrite) -> None:
@@ -442,7 +444,7 @@ class RoundtableWorkflow:
                 done = await self._attempt(write)
             if done.status in SETTLED:
                 self.state.blocked_reason = None
-                await self._publish_status()
+                await self._status.publish()
                 return _outcome(write, done.status, done.result or {})
             if done.status == "unknown":
                 return await self._await_reconciliation(write, done.result, seen_refreshes)
@@ -458,7 +460,7 @@ class RoundtableWorkflow:
                 if blocked
                 else None
             )
-            await self._publish_status()
+            await self._status.publish()
             ending = bool(self._ending)
             with contextlib.suppress(TimeoutError):
                 # Woken early when the run starts ending; once it is ending, a
@@ -505,7 +507,7 @@ class RoundtableWorkflow:
         read it). A run that ends meanwhile leaves it unknown, still
         reconcilable in the store."""
         self.state.unknown_actions[write.action_id] = write
-        await self._publish_status()
+        await self._status.publish()
         self._notify(
             "action.unknown",
             write.action_id,
@@ -531,7 +533,7 @@ class RoundtableWorkflow:
                 if now.status in SETTLED:
                     self._reconciled.setdefault(write.action_id, now.status)
         self.state.unknown_actions.pop(write.action_id, None)
-        await self._publish_status()
+        await self._status.publish()
         status = self._reconciled.get(write.action_id, "unknown")
         return _outcome(write, status, {"reconciled": status != "unknown", **(result or {})})
 
@@ -603,7 +605,7 @@ class RoundtableWorkflow:
             if not task.cancelled():
                 task.exception()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        self._failure = failure
+        self._status.failure = failure
         try:
             await self._finish(status)
         except (ActivityError, ApplicationError) as exc:
@@ -613,62 +615,7 @@ class RoundtableWorkflow:
 
     async def _finish(self, status: str) -> None:
         self.state.status = status
-        await self._publish_status(force=True)
-
-    # ================================================================= status
-
-    def _wanted_status(self) -> str:
-        if self.state.status in ("completed", "failed", "cancelled"):
-            return self.state.status
-        if self.state.pending_approvals or self.state.unknown_actions or self.state.blocked_reason:
-            return "waiting_input"
-        return "running"
-
-    async def _publish_status(self, force: bool = False) -> None:
-        """Mirror the status to the store, search attributes and UI details.
-        Serialised, so concurrent seats cannot publish out of order."""
-        async with self._status_lock:
-            status = self._wanted_status()
-            published = (status, len(self.state.pending_approvals), len(self.state.unknown_actions))
-            if published == self._published and not force:
-                return
-            self.state.status = status
-            await workflow.execute_local_activity_method(
-                RunActivities.set_run_status,
-                RunStatusInput(run_id=self.state.run_id, status=status, failure=self._failure),
-                start_to_close_timeout=BOOKKEEPING,
-                summary=f"run is {status}",
-            )
-            workflow.upsert_search_attributes(
-                [
-                    sa.STATUS.value_set(status),
-                    sa.USER_ID.value_set(self.request.user_id),
-                    sa.PENDING_APPROVALS.value_set(published[1]),
-                    sa.UNKNOWN_ACTIONS.value_set(published[2]),
-                ]
-            )
-            workflow.set_current_details(self._details())
-            self._published = published
-
-    def _details(self) -> str:
-        usage = self.state.usage
-        lines = [
-            f"**{self.state.status}** · round {self.state.round}/{self.request.max_rounds}"
-            f" · tokens {usage.prompt_tokens} in / {usage.completion_tokens} out"
-        ]
-        for approval_id, write in self.state.pending_approvals.items():
-            lines.append(
-                f"- waiting for approval of {write.tool_name} by {write.seat}: "
-                f"`roundtable approve {approval_id}`"
-            )
-        for action_id, write in self.state.unknown_actions.items():
-            lines.append(
-                f"- outcome unknown for {write.tool_name} by {write.seat}: "
-                f"`roundtable reconcile {action_id} --outcome succeeded|failed`"
-            )
-        if self.state.blocked_reason:
-            lines.append(f"- {self.state.blocked_reason}")
-        return "\n".join(lines)
+        await self._status.publish(force=True)
 
     # ================================================================= messages
 
@@ -686,11 +633,11 @@ class RoundtableWorkflow:
             kind = cause.type if isinstance(cause, ApplicationError) else CONFLICT
             raise ApplicationError(str(cause or exc), type=kind or CONFLICT) from exc
 
-    @workflow.query
+    @workflow.query(name=STATE_QUERY)
     def state(self) -> RunState:
         return self.state
 
-    @workflow.update
+    @workflow.update(name=DECIDE_UPDATE)
     async def decide_approval(self, decision: DecisionInput) -> str:
         return await self._decide(decision)
 
@@ -707,10 +654,10 @@ class RoundtableWorkflow:
             return f"approval {approval_id!r} is already decided"
         return None
 
-    @workflow.signal
+    @workflow.signal(name=DECISION_SIGNAL)
     async def approval_decision(self, decision: DecisionInput) -> None:
         try:
-            await self._decide(await self._signalled_by(decision, "approval_decision"))
+            await self._decide(await self._signalled_by(decision, DECISION_SIGNAL))
         except ApplicationError as exc:
             workflow.logger.warning("approval decision refused: %s", exc)
 
@@ -741,7 +688,7 @@ class RoundtableWorkflow:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.approval_status
 
-    @workflow.update
+    @workflow.update(name=EXTEND_UPDATE)
     async def extend_approval(self, request: ExtendInput) -> ExtendOutput:
         """Push an approval's deadline back; the expiry timer follows."""
         extended = await self._bookkeeping(
@@ -759,7 +706,7 @@ class RoundtableWorkflow:
         if refusal:
             raise ValueError(refusal)
 
-    @workflow.update
+    @workflow.update(name=RECONCILE_UPDATE)
     async def reconcile_action(self, request: ReconcileInput) -> str:
         return await self._reconcile(request)
 
@@ -778,10 +725,10 @@ class RoundtableWorkflow:
             )
         return None
 
-    @workflow.signal(name="reconcile_action_signal")
+    @workflow.signal(name=RECONCILE_SIGNAL)
     async def reconcile_action_signal(self, request: ReconcileInput) -> None:
         try:
-            await self._reconcile(await self._signalled_by(request, "reconcile_action_signal"))
+            await self._reconcile(await self._signalled_by(request, RECONCILE_SIGNAL))
         except ApplicationError as exc:
             workflow.logger.warning("reconciliation refused: %s", exc)
 
@@ -819,7 +766,7 @@ class RoundtableWorkflow:
         who = f"temporal:{identity or 'unknown'}"
         return message.model_copy(update={"decided_by": who[:255]})
 
-    @workflow.signal
+    @workflow.signal(name=REFRESH_SIGNAL)
     def refresh(self) -> None:
         """The sweep changed something in the store: re-read what we wait on."""
         self._refreshes += 1

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from temporalio.common import SearchAttributeKey
 
-STATUS = SearchAttributeKey.for_keyword("RoundtableStatus")
-USER_ID = SearchAttributeKey.for_keyword("RoundtableUserId")
-PENDING_APPROVALS = SearchAttributeKey.for_int("RoundtablePendingApprovals")
-UNKNOWN_ACTIONS = SearchAttributeKey.for_int("RoundtableUnknownActions")
+from roundtable.names import SEARCH_ATTRIBUTES
+
+_KEYS = {"Keyword": SearchAttributeKey.for_keyword, "Int": SearchAttributeKey.for_int}
+
+
+def _key(name: str):  # type: ignore[no-untyped-def]
+    return _KEYS[SEARCH_ATTRIBUTES[name]](name)
+
+
+STATUS = _key("RoundtableStatus")
+USER_ID = _key("RoundtableUserId")
+PENDING_APPROVALS = _key("RoundtablePendingApprovals")
+UNKNOWN_ACTIONS = _key("RoundtableUnknownActions")
 
 ALL = (STATUS, USER_ID, PENDING_APPROVALS, UNKNOWN_ACTIONS)

@@ -9,6 +9,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.sweep_activities import SweepActivities, SweepOutput
+    from roundtable.names import REFRESH_SIGNAL
 
 
 @workflow.defn(name="RoundtableSweepWorkflow")
@@ -22,7 +23,7 @@ class SweepWorkflow:
         )
         for run_id in swept.run_ids:
             try:
-                await workflow.get_external_workflow_handle(run_id).signal("refresh")
+                await workflow.get_external_workflow_handle(run_id).signal(REFRESH_SIGNAL)
             except ApplicationError:
                 # The run's workflow is gone; the store already holds the truth.
                 workflow.logger.info("run %s has no live workflow to nudge", run_id)

@@ -30,6 +30,7 @@ from roundtable.config import (
     adopt_dev_secret,
     load_settings,
 )
+from roundtable.names import SEARCH_ATTRIBUTES
 from roundtable.permissions import Authority
 from roundtable.store import (
     FINAL_RUN_STATUSES,
@@ -38,7 +39,7 @@ from roundtable.store import (
     Store,
     open_store,
 )
-from roundtable.temporal import SEARCH_ATTRIBUTE_FLAGS, connect
+from roundtable.temporal import connect
 
 
 def _run_until_stopped(coro: Coroutine[Any, Any, None]) -> None:
@@ -196,7 +197,7 @@ async def _start_server(  # type: ignore[no-untyped-def]
         "--ui-codec-endpoint",
         codec_endpoint,
     ]
-    for name, kind in SEARCH_ATTRIBUTE_FLAGS.items():
+    for name, kind in SEARCH_ATTRIBUTES.items():
         command += ["--search-attribute", f"{name}={kind}"]
     log_path = state_dir / "temporal.log"
     server = _spawn(command, log_path)

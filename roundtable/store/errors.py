@@ -28,10 +28,6 @@ class ForbiddenError(StoreError, PermissionError):
     code = "forbidden"
 
 
-# Temporal failure types of ForbiddenErrors: "Forbidden.<code>".
-FORBIDDEN_PREFIX = "Forbidden."
-
-
 def forbidden(code: str, message: str) -> ForbiddenError:
     """A ForbiddenError naming its rule, rebuilt from a Temporal failure."""
     error = ForbiddenError(message)

@@ -116,9 +116,7 @@ class Leases:
             )
         return changed
 
-    async def renew(
-        self, action_id: str, fencing_token: int, lease_seconds: float
-    ) -> bool:
+    async def renew(self, action_id: str, fencing_token: int, lease_seconds: float) -> bool:
         """Extend a live lease held under ``fencing_token`` of an ``executing``
         action. An expired lease is not renewed: once it lapsed, the action's
         outcome is already in doubt."""
@@ -127,9 +125,7 @@ class Leases:
         )
         return held is not None
 
-    async def hold(
-        self, action_id: str, fencing_token: int, lease_seconds: float
-    ) -> str | None:
+    async def hold(self, action_id: str, fencing_token: int, lease_seconds: float) -> str | None:
         """What an attempt that is still running does: extend its live lease,
         whether its action is still ``executing`` or was meanwhile made
         ``unknown`` by someone else (its call may still be under way, so the

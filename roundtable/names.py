@@ -1,0 +1,46 @@
+"""Every name that crosses a process boundary, defined once.
+
+Workflow, update, signal and query names; the failure types the worker raises
+and callers branch on; the search attributes SREs filter by. The workflow
+declares its handlers with these names, and callers that may not import the
+workflow (the CLI, the API, the typed client, activities: layering forbids
+it) use them instead of repeating strings. Changing one breaks running
+workflows and scripts: add, never rename.
+"""
+
+from __future__ import annotations
+
+# Workflows, and the schedule that starts the sweep.
+RUN_WORKFLOW = "RoundtableWorkflow"
+RECONCILE_WORKFLOW = "RoundtableReconcileWorkflow"
+SWEEP_SCHEDULE_ID = "roundtable-sweep"
+
+# RoundtableWorkflow's messages.
+DECIDE_UPDATE = "decide_approval"
+EXTEND_UPDATE = "extend_approval"
+RECONCILE_UPDATE = "reconcile_action"
+DECISION_SIGNAL = "approval_decision"  # raw signal, for `temporal workflow signal`
+RECONCILE_SIGNAL = "reconcile_action_signal"
+REFRESH_SIGNAL = "refresh"  # "the store changed under you: look again"
+STATE_QUERY = "state"
+
+# ApplicationError types: the worker raises them, callers map them to errors.
+CONFLICT = "Conflict"
+NOT_FOUND = "NotFound"
+INVALID_INPUT = "InvalidInput"
+FORBIDDEN_PREFIX = "Forbidden."  # + the permission's code, e.g. Forbidden.operator_required
+# The update validator's answer when the run does not track an unknown
+# action: the caller reconciles it in the store instead.
+NOT_TRACKED = "NotTracked"
+ATTEMPT_MAY_BE_RUNNING = "AttemptMayBeRunning"  # details: [retry_at ISO 8601]
+WEBHOOK_REJECTED = "WebhookRejected"  # a receiver refused for good: not retried
+
+# Custom search attributes, name → type as `temporal operator search-attribute
+# create` and `temporal server start-dev --search-attribute` spell it.
+# deploy/temporal-init.sh lists the same (tests/test_names.py checks it).
+SEARCH_ATTRIBUTES = {
+    "RoundtableStatus": "Keyword",
+    "RoundtableUserId": "Keyword",
+    "RoundtablePendingApprovals": "Int",
+    "RoundtableUnknownActions": "Int",
+}

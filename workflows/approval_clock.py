@@ -1,0 +1,59 @@
+"""An approval's two timers: the "expiring soon" warning and the deadline.
+
+In the manner of samples-python's updatable timer: the deadline lives on the
+write and may move while we wait (an extension, or the database's word on
+it), so every wait arms a fresh timer for whichever of the two comes next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from enum import Enum
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from roundtable.models import PendingWrite
+
+
+class Wake(Enum):
+    WOKEN = "woken"  # the condition held: a decision, a refresh, the run ending
+    WARNING = "warning"  # time to warn that the approval expires soon
+    DEADLINE = "deadline"  # the deadline the timer was armed for has come
+
+
+class ApprovalClock:
+    def __init__(self, write: PendingWrite, lead: timedelta, warn: bool) -> None:
+        """``lead``: how long before the deadline to warn. With ``warn`` off
+        (no webhook receivers: nobody to warn) there is no warning timer, the
+        same commands as before webhooks existed, so old histories replay."""
+        self.write, self.lead = write, lead
+        self._warned = not warn
+
+    def _warn_at(self):  # type: ignore[no-untyped-def]
+        return self.write.approval_deadline - self.lead
+
+    def warning_due(self) -> bool:
+        """True once, when the warning's time has come."""
+        if self._warned or workflow.now() < self._warn_at():
+            return False
+        self._warned = True
+        return True
+
+    async def wait(self, woken: Callable[[], bool]) -> Wake:
+        """Wait for ``woken`` or the next of the two times."""
+        approval_id = self.write.approval_id
+        if self._warned:
+            until, summary = self.write.approval_deadline, f"approval expiry {approval_id}"
+        else:
+            until, summary = self._warn_at(), f"approval expiring soon {approval_id}"
+        try:
+            await workflow.wait_condition(
+                woken,
+                timeout=max(until - workflow.now(), timedelta(0)),
+                timeout_summary=summary,
+            )
+        except TimeoutError:
+            return Wake.DEADLINE if self._warned else Wake.WARNING
+        return Wake.WOKEN
