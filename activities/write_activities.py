@@ -23,8 +23,7 @@ from activities.run_activities import pinned_snapshot, require_own_run
 from roundtable.models import (
     ActionRef,
     ApprovalRef,
-    DecideRequest,
-    DecisionOutput,
+    DecisionRecorded,
     ExecuteWriteInput,
     ExecuteWriteOutput,
     ExtendInput,
@@ -34,6 +33,7 @@ from roundtable.models import (
     ReconcileInput,
     ReconcileOutput,
     ReconcileRequest,
+    RecordDecisionInput,
     SignalSender,
     ToolOutcome,
 )
@@ -122,7 +122,7 @@ class WriteActivities:
         The idempotency key comes from run, seat, round and call id, so running
         this twice yields one action."""
         call, spec = inp.call, inp.snapshot.tool(inp.call.name)
-        refused = _refusal(inp, spec)
+        refused = _call_refusal(inp, spec)
         if refused is not None:
             return refused
         require_own_run(inp.run_id)
@@ -133,7 +133,7 @@ class WriteActivities:
             arguments = tool.normalize(call.arguments)
             target = derive_target(call.name, arguments, inp.snapshot.model_dump(), inp.seat)
         except (ToolArgumentsError, CapabilityError) as exc:
-            return _refused(inp, "invalid_arguments", str(exc))
+            return _refused_write(inp, "invalid_arguments", str(exc))
         run = await self.store.get_run(inp.run_id)
         pinned_snapshot(run, inp.snapshot, tool)
         try:
@@ -147,7 +147,7 @@ class WriteActivities:
                 code=exc.code,
                 message=str(exc),
             )
-            return _refused(inp, exc.code, str(exc))
+            return _refused_write(inp, exc.code, str(exc))
         # What the server granted this run, whatever the workflow was started with.
         policy = self.authority.granted_policy(run, inp.write_policy, inp.request_fingerprint)
         status = initial_action_status(policy, spec.risk_level)
@@ -156,7 +156,7 @@ class WriteActivities:
         except ConflictError as exc:
             # The call's id already names another write of this run (a model
             # reusing ids across a reset, say): never merged, never run.
-            return _refused(inp, "call_id_reused", str(exc))
+            return _refused_write(inp, "call_id_reused", str(exc))
         approval = (
             await self.store.get_approval(action["approval_id"]) if action["approval_id"] else None
         )
@@ -204,7 +204,7 @@ class WriteActivities:
 
     @activity.defn(name="decide_approval")
     @typed_store_errors
-    async def decide_approval(self, request: DecideRequest) -> DecisionOutput:
+    async def decide_approval(self, request: RecordDecisionInput) -> DecisionRecorded:
         """Compare-and-set the decision. A conflict is reported with the
         approval's real status, so the workflow follows the database."""
         inp = request.decision
@@ -229,8 +229,8 @@ class WriteActivities:
             return await self._decision_view(inp.approval_id, conflict=str(exc))
 
     async def _approve_with_edits(
-        self, request: DecideRequest, decider: Decider, run: dict[str, Any]
-    ) -> DecisionOutput:
+        self, request: RecordDecisionInput, decider: Decider, run: dict[str, Any]
+    ) -> DecisionRecorded:
         """Edited arguments meet every check the original ones met: the tool's
         schema, the run's write policy and grants, a freshly derived target."""
         inp = request.decision
@@ -274,7 +274,7 @@ class WriteActivities:
 
     @activity.defn(name="expire_approval")
     @typed_store_errors
-    async def expire_approval(self, ref: ApprovalRef) -> DecisionOutput:
+    async def expire_approval(self, ref: ApprovalRef) -> DecisionRecorded:
         """The workflow's deadline timer fired: expire unless a decision won or
         an extension moved the deadline past the one the timer was armed for
         (then the view's ``expires_at`` is the new deadline to wait for)."""
@@ -283,7 +283,7 @@ class WriteActivities:
 
     @activity.defn(name="approval_status")
     @typed_store_errors
-    async def approval_status(self, ref: ApprovalRef) -> DecisionOutput:
+    async def approval_status(self, ref: ApprovalRef) -> DecisionRecorded:
         return await self._decision_view(ref.approval_id)
 
     @activity.defn(name="extend_approval")
@@ -304,10 +304,12 @@ class WriteActivities:
         )
         return ExtendOutput(approval_id=approval["id"], expires_at=approval["expires_at"])
 
-    async def _decision_view(self, approval_id: str, conflict: str | None = None) -> DecisionOutput:
+    async def _decision_view(
+        self, approval_id: str, conflict: str | None = None
+    ) -> DecisionRecorded:
         approval = await self.store.get_approval(approval_id)
         action = await self.store.get_action(approval["action_id"])
-        return DecisionOutput(
+        return DecisionRecorded(
             approval_id=approval_id,
             action_id=action["id"],
             status=action["status"],
@@ -327,7 +329,7 @@ class WriteActivities:
             claimed_at = asyncio.get_running_loop().time()
             claim = await self.store.claim_action_for_execution(inp.action_id, inp.lease_seconds)
             if claim != ClaimOutcome.CLAIMED:
-                return await self._report(inp.action_id, claim)
+                return await self._action_now(inp.action_id, claim)
             action = await self.store.get_action(inp.action_id)
             terms = LeaseTerms(inp.lease_seconds, inp.heartbeat_interval_seconds, claimed_at)
             status, result, over, interrupted = await self._invoke_under_lease(action, terms)
@@ -347,7 +349,7 @@ class WriteActivities:
                 raise asyncio.CancelledError()
             await recording
             # Report what the database says: recovery may have made it unknown first.
-            return await self._report(inp.action_id, claim)
+            return await self._action_now(inp.action_id, claim)
 
     async def _invoke_under_lease(
         self, action: dict[str, Any], terms: LeaseTerms
@@ -411,7 +413,7 @@ class WriteActivities:
         }
         return ActionStatus.UNKNOWN, unknown, over, False
 
-    async def _report(self, action_id: str, claim: str) -> ExecuteWriteOutput:
+    async def _action_now(self, action_id: str, claim: str) -> ExecuteWriteOutput:
         action = await self.store.get_action(action_id)
         return ExecuteWriteOutput(
             claim=claim,
@@ -447,7 +449,7 @@ class WriteActivities:
     @typed_store_errors
     async def action_status(self, ref: ActionRef) -> ExecuteWriteOutput:
         """What the database says of an action now (e.g. reconciled directly)."""
-        return await self._report(ref.action_id, "read")
+        return await self._action_now(ref.action_id, "read")
 
     @activity.defn(name="settle_write")
     @typed_store_errors
@@ -464,7 +466,7 @@ class WriteActivities:
                 {"error_code": EXECUTION_INTERRUPTED},
                 fencing_token=action["fencing_token"],
             )
-        return await self._report(action_id, "settled")
+        return await self._action_now(action_id, "settled")
 
     @activity.defn(name="reconcile_for_run")
     @typed_store_errors
@@ -500,7 +502,7 @@ def _external_id(result: dict[str, Any] | None) -> str | None:
     return str(value) if value is not None else None
 
 
-def _refused(inp: InterceptInput, code: str, message: str) -> PendingWrite:
+def _refused_write(inp: InterceptInput, code: str, message: str) -> PendingWrite:
     return PendingWrite(
         action_id="",
         call_id=inp.call.id,
@@ -548,11 +550,13 @@ def _tenant_of(tool: ToolDefinition, arguments: dict[str, Any]) -> Any:
     return arguments.get(tool.tenant_field) if tool.tenant_field else None
 
 
-def _refusal(inp: InterceptInput, spec: Any) -> PendingWrite | None:
+def _call_refusal(inp: InterceptInput, spec: Any) -> PendingWrite | None:
     if spec is None:
-        return _refused(inp, "unknown_tool", f"no tool named {inp.call.name!r} in this run")
+        return _refused_write(inp, "unknown_tool", f"no tool named {inp.call.name!r} in this run")
     if not inp.snapshot.granted(inp.seat, inp.call.name):
-        return _refused(inp, "tool_not_granted", f"{inp.call.name} is not granted to {inp.seat}")
+        return _refused_write(
+            inp, "tool_not_granted", f"{inp.call.name} is not granted to {inp.seat}"
+        )
     if spec.side_effect != "write":
-        return _refused(inp, "not_a_write", f"{inp.call.name} is not a write tool")
+        return _refused_write(inp, "not_a_write", f"{inp.call.name} is not a write tool")
     return None

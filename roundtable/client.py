@@ -22,6 +22,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from roundtable import operations
 from roundtable.config import load_settings
 from roundtable.models import (
+    Decision,
     DecisionInput,
     ReconcileInput,
     RunInput,
@@ -39,6 +40,7 @@ from roundtable.temporal import connect
 __all__ = [
     "AttemptMayBeRunningError",
     "ConflictError",
+    "Decision",
     "DecisionInput",
     "NotFoundError",
     "ReconcileInput",
@@ -158,7 +160,7 @@ class RoundtableClient:
             self.temporal,
             run_id,
             operations.DECIDE_UPDATE,
-            DecisionInput(
+            Decision(
                 approval_id=approval_id,
                 decision=decision,
                 decided_by=decided_by,

@@ -27,8 +27,6 @@ class Settings(BaseSettings):
         default=DEFAULT_DATABASE_URL,
         description="SQLAlchemy async URL: sqlite+aiosqlite:///… or postgresql+asyncpg://…",
     )
-    target_lease_seconds: int = Field(default=30, gt=0, le=3600)
-    approval_timeout_seconds: int = Field(default=3600, gt=0)
     max_approval_extension_seconds: int = Field(default=7 * 24 * 3600, gt=0)
     temporal_address: str = "localhost:7233"
     temporal_namespace: str = "default"

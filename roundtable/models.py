@@ -389,7 +389,7 @@ def canonical_digest(value: Any) -> str | None:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-class DecisionInput(Model):
+class Decision(Model):
     approval_id: str
     decision: Literal["approved", "rejected"]
     # Names this message: a raw signal's sender is found in the history by it.
@@ -417,16 +417,20 @@ class DecisionInput(Model):
         }
 
     @model_validator(mode="after")
-    def _edits_only_when_approving(self) -> DecisionInput:
+    def _edits_only_when_approving(self) -> Decision:
         if self.arguments is not None and self.decision != "approved":
             raise ValueError("edited arguments come only with an approval")
         return self
 
 
-class DecideRequest(Model):
+# The name the typed client exported before: kept so callers' imports work.
+DecisionInput = Decision
+
+
+class RecordDecisionInput(Model):
     """What the decide activity needs to re-check edited arguments."""
 
-    decision: DecisionInput
+    decision: Decision
     snapshot: CapabilitySnapshot | None = None
     write_policy: str = "confirm_all_writes"
 
@@ -440,7 +444,7 @@ class SignalSender(Model):
     payload: dict[str, Any]
 
 
-class DecisionOutput(Model):
+class DecisionRecorded(Model):
     approval_id: str
     action_id: str
     status: str  # the action's status

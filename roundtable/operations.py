@@ -21,7 +21,7 @@ from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.service import RPCError, RPCStatusCode
 
 from roundtable.models import (
-    DecisionInput,
+    Decision,
     ExtendInput,
     ExtendOutput,
     ReconcileInput,
@@ -146,7 +146,7 @@ async def decide(
         approval["run_id"],
         DECIDE_UPDATE,
         _attested(
-            DecisionInput(
+            Decision(
                 approval_id=approval_id,
                 decision=decision,
                 request_id=new_request_id(),

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from roundtable.config import Settings
 from roundtable.models import (
     Attestation,
-    DecisionInput,
+    Decision,
     ExtendInput,
     ReconcileInput,
     RunInput,
@@ -201,7 +201,7 @@ _ATTEST_LABEL = b"roundtable/decision-attestation/v2"
 # An attestation is good for this long: a message copied out of a history
 # later (every history is readable through the UI) vouches for nobody.
 MAX_ATTESTATION_AGE = timedelta(minutes=10)
-Attestable = TypeVar("Attestable", DecisionInput, ReconcileInput, ExtendInput)
+Attestable = TypeVar("Attestable", Decision, ReconcileInput, ExtendInput)
 
 
 def _mac(fields: Mapping[str, Any], role: str, tenants: list[str] | None, at: datetime) -> str:
@@ -225,9 +225,7 @@ def attest(message: Attestable, decider: Decider, now: datetime) -> Attestable:
     return message.model_copy(update={"attested_by": stamp})
 
 
-def verified_decider(
-    message: DecisionInput | ReconcileInput | ExtendInput, now: datetime
-) -> Decider:
+def verified_decider(message: Decision | ReconcileInput | ExtendInput, now: datetime) -> Decider:
     """Who sent it, as attested; without a valid, fresh attestation, nobody
     vouched for the name it carries (role None)."""
     stamp = message.attested_by

@@ -18,7 +18,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from roundtable.config import Settings
 from roundtable.models import (
     Attestation,
-    DecisionInput,
+    Decision,
     ExtendInput,
     ExtendOutput,
     RunInput,
@@ -164,7 +164,7 @@ async def test_separation_of_duties_the_starter_may_not_approve(tmp_path) -> Non
 
         # A raw signal or update vouches for nobody: refused, still pending.
         handle = h.client.get_workflow_handle(run_id, result_type=RunResult)
-        raw = DecisionInput(
+        raw = Decision(
             approval_id=approval_id,
             decision="approved",
             decided_by="ops",
@@ -196,7 +196,7 @@ async def test_high_risk_writes_are_decided_by_operators_only(tmp_path) -> None:
         handle = h.client.get_workflow_handle(run_id, result_type=RunResult)
         await handle.signal(
             RoundtableWorkflow.approval_decision,
-            DecisionInput(approval_id=approval_id, decision="approved", decided_by="mallory"),
+            Decision(approval_id=approval_id, decision="approved", decided_by="mallory"),
         )
         assert (await h.store.get_approval(approval_id))["status"] == "pending"
 
@@ -329,7 +329,7 @@ async def test_an_operators_attestation_copied_from_history_vouches_for_nothing_
             if event.HasField("workflow_execution_update_accepted_event_attributes"):
                 request = event.workflow_execution_update_accepted_event_attributes
                 (copied,) = await h.client.data_converter.decode(
-                    list(request.accepted_request.input.args.payloads), [DecisionInput]
+                    list(request.accepted_request.input.args.payloads), [Decision]
                 )
         assert copied is not None and copied.attested_by is not None
         mine = {"tenant_id": "acme", "ticket_id": "T-5", "fields": {"refund": "99999"}}
@@ -435,7 +435,7 @@ async def test_a_made_up_carried_state_gets_no_grant_and_no_lower_risk(tmp_path)
                 (approval_id,) = state.pending_approvals
                 await handle.signal(
                     RoundtableWorkflow.approval_decision,
-                    DecisionInput(approval_id=approval_id, decision="approved", decided_by="m"),
+                    Decision(approval_id=approval_id, decision="approved", decided_by="m"),
                 )
                 await asyncio.sleep(0.5)
                 assert (await h.store.get_approval(approval_id))["status"] == "pending"

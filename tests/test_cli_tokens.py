@@ -11,10 +11,10 @@ from pathlib import Path
 CLI = str(Path(sys.executable).parent / "roundtable")
 
 
-def run(tmp_path: Path, *args: str) -> tuple[int, object]:
+def run(tmp_path: Path, *args: str, command: str = "tokens") -> tuple[int, object]:
     env = {**os.environ, "ROUNDTABLE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 't.db'}"}
     done = subprocess.run(
-        [CLI, "tokens", *args, "--json"],
+        [CLI, command, *args, "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -24,7 +24,19 @@ def run(tmp_path: Path, *args: str) -> tuple[int, object]:
     return done.returncode, json.loads(done.stdout)
 
 
+def test_a_command_refuses_a_database_whose_schema_is_not_current(tmp_path: Path) -> None:
+    """Only `roundtable db upgrade` (and the worker, and `roundtable dev`)
+    change the schema; any other command says what to run and changes nothing."""
+    code, refused = run(tmp_path, "list")
+    assert code != 0 and refused["error"]["code"] == "schema_out_of_date"
+    assert "roundtable db upgrade" in refused["error"]["message"]
+    assert run(tmp_path, "list")[1] == refused  # still empty: nothing migrated it
+    assert run(tmp_path, "upgrade", command="db")[0] == 0
+    assert run(tmp_path, "list") == (0, [])
+
+
 def test_create_list_revoke(tmp_path: Path) -> None:
+    assert run(tmp_path, "upgrade", command="db")[0] == 0
     code, created = run(tmp_path, "create", "--user", "ops-1", "--role", "operator")
     assert code == 0 and created["token"].startswith("rt_")
     code, listed = run(tmp_path, "list")

@@ -12,7 +12,7 @@ import pytest
 from temporalio.client import Client, WorkflowUpdateFailedError
 
 from roundtable.client import ConflictError, RoundtableClient
-from roundtable.models import DecisionInput
+from roundtable.models import Decision
 from roundtable.store.schema import ApprovalRow
 from roundtable.temporal import data_converter
 from tests.helpers import set_column
@@ -39,7 +39,7 @@ async def still_pending(h: Harness, handle, approval_id: str) -> None:  # type: 
 async def approve(handle, approval_id: str, digest: str | None = None) -> str:  # type: ignore[no-untyped-def]
     return await handle.execute_update(
         RoundtableWorkflow.decide_approval,
-        DecisionInput(
+        Decision(
             approval_id=approval_id,
             decision="approved",
             decided_by="op-1",
@@ -71,7 +71,7 @@ async def test_a_signal_with_a_wrong_digest_leaves_the_approval_pending(tmp_path
         approval_id = await pending(h, handle)
         await handle.signal(
             RoundtableWorkflow.approval_decision,
-            DecisionInput(
+            Decision(
                 approval_id=approval_id,
                 decision="approved",
                 decided_by="op-1",
@@ -115,7 +115,7 @@ async def test_edits_refused_after_the_deadline_leave_the_database_in_charge(tmp
             ApprovalRow.id == approval_id,
             expires_at=datetime.now(UTC) - timedelta(seconds=1),
         )
-        edits = DecisionInput(
+        edits = Decision(
             approval_id=approval_id,
             decision="approved",
             decided_by="op-1",
@@ -148,7 +148,7 @@ async def test_two_signals_in_one_workflow_task_keep_their_own_senders(tmp_path)
             )
             await sender.get_workflow_handle(handle.id).signal(
                 RoundtableWorkflow.approval_decision,
-                DecisionInput(
+                Decision(
                     approval_id=approval_id,
                     decision=decision,
                     decided_by="mallory",  # the body's claim is never believed
@@ -170,9 +170,7 @@ async def test_identical_signals_from_two_senders_are_attributed_to_nobody(tmp_p
         approval_id = await pending(h, handle)
         await h.stop_worker()
         target = h.client.service_client.config.target_host
-        same = DecisionInput(
-            approval_id=approval_id, decision="approved", decided_by="x", reason="same"
-        )
+        same = Decision(approval_id=approval_id, decision="approved", decided_by="x", reason="same")
         for who in ("alice", "bob"):
             sender = await Client.connect(
                 target, namespace=h.client.namespace, identity=who, data_converter=data_converter()

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
-from roundtable.models import DecisionInput
+from roundtable.models import Decision
 from roundtable.security import REDACTED, derive_target
 from roundtable.store import ConflictError
 from roundtable.tools.tickets import TicketRef
@@ -65,7 +65,7 @@ async def test_store_swaps_arguments_digest_and_target_in_one_step(store) -> Non
 async def decide(handle, approval_id: str, **fields) -> str:  # type: ignore[no-untyped-def]
     return await handle.execute_update(
         RoundtableWorkflow.decide_approval,
-        DecisionInput(approval_id=approval_id, decision="approved", decided_by="op-1", **fields),
+        Decision(approval_id=approval_id, decision="approved", decided_by="op-1", **fields),
     )
 
 
@@ -161,13 +161,13 @@ async def test_a_bad_signal_never_fails_the_run(tmp_path) -> None:
         state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
         (approval_id,) = state.pending_approvals
         for bad in (
-            DecisionInput(
+            Decision(
                 approval_id=approval_id,
                 decision="approved",
                 decided_by="x",
                 arguments={"tenant_id": "acme"},
             ),
-            DecisionInput(approval_id="nope", decision="approved", decided_by="x"),
+            Decision(approval_id="nope", decision="approved", decided_by="x"),
         ):
             await handle.signal(RoundtableWorkflow.approval_decision, bad)
         await asyncio.sleep(1)

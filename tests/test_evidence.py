@@ -8,7 +8,7 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from roundtable.evidence import gather
 from roundtable.invariants import check, summary
-from roundtable.models import DecisionInput, RunResult
+from roundtable.models import Decision, RunResult
 from tests.test_closed_runs import AUTO, acts_then_raises, update
 from tests.test_workflow_execution import reconcile, wrap_tool
 from tests.workflow_harness import harness
@@ -29,7 +29,7 @@ async def test_real_runs_leave_no_violations_and_a_wrong_guess_is_caught(tmp_pat
         (approval_id,) = state.pending_approvals
         await approved.execute_update(
             RoundtableWorkflow.decide_approval,
-            DecisionInput(approval_id=approval_id, decision="approved", decided_by="op-1"),
+            Decision(approval_id=approval_id, decision="approved", decided_by="op-1"),
         )
         assert (await approved.result()).status == "completed"
 
@@ -72,6 +72,10 @@ def test_roundtable_check_prints_the_summary_and_fails_on_a_violation(tmp_path) 
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60, check=False)
 
+    upgraded = subprocess.run(
+        [*cli[:1], "db", "upgrade"], env=env, capture_output=True, timeout=60, check=False
+    )
+    assert upgraded.returncode == 0, upgraded.stderr
     clean = run()
     assert clean.returncode == 0, clean.stderr
     assert clean.stdout.strip() == "runs=0 actions=0 faults=0 violations=0"

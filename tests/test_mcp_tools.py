@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from roundtable.models import DecisionInput
+from roundtable.models import Decision
 from roundtable.tools.mcp import (
     FENCING_META,
     IDEMPOTENCY_META,
@@ -74,7 +74,7 @@ async def test_two_model_seats_and_mcp_tools_through_approval(tmp_path, monkeypa
         assert [c["tool"] for c in calls(log)] == ["lookup"]  # the write waits for a person
         await handle.execute_update(
             RoundtableWorkflow.decide_approval,
-            DecisionInput(approval_id=approval_id, decision="approved", decided_by="op"),
+            Decision(approval_id=approval_id, decision="approved", decided_by="op"),
         )
         result = await handle.result()
         assert (result.status, result.final_answer) == ("completed", "Record r-7 is resolved.")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from roundtable.models import DecisionInput
+from roundtable.models import Decision
 from tests.api_server import serve_api
 from tests.fake_openai import error, fake_openai, message
 from tests.workflow_harness import harness
@@ -56,7 +56,7 @@ async def test_two_seats_on_a_model_endpoint_through_approval(tmp_path, endpoint
         (approval_id,) = state.pending_approvals
         await handle.execute_update(
             RoundtableWorkflow.decide_approval,
-            DecisionInput(approval_id=approval_id, decision="approved", decided_by="op"),
+            Decision(approval_id=approval_id, decision="approved", decided_by="op"),
         )
         result = await handle.result()
         assert (result.status, result.final_answer) == (

@@ -14,7 +14,7 @@ from temporalio.worker import Replayer
 
 from activities.sweep_activities import SweepActivities
 from roundtable.codec import EncryptionCodec, derive_payload_key
-from roundtable.models import DecisionInput, RunResult
+from roundtable.models import Decision, RunResult
 from roundtable.temporal import data_converter
 from tests.workflow_harness import Harness, harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
@@ -60,7 +60,7 @@ async def start(h: Harness, client: Client) -> str:
 async def approve(client: Client, run_id: str, approval_id: str) -> None:
     await client.get_workflow_handle(run_id).execute_update(
         RoundtableWorkflow.decide_approval,
-        DecisionInput(approval_id=approval_id, decision="approved", decided_by="op"),
+        Decision(approval_id=approval_id, decision="approved", decided_by="op"),
     )
 
 

@@ -8,7 +8,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from roundtable.models import DecisionInput
+from roundtable.models import Decision
 from roundtable.store import ConflictError
 from tests.workflow_harness import harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
@@ -27,7 +27,7 @@ async def test_approved_write_executes_once(tmp_path) -> None:
 
         outcome = await handle.execute_update(
             RoundtableWorkflow.decide_approval,
-            DecisionInput(approval_id=approval_id, decision="approved", decided_by="op-1"),
+            Decision(approval_id=approval_id, decision="approved", decided_by="op-1"),
         )
         assert outcome == "approved"
         result = await handle.result()
@@ -50,7 +50,7 @@ async def test_approved_write_executes_once(tmp_path) -> None:
 async def decide(handle, approval_id: str, decision: str, who: str = "op-1") -> str:
     return await handle.execute_update(
         RoundtableWorkflow.decide_approval,
-        DecisionInput(approval_id=approval_id, decision=decision, decided_by=who),
+        Decision(approval_id=approval_id, decision=decision, decided_by=who),
     )
 
 
@@ -119,7 +119,7 @@ async def test_signal_decision_for_fire_and_forget_operators(tmp_path) -> None:
         (approval_id,) = state.pending_approvals
         await handle.signal(
             RoundtableWorkflow.approval_decision,
-            DecisionInput(approval_id=approval_id, decision="approved", decided_by="chatops"),
+            Decision(approval_id=approval_id, decision="approved", decided_by="chatops"),
         )
         assert (await handle.result()).status == "completed"
         # A raw signal is attributed to its sender's Temporal identity (read

@@ -26,8 +26,7 @@ with workflow.unsafe.imports_passed_through():
         ActionRef,
         ApprovalRef,
         ChatMessage,
-        DecideRequest,
-        DecisionInput,
+        Decision,
         EnsureRunInput,
         ExecuteWriteInput,
         ExecuteWriteOutput,
@@ -37,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         PendingWrite,
         ReadToolInput,
         ReconcileInput,
+        RecordDecisionInput,
         RunInput,
         RunResult,
         RunState,
@@ -98,8 +98,8 @@ class RoundtableWorkflow:
         # changes, so it is hashed once, not at every write.
         self._fingerprint = args.request.fingerprint()
         self.state: RunState = args.carried or RunState(run_id=args.request.run_id or "")
-        self._decided: dict[str, str] = {}  # approval id → action status after the decision
-        self._reconciled: dict[str, str] = {}  # action id → status after reconciliation
+        self._after_decision: dict[str, str] = {}  # approval id → action status after the decision
+        self._after_reconcile: dict[str, str] = {}  # action id → status after reconciliation
         self._edits: dict[str, list] = {}  # approval id → what an operator changed
         self._deliveries: list = []  # webhook activities still under way
         self._status = StatusBoard(self.state, self.request)
@@ -313,11 +313,11 @@ class RoundtableWorkflow:
             start_to_close_timeout=BOOKKEEPING,
             summary=f"intercept {call.name} from {seat}",
         )
-        return await self._see_write_through(pending)
+        return await self._steer_write(pending)
 
     # ================================================================= the write path
 
-    async def _see_write_through(self, write: PendingWrite) -> ToolOutcome:
+    async def _steer_write(self, write: PendingWrite) -> ToolOutcome:
         """Steer a write from wherever the store says it stands to its end.
         An action met again (after a reset or retry) may already be executing,
         unknown or done: it is tracked exactly like one made just now."""
@@ -359,9 +359,11 @@ class RoundtableWorkflow:
         seen_refreshes = self._refreshes
 
         def woken(seen: int = seen_refreshes) -> bool:
-            return approval_id in self._decided or self._refreshes != seen or bool(self._ending)
+            return (
+                approval_id in self._after_decision or self._refreshes != seen or bool(self._ending)
+            )
 
-        while approval_id not in self._decided and not self._ending:
+        while approval_id not in self._after_decision and not self._ending:
             if clock.warning_due():
                 self._notify(
                     "approval.expiring",
@@ -374,20 +376,20 @@ class RoundtableWorkflow:
                 continue
             if wake is Wake.WARNING:
                 continue
-            if approval_id not in self._decided and self._refreshes != seen_refreshes:
+            if approval_id not in self._after_decision and self._refreshes != seen_refreshes:
                 seen_refreshes = self._refreshes  # the sweep or an extension: look again
                 await self._check_approval(write)
-        if approval_id not in self._decided:  # the run is ending: nobody will decide
+        if approval_id not in self._after_decision:  # the run is ending: nobody will decide
             withdrawn = await workflow.execute_local_activity_method(
                 WriteActivities.withdraw_write,
                 ActionRef(action_id=write.action_id),
                 start_to_close_timeout=BOOKKEEPING,
                 summary="withdraw approval: the run is ending",
             )
-            self._decided[approval_id] = withdrawn.status
+            self._after_decision[approval_id] = withdrawn.status
         self.state.pending_approvals.pop(approval_id, None)
         await self._status.publish()
-        return self._decided[approval_id]
+        return self._after_decision[approval_id]
 
     async def _expire(self, write: PendingWrite) -> None:
         """Expire against the deadline the timer was armed for. If an extension
@@ -420,10 +422,10 @@ class RoundtableWorkflow:
         database answered; a mere look ended it only once not pending.)"""
         if not self._new_rules:
             if answered or seen.approval_status != "pending":
-                self._decided.setdefault(write.approval_id, seen.status)
+                self._after_decision.setdefault(write.approval_id, seen.status)
             return
         if seen.approval_status != "pending":
-            self._decided.setdefault(write.approval_id, seen.status)
+            self._after_decision.setdefault(write.approval_id, seen.status)
         elif seen.expires_at is not None and seen.expires_at > write.approval_deadline:
             write.approval_deadline = seen.expires_at
 
@@ -513,17 +515,17 @@ class RoundtableWorkflow:
             write.action_id,
             {"action_id": write.action_id, "tool_name": write.tool_name, "seat": write.seat},
         )
-        while write.action_id not in self._reconciled and not self._ending:
+        while write.action_id not in self._after_reconcile and not self._ending:
             await workflow.wait_condition(
                 lambda seen=seen_refreshes: (
-                    write.action_id in self._reconciled
+                    write.action_id in self._after_reconcile
                     or self._refreshes != seen
                     or bool(self._ending)
                 )
             )
             refreshed = self._refreshes != seen_refreshes
             seen_refreshes = self._refreshes
-            if refreshed and self._new_rules and write.action_id not in self._reconciled:
+            if refreshed and self._new_rules and write.action_id not in self._after_reconcile:
                 now = await workflow.execute_local_activity_method(
                     WriteActivities.action_status,
                     ActionRef(action_id=write.action_id),
@@ -531,10 +533,10 @@ class RoundtableWorkflow:
                     summary="check reconciliation",
                 )
                 if now.status in SETTLED:
-                    self._reconciled.setdefault(write.action_id, now.status)
+                    self._after_reconcile.setdefault(write.action_id, now.status)
         self.state.unknown_actions.pop(write.action_id, None)
         await self._status.publish()
-        status = self._reconciled.get(write.action_id, "unknown")
+        status = self._after_reconcile.get(write.action_id, "unknown")
         return _outcome(write, status, {"reconciled": status != "unknown", **(result or {})})
 
     # ================================================================= ending
@@ -619,7 +621,7 @@ class RoundtableWorkflow:
 
     # ================================================================= messages
 
-    async def _bookkeeping(self, activity, argument, summary: str):  # type: ignore[no-untyped-def]
+    async def _handler_activity(self, activity, argument, summary: str):  # type: ignore[no-untyped-def]
         """A local activity for a message handler; its failure always reaches the
         handler as an ApplicationError of the activity's type (a local activity's
         failure may arrive as that error itself or wrapped in an ActivityError),
@@ -638,11 +640,11 @@ class RoundtableWorkflow:
         return self.state
 
     @workflow.update(name=DECIDE_UPDATE)
-    async def decide_approval(self, decision: DecisionInput) -> str:
+    async def decide_approval(self, decision: Decision) -> str:
         return await self._decide(decision)
 
     @decide_approval.validator
-    def _validate_decision(self, decision: DecisionInput) -> None:
+    def _validate_decision(self, decision: Decision) -> None:
         refusal = self._decision_refusal(decision.approval_id)
         if refusal:
             raise ValueError(refusal)
@@ -650,24 +652,24 @@ class RoundtableWorkflow:
     def _decision_refusal(self, approval_id: str) -> str | None:
         if approval_id not in self.state.pending_approvals:
             return f"approval {approval_id!r} is not pending in this run"
-        if approval_id in self._decided:
+        if approval_id in self._after_decision:
             return f"approval {approval_id!r} is already decided"
         return None
 
     @workflow.signal(name=DECISION_SIGNAL)
-    async def approval_decision(self, decision: DecisionInput) -> None:
+    async def approval_decision(self, decision: Decision) -> None:
         try:
             await self._decide(await self._signalled_by(decision, DECISION_SIGNAL))
         except ApplicationError as exc:
             workflow.logger.warning("approval decision refused: %s", exc)
 
-    async def _decide(self, decision: DecisionInput) -> str:
+    async def _decide(self, decision: Decision) -> str:
         refusal = self._decision_refusal(decision.approval_id)
         if refusal:
             raise ApplicationError(refusal, type=CONFLICT)
-        out = await self._bookkeeping(
+        out = await self._handler_activity(
             WriteActivities.decide_approval,
-            DecideRequest(
+            RecordDecisionInput(
                 decision=decision,
                 snapshot=self.state.snapshot,
                 write_policy=self.request.write_policy,
@@ -683,7 +685,7 @@ class RoundtableWorkflow:
         if write is not None:
             self._follow(write, out, answered=True)
         elif not self._new_rules:
-            self._decided.setdefault(out.approval_id, out.status)
+            self._after_decision.setdefault(out.approval_id, out.status)
         if out.conflict:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.approval_status
@@ -691,7 +693,7 @@ class RoundtableWorkflow:
     @workflow.update(name=EXTEND_UPDATE)
     async def extend_approval(self, request: ExtendInput) -> ExtendOutput:
         """Push an approval's deadline back; the expiry timer follows."""
-        extended = await self._bookkeeping(
+        extended = await self._handler_activity(
             WriteActivities.extend_approval, request, f"extend approval by {request.seconds}s"
         )
         write = self.state.pending_approvals.get(request.approval_id)
@@ -717,7 +719,7 @@ class RoundtableWorkflow:
             raise refusal
 
     def _reconcile_refusal(self, action_id: str) -> ApplicationError | None:
-        settled = action_id in self._reconciled and self._new_rules
+        settled = action_id in self._after_reconcile and self._new_rules
         if action_id not in self.state.unknown_actions or settled:
             return ApplicationError(
                 f"action {action_id!r} is not awaiting reconciliation in this run",
@@ -736,11 +738,11 @@ class RoundtableWorkflow:
         refusal = self._reconcile_refusal(request.action_id)
         if refusal:
             raise refusal
-        out = await self._bookkeeping(
+        out = await self._handler_activity(
             WriteActivities.reconcile_action, request, f"reconcile as {request.outcome}"
         )
         if out.status in SETTLED:
-            self._reconciled.setdefault(out.action_id, out.status)
+            self._after_reconcile.setdefault(out.action_id, out.status)
         if out.retry_at is not None:
             raise ApplicationError(
                 out.conflict, out.retry_at.isoformat(), type=ATTEMPT_MAY_BE_RUNNING
@@ -754,7 +756,7 @@ class RoundtableWorkflow:
         history by this very signal's payload (its request id makes it one of
         a kind), never the name written in its body. When the history cannot
         say whose it was, it is recorded as ``temporal:unknown``."""
-        identity = await self._bookkeeping(
+        identity = await self._handler_activity(
             WriteActivities.signal_sender,
             SignalSender(
                 workflow_id=workflow.info().workflow_id,

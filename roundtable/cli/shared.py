@@ -12,7 +12,7 @@ from temporalio.client import Client
 
 from roundtable.cli.output import CliError
 from roundtable.config import Settings, load_settings
-from roundtable.store import Store, open_store
+from roundtable.store import SchemaOutOfDateError, Store, open_store
 from roundtable.temporal import connect
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -29,8 +29,13 @@ def actor(name: str | None) -> str:
 
 @asynccontextmanager
 async def store_from(settings: Settings) -> AsyncIterator[Store]:
-    async with open_store(settings.database_url) as store:
-        yield store
+    """The store, if its schema is current: only `roundtable db upgrade` (and
+    the worker, and `roundtable dev`) change the schema."""
+    try:
+        async with open_store(settings.database_url, migrate=False) as store:
+            yield store
+    except SchemaOutOfDateError as exc:
+        raise CliError(str(exc), "schema_out_of_date") from exc
 
 
 async def temporal(settings: Settings) -> Client:

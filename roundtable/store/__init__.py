@@ -1,6 +1,6 @@
 """The Roundtable store: the single writer of every status column.
 
-Use :func:`open_store`; it migrates the schema before handing the store out.
+Use :func:`open_store`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from roundtable.store.errors import (
     ForbiddenError,
     InvalidInputError,
     NotFoundError,
+    SchemaOutOfDateError,
     StoreError,
 )
 from roundtable.store.events import Events
 from roundtable.store.leases import Leases
-from roundtable.store.migrate import upgrade_database
+from roundtable.store.migrate import require_current_schema, upgrade_database
 from roundtable.store.reads import Reads
 from roundtable.store.results import ToolResults
 from roundtable.store.runs import RunGrant, Runs
@@ -54,6 +55,7 @@ __all__ = [
     "NotFoundError",
     "RunGrant",
     "RunStatus",
+    "SchemaOutOfDateError",
     "Store",
     "StoreError",
     "open_store",
@@ -160,12 +162,20 @@ class Store:
 
 
 @asynccontextmanager
-async def open_store(database_url: str | None = None) -> AsyncIterator[Store]:
-    """Open the database at ``database_url`` (default: settings), migrate it to
-    the newest schema, and yield the store; the engine is disposed on exit."""
+async def open_store(
+    database_url: str | None = None, *, migrate: bool = True
+) -> AsyncIterator[Store]:
+    """Open the database at ``database_url`` (default: settings) and yield the
+    store; the engine is disposed on exit. With ``migrate`` (the worker, the
+    API, ``roundtable dev``) the schema is brought to the newest first;
+    without it (the CLI's other commands) an out-of-date schema is refused
+    with SchemaOutOfDateError."""
     engine = create_engine_for(database_url or load_settings().database_url)
     try:
-        await upgrade_database(engine)
+        if migrate:
+            await upgrade_database(engine)
+        else:
+            await require_current_schema(engine)
         yield Store(engine)
     finally:
         await engine.dispose()

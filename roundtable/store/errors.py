@@ -60,3 +60,15 @@ class AttemptMayBeRunningError(ConflictError):
             "could still change. Reconcile after that time."
         )
         self.retry_at = retry_at
+
+
+class SchemaOutOfDateError(StoreError):
+    """The database's schema is not the one this code needs."""
+
+    def __init__(self, current: str | None, needed: str) -> None:
+        found = f"at revision {current}" if current else "empty (no schema yet)"
+        super().__init__(
+            f"the database schema is {found}; this Roundtable needs revision {needed}: "
+            "run `roundtable db upgrade` (the worker and `roundtable dev` also upgrade it)"
+        )
+        self.current, self.needed = current, needed

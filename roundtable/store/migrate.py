@@ -1,4 +1,5 @@
-"""Apply Alembic migrations, from code (open_store, the CLI) or from ``alembic``."""
+"""Apply Alembic migrations (``roundtable db upgrade``, the worker, ``roundtable
+dev``, or ``alembic``), and tell everyone else whether the schema is current."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from alembic.config import Config
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from roundtable.store.errors import SchemaOutOfDateError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # Any constant will do; two processes migrating one PostgreSQL database at
@@ -78,3 +81,20 @@ def _current(connection: Connection) -> str | None:
 async def current_revision(engine: AsyncEngine) -> str | None:
     async with engine.connect() as connection:
         return await connection.run_sync(_current)
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "no migrations found"
+    return head
+
+
+async def require_current_schema(engine: AsyncEngine) -> None:
+    """Refuse a database whose schema is not the one this code was written for
+    (SchemaOutOfDateError): commands that only use the database never change
+    its schema behind an operator's back."""
+    current, head = await current_revision(engine), head_revision()
+    if current != head:
+        raise SchemaOutOfDateError(current, head)
