@@ -26,7 +26,7 @@ from typing import Any
 
 from temporalio import activity
 
-from roundtable.store.states import ActionStatus
+from roundtable.states import ActionStatus
 
 # How long a cancelled tool call may take to wind down inside the activity; a
 # call that ignores cancellation longer is left to a background guard that

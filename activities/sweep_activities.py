@@ -26,8 +26,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from roundtable.models import Model, RunState
 from roundtable.names import REFRESH_SIGNAL
+from roundtable.states import ActionStatus, RunStatus
 from roundtable.store import Store
-from roundtable.store.states import ActionStatus, RunStatus
 
 # A run row is written just before its workflow starts: give the start time
 # to happen before calling a missing workflow lost.

@@ -52,6 +52,7 @@ from roundtable.security import (
     derive_target,
     redact_text,
 )
+from roundtable.states import REFUSED, RUN_ENDED_REASON, ActionStatus, WriteEnd
 from roundtable.store import (
     AttemptMayBeRunningError,
     ClaimOutcome,
@@ -60,7 +61,6 @@ from roundtable.store import (
     NotFoundError,
     Store,
 )
-from roundtable.store.states import RUN_ENDED_REASON, ActionStatus
 from roundtable.tools.policy import initial_action_status
 from roundtable.tools.registry import (
     ToolArgumentsError,
@@ -413,7 +413,9 @@ class WriteActivities:
         }
         return ActionStatus.UNKNOWN, unknown, over, False
 
-    async def _action_now(self, action_id: str, claim: str) -> ExecuteWriteOutput:
+    async def _action_now(
+        self, action_id: str, claim: ClaimOutcome | WriteEnd
+    ) -> ExecuteWriteOutput:
         action = await self.store.get_action(action_id)
         return ExecuteWriteOutput(
             claim=claim,
@@ -440,7 +442,7 @@ class WriteActivities:
         """The run is ending: a write still waiting or approved will not run."""
         action = await self.store.withdraw_action(ref.action_id, RUN_ENDED_REASON)
         return ExecuteWriteOutput(
-            claim="withdrawn",
+            claim=WriteEnd.WITHDRAWN,
             status=action["status"],
             result=await self._bounded(action, action["result"]),
         )
@@ -466,7 +468,7 @@ class WriteActivities:
                 {"error_code": EXECUTION_INTERRUPTED},
                 fencing_token=action["fencing_token"],
             )
-        return await self._action_now(action_id, "settled")
+        return await self._action_now(action_id, WriteEnd.SETTLED)
 
     @activity.defn(name="reconcile_for_run")
     @typed_store_errors
@@ -508,7 +510,7 @@ def _refused_write(inp: InterceptInput, code: str, message: str) -> PendingWrite
         call_id=inp.call.id,
         seat=inp.seat,
         tool_name=inp.call.name,
-        status="refused",
+        status=REFUSED,
         rejection=ToolOutcome(
             call_id=inp.call.id,
             tool_name=inp.call.name,

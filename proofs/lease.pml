@@ -243,7 +243,7 @@ next:
     fi
   }
 
-claim:  /* ExecutionOps.claim_action_for_execution, one transaction */
+claim:  /* Leases.claim (store.claim_action_for_execution), one transaction */
   atomic {
     if
     :: DB_FAILS; res = R_DB_ERROR
@@ -260,7 +260,7 @@ claim:  /* ExecutionOps.claim_action_for_execution, one transaction */
             :: (st[0] == UNKNOWN || st[1] == UNKNOWN) -> skip   /* _target_has_unknown */
             :: else ->
                  if
-                 :: lease_act != NONE -> skip             /* _take_lease: ON CONFLICT DO NOTHING */
+                 :: lease_act != NONE -> skip             /* take_lease: ON CONFLICT DO NOTHING */
                  :: else ->
                       last_tok++;                         /* _next_fencing_token */
                       lease_act = a; lease_tok = last_tok; lease_live = 1;

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from roundtable.store.states import FINAL_RUN_STATUSES
+from roundtable.states import FINAL_RUN_STATUSES
 
 FINAL_ACTIONS = frozenset({"succeeded", "failed", "rejected", "unknown"})
 DECIDED_APPROVALS = frozenset({"approved", "rejected", "expired", "withdrawn"})

@@ -14,6 +14,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from roundtable.states import ActionStatus, ApprovalStatus, ClaimOutcome, WriteEnd
+
 RiskLevel = Literal["R0", "R1", "R2", "R3"]
 SideEffect = Literal["read", "write"]
 RunMode = Literal["structured", "parallel"]
@@ -347,7 +349,7 @@ class PendingWrite(Model):
     call_id: str
     seat: str
     tool_name: str
-    status: str
+    status: ActionStatus | Literal["refused"]
     approval_id: str | None = None
     approval_deadline: datetime | None = None
     rejection: ToolOutcome | None = None  # set when intercept refused the call
@@ -364,8 +366,8 @@ class ExecuteWriteInput(Model):
 
 
 class ExecuteWriteOutput(Model):
-    claim: str
-    status: str
+    claim: ClaimOutcome | WriteEnd
+    status: ActionStatus
     result: dict[str, Any] | None = None
 
 
@@ -447,8 +449,8 @@ class SignalSender(Model):
 class DecisionRecorded(Model):
     approval_id: str
     action_id: str
-    status: str  # the action's status
-    approval_status: str
+    status: ActionStatus
+    approval_status: ApprovalStatus
     expires_at: datetime | None = None  # the approval's deadline as it stands
     conflict: str | None = None
     edits: list[dict[str, Any]] | None = None
@@ -512,7 +514,7 @@ class ReconcileRequest(Model):
 
 class ReconcileOutput(Model):
     action_id: str
-    status: str
+    status: ActionStatus
     conflict: str | None = None
     # Set when refused because the attempt may still run: when to try again.
     retry_at: datetime | None = None

@@ -62,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         STATE_QUERY,
         WEBHOOK_REJECTED,
     )
+    from roundtable.states import ActionStatus, ApprovalStatus, ClaimOutcome
 
 from workflows.approval_clock import ApprovalClock, Wake
 from workflows.status import StatusBoard
@@ -79,7 +80,7 @@ WEBHOOK_RETRIES = RetryPolicy(
     maximum_attempts=8,
     non_retryable_error_types=[WEBHOOK_REJECTED],
 )
-SETTLED = ("succeeded", "failed")
+SETTLED = (ActionStatus.SUCCEEDED, ActionStatus.FAILED)
 # Runs started before the safety-holes fixes keep their old behaviour to the
 # end (their histories must replay); runs started after take the new rules.
 # See _new_rules for where the two differ.
@@ -324,17 +325,17 @@ class RoundtableWorkflow:
         if write.rejection is not None:
             return write.rejection
         status = write.status
-        if status == "waiting_approval":
+        if status == ActionStatus.WAITING_APPROVAL:
             status = await self._await_decision(write)
-        if not self._new_rules and status != "approved":
+        if not self._new_rules and status != ActionStatus.APPROVED:
             return _outcome(write, status, {"error_code": "not_approved"})
-        if status in ("approved", "executing"):
+        if status in (ActionStatus.APPROVED, ActionStatus.EXECUTING):
             outcome = await self._execute(write)
             edits = self._edits.get(write.approval_id or "")
             if edits:  # the seat learns what the operator changed before approving
                 outcome.content = {**outcome.content, "operator_edits": edits}
             return outcome
-        if status == "unknown":
+        if status == ActionStatus.UNKNOWN:
             return await self._await_reconciliation(write, write.result, self._refreshes)
         if status in SETTLED:
             return _outcome(write, status, write.result or {})
@@ -421,10 +422,10 @@ class RoundtableWorkflow:
         (Old rules: an expiry or a decision ended the wait whatever the
         database answered; a mere look ended it only once not pending.)"""
         if not self._new_rules:
-            if answered or seen.approval_status != "pending":
+            if answered or seen.approval_status != ApprovalStatus.PENDING:
                 self._after_decision.setdefault(write.approval_id, seen.status)
             return
-        if seen.approval_status != "pending":
+        if seen.approval_status != ApprovalStatus.PENDING:
             self._after_decision.setdefault(write.approval_id, seen.status)
         elif seen.expires_at is not None and seen.expires_at > write.approval_deadline:
             write.approval_deadline = seen.expires_at
@@ -448,14 +449,14 @@ class RoundtableWorkflow:
                 self.state.blocked_reason = None
                 await self._status.publish()
                 return _outcome(write, done.status, done.result or {})
-            if done.status == "unknown":
+            if done.status == ActionStatus.UNKNOWN:
                 return await self._await_reconciliation(write, done.result, seen_refreshes)
-            if done.status == "rejected" and self._new_rules:  # withdrawn
+            if done.status == ActionStatus.REJECTED and self._new_rules:  # withdrawn
                 return _outcome(write, done.status, done.result or {"error_code": "not_approved"})
             # Still approved (or executing under another attempt's live lease):
             # the target is busy or blocked, or the attempt failed before it
             # claimed. Wait on a durable timer and try again.
-            blocked = done.claim == "target_reconciliation_required"
+            blocked = done.claim == ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
             self.state.blocked_reason = (
                 f"{write.tool_name} for {write.seat} waits: another action on its target "
                 "is unknown and must be reconciled"
@@ -536,8 +537,9 @@ class RoundtableWorkflow:
                     self._after_reconcile.setdefault(write.action_id, now.status)
         self.state.unknown_actions.pop(write.action_id, None)
         await self._status.publish()
-        status = self._after_reconcile.get(write.action_id, "unknown")
-        return _outcome(write, status, {"reconciled": status != "unknown", **(result or {})})
+        status = self._after_reconcile.get(write.action_id, ActionStatus.UNKNOWN)
+        reconciled = status != ActionStatus.UNKNOWN
+        return _outcome(write, status, {"reconciled": reconciled, **(result or {})})
 
     # ================================================================= ending
 

@@ -13,6 +13,13 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtable.config import load_settings
+from roundtable.states import (
+    FINAL_RUN_STATUSES,
+    ActionStatus,
+    ApprovalStatus,
+    ClaimOutcome,
+    RunStatus,
+)
 from roundtable.store.actions import Actions
 from roundtable.store.approvals import Approvals
 from roundtable.store.database import Database
@@ -33,13 +40,6 @@ from roundtable.store.reads import Reads
 from roundtable.store.results import ToolResults
 from roundtable.store.runs import RunGrant, Runs
 from roundtable.store.sessions import Sessions
-from roundtable.store.states import (
-    FINAL_RUN_STATUSES,
-    ActionStatus,
-    ApprovalStatus,
-    ClaimOutcome,
-    RunStatus,
-)
 from roundtable.store.tokens import Tokens
 from roundtable.store.webhooks import Webhooks
 

@@ -19,6 +19,12 @@ from roundtable.security import (
     encrypt_arguments,
     redact_arguments,
 )
+from roundtable.states import (
+    DENIED_BY_POLICY,
+    INITIAL_ACTION_STATUSES,
+    RECONCILE_OUTCOMES,
+    ActionStatus,
+)
 from roundtable.store.approvals import Approvals
 from roundtable.store.claims import lease_of
 from roundtable.store.database import Database, found, reload
@@ -31,12 +37,6 @@ from roundtable.store.errors import (
 )
 from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
 from roundtable.store.schema import ActionLeaseRow, ActionRow, ActionSecretRow, RunRow
-from roundtable.store.states import (
-    DENIED_BY_POLICY,
-    INITIAL_ACTION_STATUSES,
-    RECONCILE_OUTCOMES,
-    ActionStatus,
-)
 from roundtable.store.text import refuse_unstorable
 
 RISK_LEVELS = ("R0", "R1", "R2", "R3")

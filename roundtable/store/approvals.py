@@ -20,6 +20,12 @@ from roundtable.security import (
     redact_arguments,
 )
 from roundtable.security import arguments_digest as digest_arguments
+from roundtable.states import (
+    APPROVAL_DECISIONS,
+    APPROVAL_EXPIRED_REASON,
+    ActionStatus,
+    ApprovalStatus,
+)
 from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError
@@ -30,12 +36,6 @@ from roundtable.store.schema import (
     ApprovalRow,
     AuditEventRow,
     RunRow,
-)
-from roundtable.store.states import (
-    APPROVAL_DECISIONS,
-    APPROVAL_EXPIRED_REASON,
-    ActionStatus,
-    ApprovalStatus,
 )
 from roundtable.store.text import refuse_unstorable
 

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import and_, false, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from roundtable.states import ActionStatus, ClaimOutcome
 from roundtable.store.database import Database
 from roundtable.store.engine import database_now, insert_for
 from roundtable.store.errors import ConflictError
@@ -27,7 +28,6 @@ from roundtable.store.schema import (
     TargetFencingRow,
     TargetScopeRow,
 )
-from roundtable.store.states import ActionStatus, ClaimOutcome
 
 
 async def lease_of(session: AsyncSession, action_id: str) -> ActionLeaseRow | None:

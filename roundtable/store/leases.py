@@ -19,19 +19,19 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable import chaos_hook
 from roundtable.completion import complete_every_public_coroutine
-from roundtable.store.claims import lease_of, take_lease, target_has_unknown
-from roundtable.store.database import Database, reload
-from roundtable.store.engine import database_clock, database_now
-from roundtable.store.errors import InvalidInputError
-from roundtable.store.rows import require_aware, row_to_dict
-from roundtable.store.schema import ActionLeaseRow, ActionRow, RunRow
-from roundtable.store.states import (
+from roundtable.states import (
     FINAL_ACTION_STATUSES,
     LEASE_EXPIRED_ERROR_CODE,
     TERMINAL_RESULT_STATUSES,
     ActionStatus,
     ClaimOutcome,
 )
+from roundtable.store.claims import lease_of, take_lease, target_has_unknown
+from roundtable.store.database import Database, reload
+from roundtable.store.engine import database_clock, database_now
+from roundtable.store.errors import InvalidInputError
+from roundtable.store.rows import require_aware, row_to_dict
+from roundtable.store.schema import ActionLeaseRow, ActionRow, RunRow
 from roundtable.store.text import escape_text
 
 MAX_LEASE_SECONDS = 24 * 3600

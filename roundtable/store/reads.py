@@ -18,11 +18,11 @@ from typing import Any
 from sqlalchemy import select
 
 from roundtable.completion import complete_every_public_coroutine
+from roundtable.states import ApprovalStatus
 from roundtable.store.database import Database, found
 from roundtable.store.errors import InvalidInputError
 from roundtable.store.rows import page_after, row_to_dict
 from roundtable.store.schema import ActionRow, ApprovalRow, AuditEventRow, RunRow
-from roundtable.store.states import ApprovalStatus
 
 TURN_EVENT = "turn.completed"
 

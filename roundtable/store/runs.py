@@ -13,6 +13,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.completion import complete_every_public_coroutine
+from roundtable.states import (
+    FINAL_RUN_STATUSES,
+    RUN_ENDED_REASON,
+    RUN_TRANSITIONS,
+    WORKFLOW_CLOSED_ERROR_CODE,
+    ActionStatus,
+    RunStatus,
+)
 from roundtable.store.audit import GENESIS_HASH
 from roundtable.store.claims import lease_of
 from roundtable.store.database import Database, logged
@@ -21,14 +29,6 @@ from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundEr
 from roundtable.store.rows import new_id, page_after, require_text, row_to_dict
 from roundtable.store.schema import ActionRow, RunRow, SessionRow
 from roundtable.store.sessions import Sessions
-from roundtable.store.states import (
-    FINAL_RUN_STATUSES,
-    RUN_ENDED_REASON,
-    RUN_TRANSITIONS,
-    WORKFLOW_CLOSED_ERROR_CODE,
-    ActionStatus,
-    RunStatus,
-)
 from roundtable.store.text import escape_text
 
 if TYPE_CHECKING:

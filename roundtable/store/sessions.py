@@ -7,12 +7,12 @@ from typing import Any
 from sqlalchemy import select
 
 from roundtable.completion import complete_every_public_coroutine
+from roundtable.states import RunStatus
 from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import InvalidInputError
 from roundtable.store.rows import new_id, require_text, row_to_dict
 from roundtable.store.schema import SessionRow
-from roundtable.store.states import RunStatus
 from roundtable.store.text import refuse_unstorable
 
 

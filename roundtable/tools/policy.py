@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roundtable.store.states import ActionStatus
+from roundtable.states import ActionStatus
 
 RISK_ORDER = ("R0", "R1", "R2", "R3")
 AUTO_APPROVE_PREFIX = "auto_approve_up_to:"

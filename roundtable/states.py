@@ -87,6 +87,17 @@ class ClaimOutcome(StrEnum):
     ALREADY_FINISHED = "already_finished"
 
 
+class WriteEnd(StrEnum):
+    """How the workflow hears of a write it did not claim itself; beside the
+    ClaimOutcomes in ``ExecuteWriteOutput.claim``."""
+
+    WITHDRAWN = "withdrawn"  # the run ended before the write was claimed
+    SETTLED = "settled"  # its attempt failed to report: the store says where it stands
+
+
+# A call refused before it became an action (no row): PendingWrite.status.
+REFUSED = "refused"
+
 LEASE_EXPIRED_ERROR_CODE = "target_lease_expired_during_execution"
 WORKFLOW_CLOSED_ERROR_CODE = "workflow_closed_during_execution"
 APPROVAL_EXPIRED_REASON = "approval_expired"
