@@ -451,7 +451,7 @@ class WriteActivities:
     @typed_store_errors
     async def action_status(self, ref: ActionRef) -> ExecuteWriteOutput:
         """What the database says of an action now (e.g. reconciled directly)."""
-        return await self._action_now(ref.action_id, "read")
+        return await self._action_now(ref.action_id, WriteEnd.READ)
 
     @activity.defn(name="settle_write")
     @typed_store_errors

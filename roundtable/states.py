@@ -93,6 +93,7 @@ class WriteEnd(StrEnum):
 
     WITHDRAWN = "withdrawn"  # the run ended before the write was claimed
     SETTLED = "settled"  # its attempt failed to report: the store says where it stands
+    READ = "read"  # no claim was tried: the workflow asked where the write stands
 
 
 # A call refused before it became an action (no row): PendingWrite.status.
