@@ -8,32 +8,24 @@ activity's fate is unclear the store, not the error, decides what happened.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.run_activities import RunActivities
-    from activities.webhook_activities import WebhookActivities
     from activities.write_activities import WriteActivities
     from roundtable.context_budget import fit_context
     from roundtable.models import (
-        ActionRef,
-        ApprovalRef,
         ChatMessage,
         Decision,
         EnsureRunInput,
-        ExecuteWriteInput,
-        ExecuteWriteOutput,
         ExtendInput,
         ExtendOutput,
         InterceptInput,
-        PendingWrite,
         ReadToolInput,
         ReconcileInput,
         RecordDecisionInput,
@@ -44,8 +36,6 @@ with workflow.unsafe.imports_passed_through():
         TakeTurnInput,
         ToolCall,
         ToolOutcome,
-        WebhookDelivery,
-        WebhookEvent,
         WorkflowArgs,
     )
     from roundtable.names import (
@@ -60,30 +50,16 @@ with workflow.unsafe.imports_passed_through():
         REFRESH_SIGNAL,
         RUN_WORKFLOW,
         STATE_QUERY,
-        WEBHOOK_REJECTED,
     )
-    from roundtable.states import ActionStatus, ApprovalStatus, ClaimOutcome
 
-from workflows.approval_clock import ApprovalClock, Wake
+from workflows.notifier import Notifier
 from workflows.status import StatusBoard
+from workflows.timeouts import BOOKKEEPING, MODEL_CALL, TOOL_CALL
+from workflows.write_path import SETTLED, Inbox, WritePath
 
-BOOKKEEPING = timedelta(seconds=30)
-MODEL_CALL = timedelta(minutes=5)
-TOOL_CALL = timedelta(minutes=10)
-RETRY_BUSY_FIRST, RETRY_BUSY_MAX = timedelta(seconds=1), timedelta(minutes=1)
-RETRY_BLOCKED_MAX = timedelta(minutes=5)
-ONCE = RetryPolicy(maximum_attempts=1)
-WEBHOOK_RETRIES = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(minutes=5),
-    maximum_attempts=8,
-    non_retryable_error_types=[WEBHOOK_REJECTED],
-)
-SETTLED = (ActionStatus.SUCCEEDED, ActionStatus.FAILED)
 # Runs started before the safety-holes fixes keep their old behaviour to the
 # end (their histories must replay); runs started after take the new rules.
-# See _new_rules for where the two differ.
+# See Inbox.new_rules (workflows/write_path.py) and run() for where the two differ.
 SAFETY_RULES_PATCH = "safety-rules-v1"
 # Runs that reach the end after this change wait for every message handler
 # still running (a raw signal's sender lookup, say) before they complete.
@@ -99,17 +75,14 @@ class RoundtableWorkflow:
         # changes, so it is hashed once, not at every write.
         self._fingerprint = args.request.fingerprint()
         self.state: RunState = args.carried or RunState(run_id=args.request.run_id or "")
-        self._after_decision: dict[str, str] = {}  # approval id → action status after the decision
-        self._after_reconcile: dict[str, str] = {}  # action id → status after reconciliation
-        self._edits: dict[str, list] = {}  # approval id → what an operator changed
-        self._deliveries: list = []  # webhook activities still under way
+        self._inbox = Inbox()  # what messages and the run's ending tell its writes
         self._status = StatusBoard(self.state, self.request)
-        self._refreshes = 0
-        # Winding down: why the run is ending early (failed, cancelled), or None.
-        self._ending: str | None = None
+        self._notifier = Notifier(self.state)
+        self._writes = WritePath(
+            self.state, self.request, self._inbox, self._status, self._notifier
+        )
         self._tasks: list[asyncio.Task] = []  # every seat turn and tool call
         self._interruptible: set = set()  # model turns and reads under way
-        self._new_rules = True  # decided for good at the top of run()
 
     # ================================================================= the process
 
@@ -119,8 +92,8 @@ class RoundtableWorkflow:
         # writes met again in any state; decisions and expiry follow the
         # database; reconciliation re-read on refresh; a run ending early
         # settles its writes; a withdrawn write ends the busy-target loop.
-        self._new_rules = workflow.patched(SAFETY_RULES_PATCH)
-        self.state.reads_store_on_refresh = self._new_rules
+        self._inbox.new_rules = workflow.patched(SAFETY_RULES_PATCH)
+        self.state.reads_store_on_refresh = self._inbox.new_rules
         try:
             if args.carried is None:
                 await self._open_run()
@@ -129,7 +102,7 @@ class RoundtableWorkflow:
                 await self._play_round(self.state.round + 1)
                 self.state.round += 1
                 if workflow.info().is_continue_as_new_suggested():
-                    await self._deliveries_done()
+                    await self._notifier.done()
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(WorkflowArgs(request=self.request, carried=self.state))
             await self._conclude()
@@ -138,13 +111,13 @@ class RoundtableWorkflow:
         except (ActivityError, ApplicationError) as exc:
             # Regular activities fail as ActivityError, local ones as their own
             # ApplicationError: either way the store must say the run failed.
-            if not self._new_rules:
+            if not self._inbox.new_rules:
                 await self._finish("failed")
                 raise
             await self._end_early("failed", _failure_of(exc))
             raise
         except asyncio.CancelledError:
-            if not self._new_rules:
+            if not self._inbox.new_rules:
                 await self._finish("cancelled")
                 raise
             await self._end_early("cancelled", None)
@@ -202,7 +175,7 @@ class RoundtableWorkflow:
         try:
             await workflow.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         except asyncio.CancelledError:
-            if not self._new_rules:  # as asyncio.gather and a plain await did
+            if not self._inbox.new_rules:  # as asyncio.gather and a plain await did
                 for task in tasks:
                     task.cancel()
             raise
@@ -222,7 +195,7 @@ class RoundtableWorkflow:
             self._interruptible.discard(handle)
 
     async def _seat_turn(self, seat: str, round_number: int, heard: list | None) -> None:
-        if self._ending:
+        if self._inbox.ending:
             return
         thread = self.state.threads.setdefault(seat, [])
         transcript = self.state.transcript if heard is None else heard
@@ -269,7 +242,7 @@ class RoundtableWorkflow:
         return await self._all(self._tool_call(seat, round_number, c) for c in calls)
 
     async def _tool_call(self, seat: str, round_number: int, call: ToolCall) -> ToolOutcome:
-        if self._ending:  # the run is winding down: start nothing new
+        if self._inbox.ending:  # the run is winding down: start nothing new
             return ToolOutcome(
                 call_id=call.id,
                 tool_name=call.name,
@@ -314,232 +287,7 @@ class RoundtableWorkflow:
             start_to_close_timeout=BOOKKEEPING,
             summary=f"intercept {call.name} from {seat}",
         )
-        return await self._steer_write(pending)
-
-    # ================================================================= the write path
-
-    async def _steer_write(self, write: PendingWrite) -> ToolOutcome:
-        """Steer a write from wherever the store says it stands to its end.
-        An action met again (after a reset or retry) may already be executing,
-        unknown or done: it is tracked exactly like one made just now."""
-        if write.rejection is not None:
-            return write.rejection
-        status = write.status
-        if status == ActionStatus.WAITING_APPROVAL:
-            status = await self._await_decision(write)
-        if not self._new_rules and status != ActionStatus.APPROVED:
-            return _outcome(write, status, {"error_code": "not_approved"})
-        if status in (ActionStatus.APPROVED, ActionStatus.EXECUTING):
-            outcome = await self._execute(write)
-            edits = self._edits.get(write.approval_id or "")
-            if edits:  # the seat learns what the operator changed before approving
-                outcome.content = {**outcome.content, "operator_edits": edits}
-            return outcome
-        if status == ActionStatus.UNKNOWN:
-            return await self._await_reconciliation(write, write.result, self._refreshes)
-        if status in SETTLED:
-            return _outcome(write, status, write.result or {})
-        return _outcome(write, status, {"error_code": "not_approved"})
-
-    async def _await_decision(self, write: PendingWrite) -> str:
-        approval_id = write.approval_id
-        self.state.pending_approvals[approval_id] = write
-        await self._status.publish()
-        about = {
-            "approval_id": approval_id,
-            "action_id": write.action_id,
-            "tool_name": write.tool_name,
-            "seat": write.seat,
-        }
-        self._notify("approval.requested", approval_id, about)
-        clock = ApprovalClock(
-            write,
-            lead=timedelta(seconds=self.state.expiring_lead_seconds),
-            warn=bool(self.state.webhook_urls),
-        )
-        seen_refreshes = self._refreshes
-
-        def woken(seen: int = seen_refreshes) -> bool:
-            return (
-                approval_id in self._after_decision or self._refreshes != seen or bool(self._ending)
-            )
-
-        while approval_id not in self._after_decision and not self._ending:
-            if clock.warning_due():
-                self._notify(
-                    "approval.expiring",
-                    approval_id,
-                    {**about, "expires_at": write.approval_deadline.isoformat()},
-                )
-            wake = await clock.wait(lambda seen=seen_refreshes: woken(seen))
-            if wake is Wake.DEADLINE:
-                await self._expire(write)
-                continue
-            if wake is Wake.WARNING:
-                continue
-            if approval_id not in self._after_decision and self._refreshes != seen_refreshes:
-                seen_refreshes = self._refreshes  # the sweep or an extension: look again
-                await self._check_approval(write)
-        if approval_id not in self._after_decision:  # the run is ending: nobody will decide
-            withdrawn = await workflow.execute_local_activity_method(
-                WriteActivities.withdraw_write,
-                ActionRef(action_id=write.action_id),
-                start_to_close_timeout=BOOKKEEPING,
-                summary="withdraw approval: the run is ending",
-            )
-            self._after_decision[approval_id] = withdrawn.status
-        self.state.pending_approvals.pop(approval_id, None)
-        await self._status.publish()
-        return self._after_decision[approval_id]
-
-    async def _expire(self, write: PendingWrite) -> None:
-        """Expire against the deadline the timer was armed for. If an extension
-        committed first, the database keeps the approval pending and tells us
-        its new deadline: wait for that one instead."""
-        expired = await workflow.execute_local_activity_method(
-            WriteActivities.expire_approval,
-            ApprovalRef(
-                approval_id=write.approval_id,
-                deadline=write.approval_deadline if self._new_rules else None,
-            ),
-            start_to_close_timeout=BOOKKEEPING,
-            summary="expire approval",
-        )
-        self._follow(write, expired, answered=True)
-
-    async def _check_approval(self, write: PendingWrite) -> None:
-        seen = await workflow.execute_local_activity_method(
-            WriteActivities.approval_status,
-            ApprovalRef(approval_id=write.approval_id),
-            start_to_close_timeout=BOOKKEEPING,
-            summary="check approval",
-        )
-        self._follow(write, seen)
-
-    def _follow(self, write: PendingWrite, seen, answered: bool = False) -> None:  # type: ignore[no-untyped-def]
-        """Take the database's word on an approval: decided only once it is no
-        longer pending; while pending, its deadline is the one that counts.
-        (Old rules: an expiry or a decision ended the wait whatever the
-        database answered; a mere look ended it only once not pending.)"""
-        if not self._new_rules:
-            if answered or seen.approval_status != ApprovalStatus.PENDING:
-                self._after_decision.setdefault(write.approval_id, seen.status)
-            return
-        if seen.approval_status != ApprovalStatus.PENDING:
-            self._after_decision.setdefault(write.approval_id, seen.status)
-        elif seen.expires_at is not None and seen.expires_at > write.approval_deadline:
-            write.approval_deadline = seen.expires_at
-
-    async def _execute(self, write: PendingWrite) -> ToolOutcome:
-        """Claim and run the write; back off on a busy target; never re-run an
-        attempt whose fate is unclear."""
-        wait = RETRY_BUSY_FIRST
-        seen_refreshes = self._refreshes
-        while True:
-            if self._ending:
-                done = await workflow.execute_local_activity_method(
-                    WriteActivities.withdraw_write,
-                    ActionRef(action_id=write.action_id),
-                    start_to_close_timeout=BOOKKEEPING,
-                    summary="withdraw write: the run is ending",
-                )
-            else:
-                done = await self._attempt(write)
-            if done.status in SETTLED:
-                self.state.blocked_reason = None
-                await self._status.publish()
-                return _outcome(write, done.status, done.result or {})
-            if done.status == ActionStatus.UNKNOWN:
-                return await self._await_reconciliation(write, done.result, seen_refreshes)
-            if done.status == ActionStatus.REJECTED and self._new_rules:  # withdrawn
-                return _outcome(write, done.status, done.result or {"error_code": "not_approved"})
-            # Still approved (or executing under another attempt's live lease):
-            # the target is busy or blocked, or the attempt failed before it
-            # claimed. Wait on a durable timer and try again.
-            blocked = done.claim == ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
-            self.state.blocked_reason = (
-                f"{write.tool_name} for {write.seat} waits: another action on its target "
-                "is unknown and must be reconciled"
-                if blocked
-                else None
-            )
-            await self._status.publish()
-            ending = bool(self._ending)
-            with contextlib.suppress(TimeoutError):
-                # Woken early when the run starts ending; once it is ending, a
-                # plain timer (an attempt of another run of this workflow, say
-                # before a reset, still holds the action: wait for its end).
-                await workflow.wait_condition(
-                    lambda ending=ending: bool(self._ending) and not ending,
-                    timeout=wait,
-                    timeout_summary=f"target busy, retry {write.tool_name}",
-                )
-            wait = min(wait * 2, RETRY_BLOCKED_MAX if blocked else RETRY_BUSY_MAX)
-
-    async def _attempt(self, write: PendingWrite) -> ExecuteWriteOutput:
-        """One execution. Never interrupted by the run ending: a write under
-        way always reaches a recorded outcome."""
-        heartbeat = timedelta(seconds=self.request.heartbeat_timeout_seconds)
-        try:
-            return await workflow.execute_activity_method(
-                WriteActivities.execute_write,
-                ExecuteWriteInput(
-                    action_id=write.action_id,
-                    seat=write.seat,
-                    lease_seconds=self.request.lease_seconds,
-                    heartbeat_interval_seconds=heartbeat.total_seconds() / 3,
-                ),
-                start_to_close_timeout=TOOL_CALL,
-                heartbeat_timeout=heartbeat,
-                retry_policy=ONCE,
-                summary=f"execute {write.tool_name} for {write.seat}",
-            )
-        except ActivityError:
-            return await workflow.execute_local_activity_method(
-                WriteActivities.settle_write,
-                ActionRef(action_id=write.action_id),
-                start_to_close_timeout=BOOKKEEPING,
-                summary="settle interrupted write",
-            )
-
-    async def _await_reconciliation(
-        self, write: PendingWrite, result: dict | None, seen_refreshes: int
-    ) -> ToolOutcome:
-        """Wait until someone reconciles the action: through this workflow's
-        update, or directly in the store (then a refresh signal wakes us to
-        read it). A run that ends meanwhile leaves it unknown, still
-        reconcilable in the store."""
-        self.state.unknown_actions[write.action_id] = write
-        await self._status.publish()
-        self._notify(
-            "action.unknown",
-            write.action_id,
-            {"action_id": write.action_id, "tool_name": write.tool_name, "seat": write.seat},
-        )
-        while write.action_id not in self._after_reconcile and not self._ending:
-            await workflow.wait_condition(
-                lambda seen=seen_refreshes: (
-                    write.action_id in self._after_reconcile
-                    or self._refreshes != seen
-                    or bool(self._ending)
-                )
-            )
-            refreshed = self._refreshes != seen_refreshes
-            seen_refreshes = self._refreshes
-            if refreshed and self._new_rules and write.action_id not in self._after_reconcile:
-                now = await workflow.execute_local_activity_method(
-                    WriteActivities.action_status,
-                    ActionRef(action_id=write.action_id),
-                    start_to_close_timeout=BOOKKEEPING,
-                    summary="check reconciliation",
-                )
-                if now.status in SETTLED:
-                    self._after_reconcile.setdefault(write.action_id, now.status)
-        self.state.unknown_actions.pop(write.action_id, None)
-        await self._status.publish()
-        status = self._after_reconcile.get(write.action_id, ActionStatus.UNKNOWN)
-        reconciled = status != ActionStatus.UNKNOWN
-        return _outcome(write, status, {"reconciled": reconciled, **(result or {})})
+        return await self._writes.steer(pending)
 
     # ================================================================= ending
 
@@ -566,41 +314,15 @@ class RoundtableWorkflow:
         elif self.state.transcript:
             self.state.final_answer = self.state.transcript[-1].content
         await self._finish("completed")
-        self._notify("run.completed", self.state.run_id, {"status": "completed"})
-        await self._deliveries_done()
-
-    def _notify(self, event_type: str, subject: str, data: dict) -> None:
-        """Start delivering a webhook to each receiver; the run does not wait."""
-        event = WebhookEvent(
-            event_id=f"{self.state.run_id}:{event_type}:{subject}",
-            event_type=event_type,
-            run_id=self.state.run_id,
-            occurred_at=workflow.now(),
-            data=data,
-        )
-        for url in self.state.webhook_urls:
-            self._deliveries.append(
-                workflow.start_activity_method(
-                    WebhookActivities.deliver_webhook,
-                    WebhookDelivery(event=event, url=url),
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=WEBHOOK_RETRIES,
-                    summary=f"webhook {event_type}",
-                )
-            )
-
-    async def _deliveries_done(self) -> None:
-        """Let deliveries finish (or give up) before the run ends or continues
-        as new; a receiver that is down never fails the run."""
-        pending, self._deliveries = self._deliveries, []
-        await asyncio.gather(*pending, return_exceptions=True)
+        self._notifier.notify("run.completed", self.state.run_id, {"status": "completed"})
+        await self._notifier.done()
 
     async def _end_early(self, status: str, failure: dict[str, str] | None) -> None:
         """The run failed or was cancelled. It ends only once every seat's
         writes are settled: model turns and reads are cancelled, writes under
         way run to a recorded outcome, approvals still open are withdrawn and
         unclaimed writes rejected (run_ended)."""
-        self._ending = status
+        self._inbox.ending = status
         for handle in list(self._interruptible):
             handle.cancel()
         while any(not task.done() for task in self._tasks):
@@ -654,7 +376,7 @@ class RoundtableWorkflow:
     def _decision_refusal(self, approval_id: str) -> str | None:
         if approval_id not in self.state.pending_approvals:
             return f"approval {approval_id!r} is not pending in this run"
-        if approval_id in self._after_decision:
+        if approval_id in self._inbox.after_decision:
             return f"approval {approval_id!r} is already decided"
         return None
 
@@ -679,15 +401,15 @@ class RoundtableWorkflow:
             f"record {decision.decision}",
         )
         if out.edits:
-            self._edits[out.approval_id] = out.edits
+            self._inbox.edits[out.approval_id] = out.edits
         # The database's answer stands, whichever decision won; a decision it
         # refused while the approval stays pending (wrong digest, late edits)
         # changes nothing here either.
         write = self.state.pending_approvals.get(out.approval_id)
         if write is not None:
-            self._follow(write, out, answered=True)
-        elif not self._new_rules:
-            self._after_decision.setdefault(out.approval_id, out.status)
+            self._writes.follow(write, out, answered=True)
+        elif not self._inbox.new_rules:
+            self._inbox.after_decision.setdefault(out.approval_id, out.status)
         if out.conflict:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.approval_status
@@ -701,7 +423,7 @@ class RoundtableWorkflow:
         write = self.state.pending_approvals.get(request.approval_id)
         if write is not None:
             write.approval_deadline = extended.expires_at
-            self._refreshes += 1  # wake the wait so it re-arms its timer
+            self._inbox.refreshes += 1  # wake the wait so it re-arms its timer
         return extended
 
     @extend_approval.validator
@@ -721,7 +443,7 @@ class RoundtableWorkflow:
             raise refusal
 
     def _reconcile_refusal(self, action_id: str) -> ApplicationError | None:
-        settled = action_id in self._after_reconcile and self._new_rules
+        settled = action_id in self._inbox.after_reconcile and self._inbox.new_rules
         if action_id not in self.state.unknown_actions or settled:
             return ApplicationError(
                 f"action {action_id!r} is not awaiting reconciliation in this run",
@@ -744,7 +466,7 @@ class RoundtableWorkflow:
             WriteActivities.reconcile_action, request, f"reconcile as {request.outcome}"
         )
         if out.status in SETTLED:
-            self._after_reconcile.setdefault(out.action_id, out.status)
+            self._inbox.after_reconcile.setdefault(out.action_id, out.status)
         if out.retry_at is not None:
             raise ApplicationError(
                 out.conflict, out.retry_at.isoformat(), type=ATTEMPT_MAY_BE_RUNNING
@@ -773,7 +495,7 @@ class RoundtableWorkflow:
     @workflow.signal(name=REFRESH_SIGNAL)
     def refresh(self) -> None:
         """The sweep changed something in the store: re-read what we wait on."""
-        self._refreshes += 1
+        self._inbox.refreshes += 1
 
 
 def _failure_of(exc: BaseException) -> dict[str, str]:
@@ -797,9 +519,3 @@ def _since_last_turn(transcript: list[ChatMessage], seat: str) -> list[ChatMessa
         if transcript[index].name == seat:
             return transcript[index + 1 :]
     return list(transcript)
-
-
-def _outcome(write: PendingWrite, status: str, content: dict) -> ToolOutcome:
-    return ToolOutcome(
-        call_id=write.call_id, tool_name=write.tool_name, status=status, content=content
-    )

@@ -5,16 +5,17 @@ shows (what the run waits for, and the command that unblocks it)."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.run_activities import RunActivities
     from roundtable.models import RunInput, RunState, RunStatusInput
-    from workflows import search_attributes as sa
 
-BOOKKEEPING = timedelta(seconds=30)
+
+from workflows import search_attributes as sa
+from workflows.timeouts import BOOKKEEPING
+
 FINAL = ("completed", "failed", "cancelled")
 
 

@@ -1,0 +1,308 @@
+"""The write path: each write a seat asks for, steered from wherever the
+store says it stands to its end.
+
+waiting_approval → (decision, or the deadline) → approved → claimed and run
+once under a lease → succeeded | failed | unknown → (an operator reconciles).
+The store decides every transition; this only waits, asks and follows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.write_activities import WriteActivities
+    from roundtable.models import (
+        ActionRef,
+        ApprovalRef,
+        ExecuteWriteInput,
+        ExecuteWriteOutput,
+        PendingWrite,
+        RunInput,
+        RunState,
+        ToolOutcome,
+    )
+    from roundtable.states import ActionStatus, ApprovalStatus, ClaimOutcome
+
+from workflows.approval_clock import ApprovalClock, Wake
+from workflows.notifier import Notifier
+from workflows.status import StatusBoard
+from workflows.timeouts import (
+    BOOKKEEPING,
+    ONCE,
+    RETRY_BLOCKED_MAX,
+    RETRY_BUSY_FIRST,
+    RETRY_BUSY_MAX,
+    TOOL_CALL,
+)
+
+SETTLED = (ActionStatus.SUCCEEDED, ActionStatus.FAILED)
+
+
+@dataclass
+class Inbox:
+    """What the run's messages, and its ending, tell the writes under way."""
+
+    after_decision: dict[str, str] = field(default_factory=dict)  # approval → action status
+    after_reconcile: dict[str, str] = field(default_factory=dict)  # action → status
+    edits: dict[str, list] = field(default_factory=dict)  # approval → what an operator changed
+    refreshes: int = 0  # bumped by each refresh signal and extension: look again
+    ending: str | None = None  # why the run is ending early (failed, cancelled)
+    # Runs started before safety-rules-v1 keep the old rules (run() decides).
+    new_rules: bool = True
+
+
+class WritePath:
+    def __init__(
+        self,
+        state: RunState,
+        request: RunInput,
+        inbox: Inbox,
+        status: StatusBoard,
+        notifier: Notifier,
+    ) -> None:
+        self.state, self.request, self.inbox = state, request, inbox
+        self.status, self.notifier = status, notifier
+
+    async def steer(self, write: PendingWrite) -> ToolOutcome:
+        """Steer a write from wherever the store says it stands to its end.
+        An action met again (after a reset or retry) may already be executing,
+        unknown or done: it is tracked exactly like one made just now."""
+        if write.rejection is not None:
+            return write.rejection
+        status = write.status
+        if status == ActionStatus.WAITING_APPROVAL:
+            status = await self._await_decision(write)
+        if not self.inbox.new_rules and status != ActionStatus.APPROVED:
+            return _outcome(write, status, {"error_code": "not_approved"})
+        if status in (ActionStatus.APPROVED, ActionStatus.EXECUTING):
+            outcome = await self._execute(write)
+            edits = self.inbox.edits.get(write.approval_id or "")
+            if edits:  # the seat learns what the operator changed before approving
+                outcome.content = {**outcome.content, "operator_edits": edits}
+            return outcome
+        if status == ActionStatus.UNKNOWN:
+            return await self._await_reconciliation(write, write.result, self.inbox.refreshes)
+        if status in SETTLED:
+            return _outcome(write, status, write.result or {})
+        return _outcome(write, status, {"error_code": "not_approved"})
+
+    async def _await_decision(self, write: PendingWrite) -> str:
+        approval_id = write.approval_id
+        self.state.pending_approvals[approval_id] = write
+        await self.status.publish()
+        about = {
+            "approval_id": approval_id,
+            "action_id": write.action_id,
+            "tool_name": write.tool_name,
+            "seat": write.seat,
+        }
+        self.notifier.notify("approval.requested", approval_id, about)
+        clock = ApprovalClock(
+            write,
+            lead=timedelta(seconds=self.state.expiring_lead_seconds),
+            warn=bool(self.state.webhook_urls),
+        )
+        seen_refreshes = self.inbox.refreshes
+
+        def woken(seen: int = seen_refreshes) -> bool:
+            return (
+                approval_id in self.inbox.after_decision
+                or self.inbox.refreshes != seen
+                or bool(self.inbox.ending)
+            )
+
+        while approval_id not in self.inbox.after_decision and not self.inbox.ending:
+            if clock.warning_due():
+                self.notifier.notify(
+                    "approval.expiring",
+                    approval_id,
+                    {**about, "expires_at": write.approval_deadline.isoformat()},
+                )
+            wake = await clock.wait(lambda seen=seen_refreshes: woken(seen))
+            if wake is Wake.DEADLINE:
+                await self._expire(write)
+                continue
+            if wake is Wake.WARNING:
+                continue
+            if (
+                approval_id not in self.inbox.after_decision
+                and self.inbox.refreshes != seen_refreshes
+            ):
+                seen_refreshes = self.inbox.refreshes  # the sweep or an extension: look again
+                await self._check_approval(write)
+        if approval_id not in self.inbox.after_decision:  # the run is ending: nobody will decide
+            withdrawn = await workflow.execute_local_activity_method(
+                WriteActivities.withdraw_write,
+                ActionRef(action_id=write.action_id),
+                start_to_close_timeout=BOOKKEEPING,
+                summary="withdraw approval: the run is ending",
+            )
+            self.inbox.after_decision[approval_id] = withdrawn.status
+        self.state.pending_approvals.pop(approval_id, None)
+        await self.status.publish()
+        return self.inbox.after_decision[approval_id]
+
+    async def _expire(self, write: PendingWrite) -> None:
+        """Expire against the deadline the timer was armed for. If an extension
+        committed first, the database keeps the approval pending and tells us
+        its new deadline: wait for that one instead."""
+        expired = await workflow.execute_local_activity_method(
+            WriteActivities.expire_approval,
+            ApprovalRef(
+                approval_id=write.approval_id,
+                deadline=write.approval_deadline if self.inbox.new_rules else None,
+            ),
+            start_to_close_timeout=BOOKKEEPING,
+            summary="expire approval",
+        )
+        self.follow(write, expired, answered=True)
+
+    async def _check_approval(self, write: PendingWrite) -> None:
+        seen = await workflow.execute_local_activity_method(
+            WriteActivities.approval_status,
+            ApprovalRef(approval_id=write.approval_id),
+            start_to_close_timeout=BOOKKEEPING,
+            summary="check approval",
+        )
+        self.follow(write, seen)
+
+    def follow(self, write: PendingWrite, seen, answered: bool = False) -> None:  # type: ignore[no-untyped-def]
+        """Take the database's word on an approval: decided only once it is no
+        longer pending; while pending, its deadline is the one that counts.
+        (Old rules: an expiry or a decision ended the wait whatever the
+        database answered; a mere look ended it only once not pending.)"""
+        if not self.inbox.new_rules:
+            if answered or seen.approval_status != ApprovalStatus.PENDING:
+                self.inbox.after_decision.setdefault(write.approval_id, seen.status)
+            return
+        if seen.approval_status != ApprovalStatus.PENDING:
+            self.inbox.after_decision.setdefault(write.approval_id, seen.status)
+        elif seen.expires_at is not None and seen.expires_at > write.approval_deadline:
+            write.approval_deadline = seen.expires_at
+
+    async def _execute(self, write: PendingWrite) -> ToolOutcome:
+        """Claim and run the write; back off on a busy target; never re-run an
+        attempt whose fate is unclear."""
+        wait = RETRY_BUSY_FIRST
+        seen_refreshes = self.inbox.refreshes
+        while True:
+            if self.inbox.ending:
+                done = await workflow.execute_local_activity_method(
+                    WriteActivities.withdraw_write,
+                    ActionRef(action_id=write.action_id),
+                    start_to_close_timeout=BOOKKEEPING,
+                    summary="withdraw write: the run is ending",
+                )
+            else:
+                done = await self._attempt(write)
+            if done.status in SETTLED:
+                self.state.blocked_reason = None
+                await self.status.publish()
+                return _outcome(write, done.status, done.result or {})
+            if done.status == ActionStatus.UNKNOWN:
+                return await self._await_reconciliation(write, done.result, seen_refreshes)
+            if done.status == ActionStatus.REJECTED and self.inbox.new_rules:  # withdrawn
+                return _outcome(write, done.status, done.result or {"error_code": "not_approved"})
+            # Still approved (or executing under another attempt's live lease):
+            # the target is busy or blocked, or the attempt failed before it
+            # claimed. Wait on a durable timer and try again.
+            blocked = done.claim == ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
+            self.state.blocked_reason = (
+                f"{write.tool_name} for {write.seat} waits: another action on its target "
+                "is unknown and must be reconciled"
+                if blocked
+                else None
+            )
+            await self.status.publish()
+            ending = bool(self.inbox.ending)
+            with contextlib.suppress(TimeoutError):
+                # Woken early when the run starts ending; once it is ending, a
+                # plain timer (an attempt of another run of this workflow, say
+                # before a reset, still holds the action: wait for its end).
+                await workflow.wait_condition(
+                    lambda ending=ending: bool(self.inbox.ending) and not ending,
+                    timeout=wait,
+                    timeout_summary=f"target busy, retry {write.tool_name}",
+                )
+            wait = min(wait * 2, RETRY_BLOCKED_MAX if blocked else RETRY_BUSY_MAX)
+
+    async def _attempt(self, write: PendingWrite) -> ExecuteWriteOutput:
+        """One execution. Never interrupted by the run ending: a write under
+        way always reaches a recorded outcome."""
+        heartbeat = timedelta(seconds=self.request.heartbeat_timeout_seconds)
+        try:
+            return await workflow.execute_activity_method(
+                WriteActivities.execute_write,
+                ExecuteWriteInput(
+                    action_id=write.action_id,
+                    seat=write.seat,
+                    lease_seconds=self.request.lease_seconds,
+                    heartbeat_interval_seconds=heartbeat.total_seconds() / 3,
+                ),
+                start_to_close_timeout=TOOL_CALL,
+                heartbeat_timeout=heartbeat,
+                retry_policy=ONCE,
+                summary=f"execute {write.tool_name} for {write.seat}",
+            )
+        except ActivityError:
+            return await workflow.execute_local_activity_method(
+                WriteActivities.settle_write,
+                ActionRef(action_id=write.action_id),
+                start_to_close_timeout=BOOKKEEPING,
+                summary="settle interrupted write",
+            )
+
+    async def _await_reconciliation(
+        self, write: PendingWrite, result: dict | None, seen_refreshes: int
+    ) -> ToolOutcome:
+        """Wait until someone reconciles the action: through this workflow's
+        update, or directly in the store (then a refresh signal wakes us to
+        read it). A run that ends meanwhile leaves it unknown, still
+        reconcilable in the store."""
+        self.state.unknown_actions[write.action_id] = write
+        await self.status.publish()
+        self.notifier.notify(
+            "action.unknown",
+            write.action_id,
+            {"action_id": write.action_id, "tool_name": write.tool_name, "seat": write.seat},
+        )
+        while write.action_id not in self.inbox.after_reconcile and not self.inbox.ending:
+            await workflow.wait_condition(
+                lambda seen=seen_refreshes: (
+                    write.action_id in self.inbox.after_reconcile
+                    or self.inbox.refreshes != seen
+                    or bool(self.inbox.ending)
+                )
+            )
+            refreshed = self.inbox.refreshes != seen_refreshes
+            seen_refreshes = self.inbox.refreshes
+            if (
+                refreshed
+                and self.inbox.new_rules
+                and write.action_id not in self.inbox.after_reconcile
+            ):
+                now = await workflow.execute_local_activity_method(
+                    WriteActivities.action_status,
+                    ActionRef(action_id=write.action_id),
+                    start_to_close_timeout=BOOKKEEPING,
+                    summary="check reconciliation",
+                )
+                if now.status in SETTLED:
+                    self.inbox.after_reconcile.setdefault(write.action_id, now.status)
+        self.state.unknown_actions.pop(write.action_id, None)
+        await self.status.publish()
+        status = self.inbox.after_reconcile.get(write.action_id, ActionStatus.UNKNOWN)
+        reconciled = status != ActionStatus.UNKNOWN
+        return _outcome(write, status, {"reconciled": reconciled, **(result or {})})
+
+
+def _outcome(write: PendingWrite, status: str, content: dict) -> ToolOutcome:
+    return ToolOutcome(
+        call_id=write.call_id, tool_name=write.tool_name, status=status, content=content
+    )
