@@ -147,18 +147,8 @@ class Database:
         )
         return result.rowcount == 1
 
-    @staticmethod
-    async def audit(
-        session: AsyncSession,
-        run: RunRow,
-        event_type: str,
-        payload: Mapping[str, Any],
-        now: datetime,
-        dedupe_key: str | None = None,
-    ) -> None:
-        """Append to the run's hash-chained log (the caller holds the run lock)."""
-        await session.flush()
-        await append_event(session, run, event_type, payload, now, dedupe_key)
+    # Append to the run's hash-chained log (the caller holds the run lock).
+    audit = staticmethod(append_event)
 
     async def sweep(
         self,
