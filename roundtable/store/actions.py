@@ -26,7 +26,6 @@ from roundtable.states import (
     ActionStatus,
 )
 from roundtable.store.approvals import Approvals
-from roundtable.store.claims import lease_of
 from roundtable.store.database import Database, found, reload
 from roundtable.store.engine import database_now
 from roundtable.store.errors import (
@@ -35,6 +34,7 @@ from roundtable.store.errors import (
     InvalidInputError,
     NotFoundError,
 )
+from roundtable.store.leases import lease_of
 from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
 from roundtable.store.schema import ActionLeaseRow, ActionRow, ActionSecretRow, RunRow
 from roundtable.store.text import refuse_unstorable
@@ -101,6 +101,37 @@ def _validated_action_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     if turn_index is not None and (not isinstance(turn_index, int) or isinstance(turn_index, bool)):
         raise InvalidInputError("turn_index must be an integer")
     return {**fields, "safe_argument_fields": list(safe), "target_namespace_wide": namespace_wide}
+
+
+def _new_action_row(
+    data: Mapping[str, Any], action_id: str, digest: str | None, now: datetime
+) -> ActionRow:
+    """The row of a validated new action; its arguments as the public view
+    may show them (redacted), a refused one already final."""
+    refused = data["status"] == ActionStatus.REJECTED
+    return ActionRow(
+        id=action_id,
+        session_id=data["session_id"],
+        run_id=data["run_id"],
+        agent_id=data["agent_id"],
+        tool_name=data["tool_name"],
+        logical_action_id=data.get("logical_action_id"),
+        turn_index=data.get("turn_index"),
+        risk_level=data["risk_level"],
+        status=data["status"],
+        arguments=redact_arguments(data.get("arguments"), data["safe_argument_fields"]),
+        safe_argument_fields=data["safe_argument_fields"],
+        arguments_digest=digest,
+        result={"error_code": DENIED_BY_POLICY} if refused else None,
+        finished_at=now if refused else None,
+        attempt_count=0,
+        target_key=data["target_key"],
+        target_scope=data.get("target_scope"),
+        target_namespace_wide=data["target_namespace_wide"],
+        idempotency_key=data["idempotency_key"],
+        created_at=now,
+        updated_at=now,
+    )
 
 
 async def refuse_unreconcilable(session: AsyncSession, action: ActionRow) -> datetime:
@@ -173,33 +204,7 @@ class Actions:
             if run.session_id != data["session_id"]:
                 raise InvalidInputError("session_id does not match the run's session")
             now = await database_now(session)
-            row = ActionRow(
-                id=action_id,
-                session_id=data["session_id"],
-                run_id=data["run_id"],
-                agent_id=data["agent_id"],
-                tool_name=data["tool_name"],
-                logical_action_id=data.get("logical_action_id"),
-                turn_index=data.get("turn_index"),
-                risk_level=data["risk_level"],
-                status=data["status"],
-                arguments=redact_arguments(arguments, data["safe_argument_fields"]),
-                safe_argument_fields=data["safe_argument_fields"],
-                arguments_digest=digest,
-                result=(
-                    {"error_code": DENIED_BY_POLICY}
-                    if data["status"] == ActionStatus.REJECTED
-                    else None
-                ),
-                finished_at=now if data["status"] == ActionStatus.REJECTED else None,
-                attempt_count=0,
-                target_key=data["target_key"],
-                target_scope=data.get("target_scope"),
-                target_namespace_wide=data["target_namespace_wide"],
-                idempotency_key=data["idempotency_key"],
-                created_at=now,
-                updated_at=now,
-            )
+            row = _new_action_row(data, action_id, digest, now)
             session.add(row)
             if sealed is not None:
                 session.add(

@@ -22,10 +22,10 @@ from roundtable.states import (
     RunStatus,
 )
 from roundtable.store.audit import GENESIS_HASH
-from roundtable.store.claims import lease_of
 from roundtable.store.database import Database, logged
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+from roundtable.store.leases import lease_of
 from roundtable.store.rows import new_id, page_after, require_text, row_to_dict
 from roundtable.store.schema import ActionRow, RunRow, SessionRow
 from roundtable.store.sessions import Sessions
