@@ -125,6 +125,9 @@ async def running_stack(
     )
     stack = Stack(env, workdir, env.client.service_client.config.target_host)
     stack.vars.update({f"ROUNDTABLE_{k.upper()}": v for k, v in settings.items()})
+    # As a deployment does: the schema first, then the processes that use it.
+    code, upgraded = await asyncio.to_thread(stack.cli, "db", "upgrade")
+    assert code == 0, upgraded
     stack.start_worker()
     try:
         yield stack
