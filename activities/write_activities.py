@@ -49,8 +49,8 @@ from roundtable.security import (
     ActionSecretKeyError,
     ArgumentsDecryptionError,
     CapabilityError,
-    derive_target,
     redact_text,
+    target_of,
 )
 from roundtable.states import REFUSED, RUN_ENDED_REASON, ActionStatus, WriteEnd
 from roundtable.store import (
@@ -131,7 +131,8 @@ class WriteActivities:
             if tool is None:
                 raise ToolArgumentsError(f"{call.name} is not available on this worker")
             arguments = tool.normalize(call.arguments)
-            target = derive_target(call.name, arguments, inp.snapshot.model_dump(), inp.seat)
+            # _call_refusal checked the seat's grant; the spec is the snapshot's.
+            target = target_of(spec.model_dump(), arguments)
         except (ToolArgumentsError, CapabilityError) as exc:
             return _refused_write(inp, "invalid_arguments", str(exc))
         run = await self.store.get_run(inp.run_id)
@@ -243,9 +244,10 @@ class WriteActivities:
         pinned_snapshot(run, request.snapshot, tool)
         try:
             arguments = tool.normalize(inp.arguments or {})
-            target = derive_target(
-                action["tool_name"], arguments, request.snapshot.model_dump(), action["agent_id"]
-            )
+            spec = request.snapshot.tool(action["tool_name"])
+            if spec is None:  # the snapshot is the run's own (pinned): cannot happen
+                raise ToolArgumentsError(f"{action['tool_name']} is not in the run's snapshot")
+            target = target_of(spec.model_dump(), arguments)
         except (ToolArgumentsError, CapabilityError) as exc:
             said = redact_text(str(exc), inp.arguments, action["safe_argument_fields"])
             raise InvalidInputError(f"edited arguments refused: {said}") from exc

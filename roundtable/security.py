@@ -182,8 +182,14 @@ def derive_target(
     """
     tool = _find_tool(capability_snapshot, tool_name)
     _require_grant(capability_snapshot, tool_name, agent_id)
+    return target_of(tool, arguments)
+
+
+def target_of(tool: Mapping[str, Any], arguments: Mapping[str, Any]) -> Target:
+    """:func:`derive_target` for a caller that has the tool's spec (from the
+    run's snapshot) and has checked the seat's grant itself."""
     hmac_key = derive_subkey(read_action_secret(), _TARGET_KEY_LABEL)
-    namespace = str(tool.get("target_key_namespace") or tool_name)
+    namespace = str(tool.get("target_key_namespace") or tool.get("name"))
     fields = sorted({str(f) for f in tool.get("target_key_fields") or []})
 
     pinned: list[list[str]] = []

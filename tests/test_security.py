@@ -13,8 +13,10 @@ from roundtable.security import (
     ToolNotInSnapshotError,
     action_to_public_dict,
     decrypt_arguments,
+    derive_target,
     derive_target_key,
     encrypt_arguments,
+    target_of,
 )
 from tests.helpers import WRITE_TOOL, snapshot
 
@@ -173,3 +175,13 @@ def test_public_view_redacts_everything_without_a_safe_list() -> None:
     public = action_to_public_dict({"id": "a", "arguments": {"x": 1, "y": "two"}})
     assert public["arguments"] == {"x": REDACTED, "y": REDACTED}
     assert public["status"] is None
+
+
+def test_the_target_from_a_spec_is_the_target_derive_target_gives() -> None:
+    """The write activities take the tool's spec from the snapshot and check the
+    grant once, themselves; the key must be the one derive_target derives."""
+    spec = next(t for t in snapshot()["tools"] if t["name"] == WRITE_TOOL)
+    for arguments in ({"ticket_id": "T-1", "status": "open"}, {}, {"ticket_id": None}):
+        assert target_of(spec, arguments) == derive_target(
+            WRITE_TOOL, arguments, snapshot(), "seat-1"
+        )
