@@ -3,7 +3,9 @@
 Only ``execute_write`` touches the outside world, and it never retries: it
 claims the target lease, invokes the tool once while heartbeating and renewing
 the lease, and records the result. Everything else is idempotent bookkeeping
-that may run as a local activity.
+that may run as a local activity. (Over 400 lines on purpose: every activity
+a write meets, in the order it meets them, on the one class the worker
+registers and the workflow's write path references.)
 """
 
 from __future__ import annotations
@@ -356,7 +358,8 @@ class WriteActivities:
     async def _invoke_under_lease(
         self, action: dict[str, Any], terms: LeaseTerms
     ) -> tuple[str, dict[str, Any], bool, bool]:
-        """(status, result, attempt over, interrupted) of one tool call."""
+        """(status, result, attempt over, interrupted) of one tool call. (About
+        60 lines: how the call ended is judged in one place, case by case.)"""
         tool = self.registry.get(action["tool_name"])
         if tool is None:
             return ActionStatus.FAILED, {"error_code": "tool_unavailable"}, True, False

@@ -2,6 +2,9 @@
 
 Everything here is plain data: the workflow sandbox imports it, activities and
 clients build it, the pydantic data converter carries it through Temporal.
+(Over 400 lines on purpose: this is the payload contract of running
+workflows, which replay depends on; one module keeps every change to it in
+one reviewable place.)
 """
 
 from __future__ import annotations

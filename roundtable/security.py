@@ -3,6 +3,8 @@
 Two keys are derived from ``ROUNDTABLE_ACTION_SECRET_KEY`` with HKDF under
 separate labels, so the target-key HMAC and the argument cipher never share
 key material. The secret is read at call time: no secret, no keys, no writes.
+(Over 400 lines: everything here handles the action secret or what it
+protects, and is reviewed as one.)
 """
 
 from __future__ import annotations

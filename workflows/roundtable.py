@@ -1,8 +1,10 @@
-"""RoundtableWorkflow: rounds of seats, their tool calls, and the write path.
+"""RoundtableWorkflow: rounds of seats, their tool calls, the run's ending,
+and its messages (each write is steered by workflows/write_path.py).
 
 The database is the ledger; this workflow is the conductor. It never writes a
 status itself: every transition is an activity against the store, and when an
 activity's fate is unclear the store, not the error, decides what happened.
+(Over 400 lines: the message handlers must be methods of the workflow class.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Approvals: requested once, decided, extended or expired exactly once
 (compare-and-set under the run lock). The rules a decision must pass
-(``require_pending``, ``require_digest``) live here, once."""
+(``require_pending``, ``require_digest``) live here, once. (Over 400 lines:
+each of an approval's transitions, with its checks, is here and nowhere else.)"""
 
 from __future__ import annotations
 

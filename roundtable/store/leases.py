@@ -197,7 +197,8 @@ class Leases:
         tool call returned or was cancelled to the end, so nothing of it can
         still be running: the lease's clock stops and the action may be
         reconciled at once. Anyone else (the workflow after the activity
-        failed) leaves the lease to run out first."""
+        failed) leaves the lease to run out first. (One transaction whose
+        branches are read together: hence its length.)"""
         if status not in TERMINAL_RESULT_STATUSES:
             raise InvalidInputError("status must be succeeded, failed or unknown")
         if result is not None and not isinstance(result, dict):
