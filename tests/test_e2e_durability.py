@@ -15,6 +15,7 @@ from roundtable.store.schema import ApprovalRow
 from tests.e2e_stack import Stack, one_write_script, running_stack
 from tests.helpers import set_column
 from worker import ensure_sweep_schedule
+from workflows.roundtable import RoundtableWorkflow
 
 
 async def test_a_restarted_worker_resumes_waiting_runs(tmp_path: Path) -> None:
@@ -162,7 +163,7 @@ async def test_long_runs_continue_as_new_and_keep_their_state(tmp_path: Path) ->
         )
 
         handle = stack.env.client.get_workflow_handle(run_id)
-        state = await handle.query("state", result_type=RunState)
+        state = await handle.query(RoundtableWorkflow.state, result_type=RunState)
         assert state.round == 6 and len(state.transcript) == 18  # carried across runs
         first_run = stack.env.client.get_workflow_handle(run_id, first_execution_run_id=None)
         history = [e async for e in first_run.fetch_history_events()]

@@ -21,6 +21,7 @@ from roundtable.models import RunResult
 from tests.test_closed_runs import acts_then_raises
 from tests.test_workflow_execution import reconcile, wrap_tool
 from tests.workflow_harness import Harness, harness, script, ticket_call
+from workflows.roundtable import RoundtableWorkflow
 
 AUTO = "auto_approve_up_to:R3"
 ONE_UPDATE = script(("seat-1", 1, [ticket_call("ticket_update")]))
@@ -87,9 +88,9 @@ async def test_a_reset_run_follows_an_action_still_executing(tmp_path) -> None:
         # The old attempt still holds the lease: the new run waits for it to
         # come to an end, then takes what the store says.
         for _ in range(600):
-            state = await again.query("state")
+            state = await again.query(RoundtableWorkflow.state)
             stored = await h.store.get_action(action["id"])
-            if stored["status"] == "unknown" and state.get("unknown_actions"):
+            if stored["status"] == "unknown" and state.unknown_actions:
                 with contextlib.suppress(WorkflowUpdateFailedError):  # lease not yet run out
                     await reconcile(again, action["id"], "failed")
             if stored["status"] in ("succeeded", "failed"):
