@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from roundtable import operations
-from roundtable.cli.output import conflict, emit, run_or_fail, table, usage_error
+from roundtable.cli.output import emit, run_or_fail, table, usage_error
 from roundtable.cli.shared import Actor, JsonFlag, actor, settings, store_from, temporal
 from roundtable.permissions import Decider
 from roundtable.tools.tickets import TicketSystem
@@ -99,9 +99,8 @@ def reconcile(
             raise usage_error("--outcome must be succeeded or failed")
         config = settings()
         async with store_from(config) as store:
-            action = await store.get_action(action_id)
-            if action["status"] != "unknown":
-                raise conflict(f"action {action_id} is {action['status']}, not unknown")
+            # operations.reconcile checks the action (and nudges its run if it
+            # was settled already), as it does for the API and the client.
             client = await temporal(config)
             return await operations.reconcile(
                 client, store, action_id, outcome, actor(by), note, config.task_queue
