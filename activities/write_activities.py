@@ -246,6 +246,8 @@ class WriteActivities:
         pinned_snapshot(run, request.snapshot, tool)
         try:
             arguments = tool.normalize(inp.arguments or {})
+            # The seat's grant of this tool was checked when the write was
+            # intercepted, against this same (pinned) snapshot.
             spec = request.snapshot.tool(action["tool_name"])
             if spec is None:  # the snapshot is the run's own (pinned): cannot happen
                 raise ToolArgumentsError(f"{action['tool_name']} is not in the run's snapshot")

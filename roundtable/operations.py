@@ -134,12 +134,16 @@ async def decide(
     ``decider``: who the API or CLI authenticated (role and tenants), attested
     for the worker, which checks separation of duties (permissions.py).
     NotFoundError / ConflictError / InvalidInputError / ForbiddenError."""
-    # Which run to ask, and a clear answer when its workflow has closed since
-    # the approval was decided. The digest, and pending again, are checked by
-    # the store under the run lock when the worker records the decision.
+    # Checked here as well as by the store under the run lock: a run started
+    # before safety-rules-v1 takes any decision the workflow hears as final,
+    # even one the store refused, so a stale decision must never reach it.
     approval = await store.get_approval(approval_id)
     if approval["status"] != "pending":
         raise ConflictError(f"approval {approval_id} is already {approval['status']}")
+    if arguments_digest is not None:
+        action = await store.get_action(approval["action_id"])
+        if action["arguments_digest"] != arguments_digest:
+            raise ConflictError("arguments_digest does not match the arguments awaiting approval")
     status = await send_update(
         client,
         approval["run_id"],

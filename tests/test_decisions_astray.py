@@ -215,3 +215,26 @@ async def test_two_tool_calls_sharing_an_id_are_two_writes(tmp_path) -> None:
         told = [m for m in (await h.state(handle)).threads["seat-1"] if m.role == "tool"]
         assert sorted(m.tool_call_id for m in told) == ["dup", "dup#2"]
         assert all(json.loads(m.content)["outcome"] == "succeeded" for m in told)
+
+
+async def test_a_stale_decision_through_an_interface_never_reaches_the_workflow(tmp_path) -> None:
+    """Found in review: a run started before safety-rules-v1 takes any decision
+    its workflow hears as final, even one the store refused, and would drop the
+    write. The API, the CLI and the client stop a stale digest before Temporal."""
+    from roundtable import operations
+    from roundtable.store import ConflictError as StoreConflict
+
+    async with harness(tmp_path) as h:
+        handle = await h.start(task_text="t", script=ONE_WRITE)
+        approval_id = await pending(h, handle)
+        with pytest.raises(StoreConflict, match="arguments_digest"):
+            await operations.decide(
+                h.client, h.store, approval_id, "approved", "op-1", arguments_digest=WRONG_DIGEST
+            )
+        history = await handle.fetch_history()
+        assert not [
+            e
+            for e in history.events
+            if e.HasField("workflow_execution_update_accepted_event_attributes")
+        ]
+        await still_pending(h, handle, approval_id)

@@ -25,7 +25,7 @@ router = APIRouter(
 )
 
 
-class ApprovalDecisionBody(BaseModel):
+class DecisionBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     decision: Literal["approved", "rejected"]
     reason: str | None = Field(default=None, max_length=2000)
@@ -40,7 +40,7 @@ class ApprovalDecisionBody(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _edits_only_when_approving(self) -> ApprovalDecisionBody:
+    def _edits_only_when_approving(self) -> DecisionBody:
         if self.arguments is not None and self.decision != "approved":
             raise ValueError("arguments: edits come only with decision 'approved'")
         return self
@@ -98,7 +98,7 @@ async def get_approval(approval_id: str, caller: Caller, ctx: Context) -> dict[s
     responses=problems(400, 403, 404, 409, 413, 503),
 )
 async def decide(
-    approval_id: str, body: ApprovalDecisionBody, caller: Caller, ctx: Context
+    approval_id: str, body: DecisionBody, caller: Caller, ctx: Context
 ) -> dict[str, Any]:
     """Approve or reject, bound to the arguments you saw. 409 when the approval
     is no longer pending or the arguments changed; the decider is the token's owner."""
