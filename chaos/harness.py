@@ -24,6 +24,8 @@ from chaos.stack import Stack
 from chaos.workload import Workload
 from roundtable.evidence import gather
 from roundtable.invariants import check, summary
+from roundtable.models import RunState
+from roundtable.names import STATE_QUERY
 from roundtable.store import open_store
 from roundtable.temporal import connect
 from roundtable.tools.tickets import TicketSystem
@@ -203,9 +205,37 @@ class Session:
                             if a["status"] not in ("succeeded", "failed", "rejected")
                         )
                         self.outcome.unsettled.append(f"{run['id']} {run['status']} {waiting}")
+                        self.outcome.unsettled.append(await self._where_it_waits(run["id"]))
                     say(self.t0, f"quiescence timed out with {len(open_runs)} runs open")
                     return
                 await asyncio.sleep(2)
+
+    async def _where_it_waits(self, run_id: str) -> str:
+        """Evidence for a run that did not settle: what its workflow is doing
+        (pending activities, the details it shows) and its last events."""
+        try:
+            handle = self._temporal.get_workflow_handle(run_id)
+            described = await handle.describe()
+            pending = [
+                f"{a.activity_type.name}(state={a.state}, attempt={a.attempt})"
+                for a in described.raw_description.pending_activities
+            ]
+            events = [e async for e in handle.fetch_history_events()]
+            last = [
+                f"{e.event_id}:{e.WhichOneof('attributes')}@{e.event_time.ToDatetime():%H:%M:%S}"
+                for e in events[-12:]
+            ]
+            state = await handle.query(STATE_QUERY, result_type=RunState)
+            shows = (
+                f"status={state.status} round={state.round} blocked={state.blocked_reason!r}"
+                f" approvals={list(state.pending_approvals)} unknown={list(state.unknown_actions)}"
+            )
+            return (
+                f"  {run_id}: temporal={described.status.name if described.status else '?'}"
+                f" {shows} pending activities={pending}\n  last events: {last}"
+            )
+        except Exception as exc:  # evidence only: never fail the report on it
+            return f"  {run_id}: no workflow evidence ({type(exc).__name__}: {exc})"
 
     async def _audit_through_api(self, stack: Stack, token: str, started: set[str]) -> None:
         """Read every run's audit log through the API, for the canary scan."""
