@@ -36,9 +36,13 @@ test: venv system-deps lint
 proofs:
 	bash proofs/check.sh
 
-# What the safety costs: store claims against a bare upsert, as ratios.
+# What the safety costs, as ratios against bare baselines in the same run:
+# store claims against a bare upsert; the approval round trip and the history
+# per approved write against a bare Temporal workflow (bench/README.md).
+APPROVALS ?= 200
 bench: venv
 	$(VENV)/bin/python -m bench.claims
+	$(VENV)/bin/python -m bench.approvals --approvals $(APPROVALS) --json bench/results/latest.json
 
 # Chaos (issue 10): a contended workload under seeded faults for DURATION
 # seconds, then the invariant checker and the canary scan; exit 1 on any

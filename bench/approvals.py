@@ -1,0 +1,274 @@
+"""The approval round trip and the history one approved write costs,
+Roundtable against bare Temporal (bench/bare.py) on one dev server.
+
+    .venv/bin/python -m bench.approvals [--approvals N] [--json FILE]
+
+Each side has its own worker process. Bare and ours alternate, one approval
+each in turn, so the machine's noise falls on both. Timed from the decision
+call to (a) the decision call returning, (b) the write committed (the row's
+own timestamp; ours: the action's ``finished_at``), (c) the workflow's
+result. Printed as p50/p95 and the ratio ours / bare; compare ratios, not
+absolute numbers (machines here are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from bench import bare
+from roundtable import operations
+from roundtable.config import SECRET_ENV_VAR
+from roundtable.models import RunInput, WorkflowArgs
+from roundtable.names import RUN_WORKFLOW
+from roundtable.permissions import Decider
+from roundtable.store import open_store
+from roundtable.temporal import connect, data_converter
+from workflows import search_attributes
+
+BIN = Path(sys.executable).parent
+OURS, BARE = "bench-roundtable", "bench-bare"
+ONE_WRITE = {
+    "turns": [
+        {
+            "seat": "seat-1",
+            "round": 1,
+            "text": "updating",
+            "tool_calls": [
+                {
+                    "name": "ticket_update",
+                    "args": {"tenant_id": "acme", "ticket_id": "T-1", "fields": {"p": "high"}},
+                }
+            ],
+        }
+    ],
+    "final": "done",
+}
+NO_WRITE = {"turns": [{"seat": "seat-1", "round": 1, "text": "nothing to do"}], "final": "done"}
+
+
+def _request(run_id: str, script: dict[str, Any]) -> RunInput:
+    return RunInput(run_id=run_id, task_text="bench", seats=["seat-1"], max_rounds=1, script=script)
+
+
+class Bench:
+    def __init__(self, workdir: Path, address: str) -> None:
+        self.workdir, self.address = workdir, address
+        self.db_file = workdir / "roundtable.db"
+        self.url = f"sqlite+aiosqlite:///{self.db_file}"
+        self.bare_db = str(workdir / "bare.db")
+        self.env = {
+            **os.environ,
+            "ROUNDTABLE_DATABASE_URL": self.url,
+            "ROUNDTABLE_TEMPORAL_ADDRESS": address,
+            "ROUNDTABLE_TASK_QUEUE": OURS,
+            "ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS": "0",
+            "ROUNDTABLE_SWEEP_ENABLED": "false",
+        }
+        self.workers: list[subprocess.Popen] = []  # type: ignore[type-arg]
+
+    def start_workers(self) -> None:
+        """The schema, then one worker process a side (our own commands)."""
+        roundtable = str(BIN / "roundtable")
+        upgrade = [roundtable, "db", "upgrade"]
+        subprocess.run(upgrade, env=self.env, check=True, capture_output=True)  # noqa: S603
+        bare_worker = [sys.executable, "-m", "bench.bare", "--address", self.address]
+        bare_worker += ["--queue", BARE, "--db", self.bare_db]
+        log = (self.workdir / "workers.log").open("a")
+        for command in ([roundtable, "worker"], bare_worker):
+            worker = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+            self.workers.append(worker)
+
+    def stop_workers(self) -> None:
+        for worker in self.workers:
+            worker.terminate()
+        for worker in self.workers:
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+
+    async def bare_once(self, client: Client) -> dict[str, float]:
+        key = f"bare-{uuid.uuid4().hex[:12]}"
+        handle = await client.start_workflow(bare.WORKFLOW, key, id=key, task_queue=BARE)
+        t0 = time.time()
+        await handle.execute_update(bare.DECIDE, "approved", result_type=str)
+        returned = time.time()
+        await handle.result()
+        done = time.time()
+        written = bare.written_at(self.bare_db, key)
+        assert written is not None, "the bare write was not recorded"
+        return {"update": returned - t0, "write": written - t0, "result": done - t0}
+
+    async def ours_once(self, client: Client, store: Any) -> dict[str, float]:
+        run_id = f"run-bench-{uuid.uuid4().hex[:12]}"
+        handle = await client.start_workflow(
+            RUN_WORKFLOW,
+            WorkflowArgs(request=_request(run_id, ONE_WRITE)),
+            id=run_id,
+            task_queue=OURS,
+        )
+        approval = await _pending_approval(store, run_id)
+        action = await store.get_action(approval["action_id"])
+        t0 = time.time()
+        await operations.decide(
+            client,
+            store,
+            approval["id"],
+            "approved",
+            "bench-operator",
+            arguments_digest=action["arguments_digest"],
+            decider=Decider(user_id="bench-operator", role="operator"),
+        )
+        returned = time.time()
+        await handle.result()
+        done = time.time()
+        finished = (await store.get_action(action["id"]))["finished_at"]
+        return {"update": returned - t0, "write": finished.timestamp() - t0, "result": done - t0}
+
+    async def history_events(self, client: Client) -> dict[str, int]:
+        """Events one approved write adds to a run: a run with one write,
+        decided, against the same run with none."""
+        counts = {}
+        async with open_store(self.url, migrate=False) as store:
+            for name, script in (("one", ONE_WRITE), ("none", NO_WRITE)):
+                run_id = f"run-bench-{name}-{uuid.uuid4().hex[:8]}"
+                handle = await client.start_workflow(
+                    RUN_WORKFLOW,
+                    WorkflowArgs(request=_request(run_id, script)),
+                    id=run_id,
+                    task_queue=OURS,
+                )
+                if script is ONE_WRITE:
+                    approval = await _pending_approval(store, run_id)
+                    await operations.decide(
+                        client,
+                        store,
+                        approval["id"],
+                        "approved",
+                        "bench-operator",
+                        decider=Decider(user_id="bench-operator", role="operator"),
+                    )
+                await handle.result()
+                counts[name] = len((await handle.fetch_history()).events)
+        bare_client = await Client.connect(self.address)
+        key = f"bare-h-{uuid.uuid4().hex[:8]}"
+        handle = await bare_client.start_workflow(bare.WORKFLOW, key, id=key, task_queue=BARE)
+        await handle.execute_update(bare.DECIDE, "approved", result_type=str)
+        await handle.result()
+        return {
+            "ours_per_approved_write": counts["one"] - counts["none"],
+            "ours_run_with_one_write": counts["one"],
+            "bare_workflow": len((await handle.fetch_history()).events),
+        }
+
+
+async def _pending_approval(store: Any, run_id: str, within: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            pending = await store.list_approvals(run_id=run_id, status="pending")
+        except Exception:  # the run row may not exist yet
+            pending = []
+        if pending:
+            return pending[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{run_id} never asked for approval")
+
+
+def _summary(samples: list[dict[str, float]], key: str) -> dict[str, float]:
+    values = sorted(s[key] * 1000 for s in samples)
+    p95 = values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
+    return {"p50_ms": round(statistics.median(values), 1), "p95_ms": round(p95, 1)}
+
+
+async def run(approvals: int, warmup: int = 3) -> dict[str, Any]:
+    os.environ.setdefault(SECRET_ENV_VAR, "bench-" + uuid.uuid4().hex)
+    workdir = Path(tempfile.mkdtemp(prefix="roundtable-bench-"))
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        search_attributes=list(search_attributes.ALL),
+        data_converter=data_converter(),
+        ui=False,
+    )
+    address = env.client.service_client.config.target_host
+    bench = Bench(workdir, address)
+    try:
+        bench.start_workers()
+        ours_client = await connect(address, "default")
+        bare_client = await Client.connect(address)
+        ours: list[dict[str, float]] = []
+        base: list[dict[str, float]] = []
+        async with open_store(bench.url, migrate=False) as store:
+            for i in range(warmup + approvals):
+                b = await bench.bare_once(bare_client)
+                o = await bench.ours_once(ours_client, store)
+                if i >= warmup:
+                    base.append(b)
+                    ours.append(o)
+        history = await bench.history_events(ours_client)
+    finally:
+        bench.stop_workers()
+        await env.shutdown()
+    figures: dict[str, Any] = {"approvals": approvals, "history_events": history}
+    for key, what in (
+        ("update", "decision call returns"),
+        ("write", "decide → write recorded"),
+        ("result", "decide → workflow result"),
+    ):
+        b, o = _summary(base, key), _summary(ours, key)
+        figures[key] = {
+            "what": what,
+            "bare": b,
+            "ours": o,
+            "ratio_p50": round(o["p50_ms"] / b["p50_ms"], 2) if b["p50_ms"] else None,
+            "ratio_p95": round(o["p95_ms"] / b["p95_ms"], 2) if b["p95_ms"] else None,
+        }
+    return figures
+
+
+def _print(figures: dict[str, Any]) -> None:
+    print(f"approvals: {figures['approvals']} each side, alternating")
+    print(f"{'figure':<28}{'bare p50/p95 ms':>18}{'ours p50/p95 ms':>18}{'ratio p50/p95':>16}")
+    for key in ("update", "write", "result"):
+        f = figures[key]
+        print(
+            f"{f['what']:<28}"
+            f"{f['bare']['p50_ms']:>9}/{f['bare']['p95_ms']:<8}"
+            f"{f['ours']['p50_ms']:>9}/{f['ours']['p95_ms']:<8}"
+            f"{f['ratio_p50']:>8}/{f['ratio_p95']}"
+        )
+    h = figures["history_events"]
+    print(
+        f"history events: {h['ours_per_approved_write']} per approved write "
+        f"(a one-write run: {h['ours_run_with_one_write']}; bare workflow: {h['bare_workflow']})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--approvals", type=int, default=200)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    figures = asyncio.run(run(args.approvals))
+    _print(figures)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
