@@ -60,10 +60,6 @@ ONE_WRITE = {
 NO_WRITE = {"turns": [{"seat": "seat-1", "round": 1, "text": "nothing to do"}], "final": "done"}
 
 
-def _request(run_id: str, script: dict[str, Any]) -> RunInput:
-    return RunInput(run_id=run_id, task_text="bench", seats=["seat-1"], max_rounds=1, script=script)
-
-
 class Bench:
     def __init__(self, workdir: Path, address: str) -> None:
         self.workdir, self.address = workdir, address
@@ -115,25 +111,11 @@ class Bench:
         return {"update": returned - t0, "write": written - t0, "result": done - t0}
 
     async def ours_once(self, client: Client, store: Any) -> dict[str, float]:
-        run_id = f"run-bench-{uuid.uuid4().hex[:12]}"
-        handle = await client.start_workflow(
-            RUN_WORKFLOW,
-            WorkflowArgs(request=_request(run_id, ONE_WRITE)),
-            id=run_id,
-            task_queue=OURS,
-        )
-        approval = await _pending_approval(store, run_id)
+        handle = await _start_ours(client, ONE_WRITE)
+        approval = await _pending_approval(store, handle.id)
         action = await store.get_action(approval["action_id"])
         t0 = time.time()
-        await operations.decide(
-            client,
-            store,
-            approval["id"],
-            "approved",
-            "bench-operator",
-            arguments_digest=action["arguments_digest"],
-            decider=Decider(user_id="bench-operator", role="operator"),
-        )
+        await _approve(client, store, approval, action["arguments_digest"])
         returned = time.time()
         await handle.result()
         done = time.time()
@@ -146,23 +128,9 @@ class Bench:
         counts = {}
         async with open_store(self.url, migrate=False) as store:
             for name, script in (("one", ONE_WRITE), ("none", NO_WRITE)):
-                run_id = f"run-bench-{name}-{uuid.uuid4().hex[:8]}"
-                handle = await client.start_workflow(
-                    RUN_WORKFLOW,
-                    WorkflowArgs(request=_request(run_id, script)),
-                    id=run_id,
-                    task_queue=OURS,
-                )
+                handle = await _start_ours(client, script)
                 if script is ONE_WRITE:
-                    approval = await _pending_approval(store, run_id)
-                    await operations.decide(
-                        client,
-                        store,
-                        approval["id"],
-                        "approved",
-                        "bench-operator",
-                        decider=Decider(user_id="bench-operator", role="operator"),
-                    )
+                    await _approve(client, store, await _pending_approval(store, handle.id))
                 await handle.result()
                 counts[name] = len((await handle.fetch_history()).events)
         bare_client = await Client.connect(self.address)
@@ -175,6 +143,31 @@ class Bench:
             "ours_run_with_one_write": counts["one"],
             "bare_workflow": len((await handle.fetch_history()).events),
         }
+
+
+async def _start_ours(client: Client, script: dict[str, Any]) -> Any:
+    run_id = f"run-bench-{uuid.uuid4().hex[:12]}"
+    request = RunInput(
+        run_id=run_id, task_text="bench", seats=["seat-1"], max_rounds=1, script=script
+    )
+    return await client.start_workflow(
+        RUN_WORKFLOW, WorkflowArgs(request=request), id=run_id, task_queue=OURS
+    )
+
+
+async def _approve(
+    client: Client, store: Any, approval: dict[str, Any], digest: str | None = None
+) -> None:
+    """As the API decides: through operations.decide, attested as an operator."""
+    await operations.decide(
+        client,
+        store,
+        approval["id"],
+        "approved",
+        "bench-operator",
+        arguments_digest=digest,
+        decider=Decider(user_id="bench-operator", role="operator"),
+    )
 
 
 async def _waiting(handle: Any, within: float = 30) -> None:
