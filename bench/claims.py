@@ -17,9 +17,12 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from roundtable.config import SECRET_ENV_VAR as SECRET_ENV
 from roundtable.store import open_store
@@ -39,20 +42,25 @@ async def _store_claims(url: str, claims: int, concurrent: bool) -> float:
                     "agent_id": "seat",
                     "tool_name": "bench",
                     "idempotency_key": f"bench-{uuid.uuid4()}",
-                    "target_key": f"target:v1:{i:064x}",
+                    # A fresh target each: an earlier pass's leases stay (nothing records a
+                    # result here), and a taken target would measure a refusal.
+                    "target_key": f"target:v1:{uuid.uuid4().hex * 2}",
                     "risk_level": "R1",
                     "status": "approved",
                 }
             )
             for i in range(claims)
         ]
-        started = time.perf_counter()
-        if concurrent:
-            await asyncio.gather(*(store.claim_action_for_execution(a["id"], 30) for a in actions))
-        else:
-            for action in actions:
-                await store.claim_action_for_execution(action["id"], 30)
-        return claims / (time.perf_counter() - started)
+        with _counting(store.engine) as statements:
+            started = time.perf_counter()
+            if concurrent:
+                claiming = (store.claim_action_for_execution(a["id"], 30) for a in actions)
+                await asyncio.gather(*claiming)
+            else:
+                for action in actions:
+                    await store.claim_action_for_execution(action["id"], 30)
+            elapsed = time.perf_counter() - started
+        return claims / elapsed, statements[0] / claims
 
 
 async def _baseline_claims(url: str, claims: int, concurrent: bool) -> float:
@@ -74,24 +82,44 @@ async def _baseline_claims(url: str, claims: int, concurrent: bool) -> float:
             async with store.engine.begin() as conn:
                 await conn.execute(statement, {"k": f"baseline-{uuid.uuid4()}-{i}", "h": "x"})
 
-        started = time.perf_counter()
-        if concurrent:
-            await asyncio.gather(*(one(i) for i in range(claims)))
-        else:
-            for i in range(claims):
-                await one(i)
-        return claims / (time.perf_counter() - started)
+        with _counting(store.engine) as statements:
+            started = time.perf_counter()
+            if concurrent:
+                await asyncio.gather(*(one(i) for i in range(claims)))
+            else:
+                for i in range(claims):
+                    await one(i)
+            elapsed = time.perf_counter() - started
+        return claims / elapsed, statements[0] / claims
+
+
+@contextmanager
+def _counting(engine: Any) -> Iterator[list[int]]:
+    """Statements sent to the database while the block runs (SQLAlchemy's
+    cursor events: every statement, BEGIN IMMEDIATE on SQLite included; on
+    PostgreSQL asyncpg also sends BEGIN and COMMIT, which these do not see)."""
+    seen = [0]
+
+    def count(*_: Any) -> None:
+        seen[0] += 1
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
 
 
 async def _compare(label: str, url: str, claims: int) -> None:
     for concurrent in (False, True):
         mode = "50 concurrent" if concurrent else "sequential"
         count = 50 if concurrent else claims
-        store_rate = await _store_claims(url, count, concurrent)
-        base_rate = await _baseline_claims(url, count, concurrent)
+        store_rate, store_statements = await _store_claims(url, count, concurrent)
+        base_rate, base_statements = await _baseline_claims(url, count, concurrent)
         print(
             f"{label:<11} {mode:<14} store {store_rate:8.0f}/s  baseline {base_rate:8.0f}/s"
             f"  ratio {store_rate / base_rate:5.2f}"
+            f"  statements/claim store {store_statements:4.1f} baseline {base_statements:3.1f}"
         )
 
 
