@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -228,6 +229,7 @@ async def run(approvals: int, warmup: int = 3) -> dict[str, Any]:
     finally:
         bench.stop_workers()
         await env.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
     figures: dict[str, Any] = {"approvals": approvals, "history_events": history}
     for key, what in (
         ("update", "decision call returns"),
