@@ -13,6 +13,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from temporalio.client import Client
@@ -22,7 +23,7 @@ from chaos.faults import KINDS, Faults, rounds_for, schedule
 from chaos.operator_bot import FINAL_RUNS, OperatorBot
 from chaos.stack import Stack
 from chaos.workload import Workload
-from roundtable.evidence import gather
+from roundtable.evidence import gather, workflow_closed
 from roundtable.invariants import check, summary
 from roundtable.models import RunState
 from roundtable.names import STATE_QUERY
@@ -34,6 +35,11 @@ MIN_WORKERS = 2
 MAX_OPEN_RUNS = 8
 # The shortest session in which every fault kind fits (they run one at a time).
 FULL_COVERAGE_SECONDS = 150
+
+
+# How long store-final runs may take to close in Temporal (their last
+# webhooks are retried with backoff) before the two are judged.
+CLOSE_WITHIN = 180.0
 
 
 @dataclass
@@ -195,6 +201,7 @@ class Session:
                 open_runs = [r for r in runs if r["status"] not in FINAL_RUNS]
                 if not open_runs:
                     say(self.t0, f"quiet: all {len(runs)} runs final")
+                    await self._until_temporal_closes(runs)
                     return
                 if time.monotonic() > deadline:
                     for run in open_runs:
@@ -209,6 +216,24 @@ class Session:
                     say(self.t0, f"quiescence timed out with {len(open_runs)} runs open")
                     return
                 await asyncio.sleep(2)
+
+    async def _until_temporal_closes(self, runs: list[dict[str, Any]]) -> None:
+        """A run's store status is final before its workflow closes: the
+        workflow then still delivers its last webhooks (retried for minutes
+        against a receiver that refuses). Judge the two against each other
+        only once the workflows have closed, or after CLOSE_WITHIN."""
+        deadline = time.monotonic() + CLOSE_WITHIN
+        open_ids = {r["id"] for r in runs}
+        while open_ids and time.monotonic() < deadline:
+            for run_id in sorted(open_ids):
+                if await workflow_closed(self._temporal, run_id) is not False:
+                    open_ids.discard(run_id)
+            if open_ids:
+                await asyncio.sleep(2)
+        if open_ids:
+            say(self.t0, f"{len(open_ids)} workflows still open {CLOSE_WITHIN:.0f}s after")
+        else:
+            say(self.t0, "every workflow closed")
 
     async def _where_it_waits(self, run_id: str) -> str:
         """Evidence for a run that did not settle: what its workflow is doing

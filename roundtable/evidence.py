@@ -31,7 +31,7 @@ async def gather(
         chains[run["id"]] = await store.verify_audit_chain(run["id"])
     closed = None
     if temporal is not None:
-        closed = {run["id"]: await _closed(temporal, run["id"]) for run in runs}
+        closed = {run["id"]: await workflow_closed(temporal, run["id"]) for run in runs}
         closed = {run_id: state for run_id, state in closed.items() if state is not None}
     return Evidence(
         runs=runs,
@@ -46,7 +46,7 @@ async def gather(
     )
 
 
-async def _closed(temporal: Client, run_id: str) -> bool | None:
+async def workflow_closed(temporal: Client, run_id: str) -> bool | None:
     """Whether the run's workflow is closed; None when Temporal has no such
     workflow (never started, or past retention), which says nothing."""
     try:
