@@ -39,7 +39,7 @@ FULL_COVERAGE_SECONDS = 150
 
 # How long store-final runs may take to close in Temporal (their last
 # webhooks are retried with backoff) before the two are judged.
-CLOSE_WITHIN = 180.0
+CLOSE_WITHIN = 120.0
 
 
 @dataclass
@@ -194,7 +194,11 @@ class Session:
 
     async def _quiesce(self, url: str, started: set[str], bot: OperatorBot) -> None:
         """Until every run is final (the bot keeps working), or a timeout."""
-        deadline = time.monotonic() + max(90.0, min(self.duration, 300.0))
+        # A write that keeps finding its target busy retries on a timer that
+        # backs off to a minute (workflows/timeouts.py), and nothing wakes it
+        # when the target frees: give it three such retries after the last
+        # writer of its ticket, so a starved write is not taken for a lost run.
+        deadline = time.monotonic() + max(180.0, min(self.duration, 300.0))
         async with open_store(url) as store:
             while True:
                 runs = [r for r in await store.list_runs() if r["id"] in started]

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHORT_SECONDS = "100"
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(580)
 def test_a_short_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
     done = subprocess.run(
         [
@@ -31,7 +31,7 @@ def test_a_short_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=460,
+        timeout=560,
         check=False,
     )
     tail = (done.stdout + done.stderr)[-6000:]
