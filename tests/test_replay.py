@@ -1,8 +1,8 @@
 """Recorded histories replay on today's workflow code.
 
 A change that would break runs already in flight (a non-deterministic change)
-fails here. Re-record deliberately, and only with a versioning plan:
-    ROUNDTABLE_RECORD_HISTORIES=tests/histories .venv/bin/pytest <the recorded tests>
+fails here. Record into a new directory, beside the old ones, never over them:
+    ROUNDTABLE_RECORD_HISTORIES=tests/histories/<new directory> .venv/bin/pytest <the tests>
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from roundtable.temporal import data_converter
 from workflows.roundtable import RoundtableWorkflow
 from workflows.sweep import SweepWorkflow
 
-# Histories of this code's own tests; in recorded-on-16ead1e/ histories of runs
-# made by the code before the safety rules changed, and in
-# recorded-before-handlers-patch/ those made before runs waited for their
-# message handlers to finish (workflow.patched keeps such runs on their old
-# behaviour: they must replay to the end).
+# Histories are never changed once recorded: a running workflow would break the
+# same way. At the top level, runs of this code's tests from before the
+# handlers patch; in recorded-on-16ead1e/, runs from before the safety rules
+# changed; in recorded-with-handlers-patch/, the same tests recorded once runs
+# waited for their message handlers (workflow.patched keeps each generation on
+# its own path: every one must replay to the end). A new command order adds a
+# new directory; it never rewrites one.
 HISTORIES = {
     f"{path.parent.name}/{path.stem}": path.read_text()
     for path in sorted((Path(__file__).parent / "histories").glob("**/*.json"))
