@@ -212,8 +212,7 @@ class WriteActivities:
         approval's real status, so the workflow follows the database."""
         inp = request.decision
         decider = verified_decider(inp, datetime.now(UTC))
-        approval = await self.store.get_approval(inp.approval_id)
-        action = await self.store.get_action(approval["action_id"])
+        approval, action = await self.store.approval_and_action(inp.approval_id)
         run = await self.store.get_run(approval["run_id"])
         self.authority.check_decider(decider, run["user_id"], action["risk_level"])
         # A tenant-limited approver decides only writes for their tenants.
@@ -222,7 +221,7 @@ class WriteActivities:
             arguments = await self.store.get_action_arguments(action["id"])
             check_tenant(decider.tenants, _tenant_of(tool, arguments), decider.user_id)
         if inp.arguments is not None:
-            return await self._approve_with_edits(request, decider, run)
+            return await self._approve_with_edits(request, decider, run, action)
         try:
             await self.store.decide_approval(
                 inp.approval_id, inp.decision, inp.decided_by, inp.reason, inp.arguments_digest
@@ -232,14 +231,17 @@ class WriteActivities:
             return await self._decision_view(inp.approval_id, conflict=str(exc))
 
     async def _approve_with_edits(
-        self, request: RecordDecisionInput, decider: Decider, run: dict[str, Any]
+        self,
+        request: RecordDecisionInput,
+        decider: Decider,
+        run: dict[str, Any],
+        action: dict[str, Any],
     ) -> DecisionRecorded:
         """Edited arguments meet every check the original ones met: the tool's
-        schema, the run's write policy and grants, a freshly derived target."""
+        schema, the run's write policy and grants, a freshly derived target.
+        (Whether the arguments are still the ones decided on is checked by the
+        store, under the run lock, as it records the decision.)"""
         inp = request.decision
-        action = await self.store.get_action(
-            (await self.store.get_approval(inp.approval_id))["action_id"]
-        )
         tool = self.registry.get(action["tool_name"])
         if tool is None or request.snapshot is None:
             raise InvalidInputError(f"{action['tool_name']} cannot be re-validated here")
@@ -313,8 +315,7 @@ class WriteActivities:
     async def _decision_view(
         self, approval_id: str, conflict: str | None = None
     ) -> DecisionRecorded:
-        approval = await self.store.get_approval(approval_id)
-        action = await self.store.get_action(approval["action_id"])
+        approval, action = await self.store.approval_and_action(approval_id)
         return DecisionRecorded(
             approval_id=approval_id,
             action_id=action["id"],

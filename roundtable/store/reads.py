@@ -20,7 +20,7 @@ from sqlalchemy import select
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.states import ApprovalStatus
 from roundtable.store.database import Database, found
-from roundtable.store.errors import InvalidInputError
+from roundtable.store.errors import InvalidInputError, NotFoundError
 from roundtable.store.rows import page_after, row_to_dict
 from roundtable.store.schema import ActionRow, ApprovalRow, AuditEventRow, RunRow
 
@@ -98,3 +98,10 @@ class Reads:
         async with self.db.snapshot() as session:
             rows = (await session.execute(query)).all()
             return [(row_to_dict(approval), row_to_dict(action)) for approval, action in rows]
+
+    async def approval_and_action(self, approval_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """An approval and its action, in one query as of one instant."""
+        pairs = await self.approvals_with_actions(approval_id=approval_id)
+        if not pairs:
+            raise NotFoundError(f"approval {approval_id!r} not found")
+        return pairs[0]
