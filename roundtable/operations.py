@@ -137,13 +137,11 @@ async def decide(
     # Checked here as well as by the store under the run lock: a run started
     # before safety-rules-v1 takes any decision the workflow hears as final,
     # even one the store refused, so a stale decision must never reach it.
-    approval = await store.get_approval(approval_id)
+    approval, action = await store.approval_and_action(approval_id)
     if approval["status"] != "pending":
         raise ConflictError(f"approval {approval_id} is already {approval['status']}")
-    if arguments_digest is not None:
-        action = await store.get_action(approval["action_id"])
-        if action["arguments_digest"] != arguments_digest:
-            raise ConflictError("arguments_digest does not match the arguments awaiting approval")
+    if arguments_digest is not None and action["arguments_digest"] != arguments_digest:
+        raise ConflictError("arguments_digest does not match the arguments awaiting approval")
     status = await send_update(
         client,
         approval["run_id"],
