@@ -160,9 +160,12 @@ class WriteActivities:
             # The call's id already names another write of this run (a model
             # reusing ids across a reset, say): never merged, never run.
             return _refused_write(inp, "call_id_reused", str(exc))
-        approval = (
-            await self.store.get_approval(action["approval_id"]) if action["approval_id"] else None
-        )
+        if "approval_expires_at" in action:  # opened just now, with the run's status
+            deadline = action["approval_expires_at"]
+        elif action["approval_id"]:
+            deadline = (await self.store.get_approval(action["approval_id"]))["expires_at"]
+        else:
+            deadline = None
         return PendingWrite(
             action_id=action["id"],
             call_id=call.id,
@@ -170,7 +173,8 @@ class WriteActivities:
             tool_name=call.name,
             status=action["status"],
             approval_id=action["approval_id"],
-            approval_deadline=approval["expires_at"] if approval else None,
+            approval_deadline=deadline,
+            run_status=action.get("run_status"),
             # Met again after a reset, retry or continue-as-new: what it came to.
             result=await self._bounded(action, action["result"]),
         )
@@ -200,7 +204,8 @@ class WriteActivities:
                     if status == ActionStatus.WAITING_APPROVAL
                     else {}
                 ),
-            }
+            },
+            run_status=inp.run_status_while_waiting,
         )
 
     # ----------------------------------------------------------------- decisions
@@ -212,8 +217,7 @@ class WriteActivities:
         approval's real status, so the workflow follows the database."""
         inp = request.decision
         decider = verified_decider(inp, datetime.now(UTC))
-        approval, action = await self.store.approval_and_action(inp.approval_id)
-        run = await self.store.get_run(approval["run_id"])
+        _, action, run = await self.store.decision_context(inp.approval_id)
         self.authority.check_decider(decider, run["user_id"], action["risk_level"])
         # A tenant-limited approver decides only writes for their tenants.
         tool = self.registry.get(action["tool_name"])
@@ -223,12 +227,24 @@ class WriteActivities:
         if inp.arguments is not None:
             return await self._approve_with_edits(request, decider, run, action)
         try:
-            await self.store.decide_approval(
-                inp.approval_id, inp.decision, inp.decided_by, inp.reason, inp.arguments_digest
+            decided = await self.store.decide_approval(
+                inp.approval_id,
+                inp.decision,
+                inp.decided_by,
+                inp.reason,
+                inp.arguments_digest,
+                run_status=request.run_status,
             )
-            return await self._decision_view(inp.approval_id)
         except ConflictError as exc:
             return await self._decision_view(inp.approval_id, conflict=str(exc))
+        return DecisionRecorded(
+            approval_id=inp.approval_id,
+            action_id=action["id"],
+            status=decided["action_status"],
+            approval_status=decided["status"],
+            expires_at=decided["expires_at"],
+            run_status=decided["run_status"] if request.run_status else None,
+        )
 
     async def _approve_with_edits(
         self,

@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -67,8 +68,12 @@ class Bench:
         self.db_file = workdir / "roundtable.db"
         self.url = f"sqlite+aiosqlite:///{self.db_file}"
         self.bare_db = str(workdir / "bare.db")
+        # Workers may cache bytecode, as an installed package has it (pip
+        # compiles at install): otherwise the sandbox compiles the workflow
+        # modules from source again for every run it starts.
+        inherited = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         self.env = {
-            **os.environ,
+            **inherited,
             "ROUNDTABLE_DATABASE_URL": self.url,
             "ROUNDTABLE_TEMPORAL_ADDRESS": address,
             "ROUNDTABLE_TASK_QUEUE": OURS,
@@ -195,13 +200,26 @@ async def _pending_approval(store: Any, run_id: str, within: float = 60) -> dict
     raise AssertionError(f"{run_id} never asked for approval")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _summary(samples: list[dict[str, float]], key: str) -> dict[str, float]:
     values = sorted(s[key] * 1000 for s in samples)
     p95 = values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
     return {"p50_ms": round(statistics.median(values), 1), "p95_ms": round(p95, 1)}
 
 
-async def run(approvals: int, warmup: int = 3) -> dict[str, Any]:
+def _profile(pid: int, out: Path) -> subprocess.Popen:  # type: ignore[type-arg]
+    """py-spy sampling a worker (collapsed stacks) until it is sent SIGINT."""
+    command = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw"]
+    command += ["--rate", "200", "--nonblocking", "--output", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: S603
+
+
+async def run(approvals: int, warmup: int = 3, profile: Path | None = None) -> dict[str, Any]:
     os.environ.setdefault(SECRET_ENV_VAR, "bench-" + uuid.uuid4().hex)
     workdir = Path(tempfile.mkdtemp(prefix="roundtable-bench-"))
     env = await WorkflowEnvironment.start_local(
@@ -218,19 +236,43 @@ async def run(approvals: int, warmup: int = 3) -> dict[str, Any]:
         bare_client = await Client.connect(address)
         ours: list[dict[str, float]] = []
         base: list[dict[str, float]] = []
+        ours_worker, bare_worker = (w.pid for w in bench.workers)
         async with open_store(bench.url, migrate=False) as store:
             for i in range(warmup + approvals):
+                if i == warmup:  # each worker serves its own side only
+                    cpu = {"ours": cpu_seconds(ours_worker), "bare": cpu_seconds(bare_worker)}
+                    if profile:
+                        profile.mkdir(parents=True, exist_ok=True)
+                        spies = [_profile(ours_worker, profile / "ours.txt")]
+                        spies.append(_profile(bare_worker, profile / "bare.txt"))
                 b = await bench.bare_once(bare_client)
                 o = await bench.ours_once(ours_client, store)
                 if i >= warmup:
                     base.append(b)
                     ours.append(o)
+            if profile:
+                for spy in spies:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(timeout=60)
+            cpu = {
+                "ours": cpu_seconds(ours_worker) - cpu["ours"],
+                "bare": cpu_seconds(bare_worker) - cpu["bare"],
+            }
         history = await bench.history_events(ours_client)
     finally:
         bench.stop_workers()
         await env.shutdown()
         shutil.rmtree(workdir, ignore_errors=True)
     figures: dict[str, Any] = {"approvals": approvals, "history_events": history}
+    per_approval = {side: round(1000 * spent / approvals, 1) for side, spent in cpu.items()}
+    figures["worker_cpu_per_approval"] = {
+        "what": "worker CPU per approval (user + system, whole run, ms)",
+        "bare_ms": per_approval["bare"],
+        "ours_ms": per_approval["ours"],
+        "ratio": round(per_approval["ours"] / per_approval["bare"], 2)
+        if per_approval["bare"]
+        else None,
+    }
     for key, what in (
         ("update", "decision call returns"),
         ("write", "decide → write recorded"),
@@ -258,6 +300,8 @@ def _print(figures: dict[str, Any]) -> None:
             f"{f['ours']['p50_ms']:>9}/{f['ours']['p95_ms']:<8}"
             f"{f['ratio_p50']:>8}/{f['ratio_p95']}"
         )
+    c = figures["worker_cpu_per_approval"]
+    print(f"worker CPU per approval: bare {c['bare_ms']} ms, ours {c['ours_ms']} ms, ratio {c['ratio']}")
     h = figures["history_events"]
     print(
         f"history events: {h['ours_per_approved_write']} per approved write "
@@ -269,8 +313,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--approvals", type=int, default=200)
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--profile", type=Path, help="sample both workers with py-spy into this directory"
+    )
     args = parser.parse_args()
-    figures = asyncio.run(run(args.approvals))
+    figures = asyncio.run(run(args.approvals, profile=args.profile))
     _print(figures)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -343,6 +343,10 @@ class InterceptInput(Model):
     # Checked against the run row: the grant and the snapshot the worker
     # recorded hold only for this very request and snapshot.
     request_fingerprint: str | None = None
+    # What the run shows while this write waits for approval, set in the
+    # transaction that opens the approval (workflows/status.py); None: the
+    # workflow publishes it.
+    run_status_while_waiting: str | None = None
 
 
 class PendingWrite(Model):
@@ -359,6 +363,9 @@ class PendingWrite(Model):
     # An action met again (after a reset, retry or continue-as-new) that had
     # already come to an end: its stored result.
     result: dict[str, Any] | None = None
+    # The run's status as the intercept's transaction left it, when it opened
+    # the approval carrying InterceptInput.run_status_while_waiting.
+    run_status: str | None = None
 
 
 class ExecuteWriteInput(Model):
@@ -438,6 +445,9 @@ class RecordDecisionInput(Model):
     decision: Decision
     snapshot: CapabilitySnapshot | None = None
     write_policy: str = "confirm_all_writes"
+    # What the run shows once the decision is recorded, set in the decision's
+    # own transaction (workflows/status.py); None: the workflow publishes it.
+    run_status: str | None = None
 
 
 class SignalSender(Model):
@@ -457,6 +467,9 @@ class DecisionRecorded(Model):
     expires_at: datetime | None = None  # the approval's deadline as it stands
     conflict: str | None = None
     edits: list[dict[str, Any]] | None = None
+    # The run's status as the decision's transaction left it, when it was
+    # asked to carry one (RecordDecisionInput.run_status).
+    run_status: str | None = None
 
 
 class ExtendInput(Model):

@@ -22,8 +22,9 @@ from workflows.sweep import SweepWorkflow
 # handlers patch; in recorded-on-16ead1e/, runs from before the safety rules
 # changed; in recorded-with-handlers-patch/, the same tests recorded once runs
 # waited for their message handlers (workflow.patched keeps each generation on
-# its own path: every one must replay to the end). A new command order adds a
-# new directory; it never rewrites one.
+# its own path: every one must replay to the end); in recorded-with-lean-status/,
+# once a write's intercept and decision carried the run's status. A new
+# command order adds a new directory; it never rewrites one.
 HISTORIES = {
     f"{path.parent.name}/{path.stem}": path.read_text()
     for path in sorted((Path(__file__).parent / "histories").glob("**/*.json"))

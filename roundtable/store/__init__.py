@@ -160,6 +160,7 @@ class Store:
     run_snapshot = _on("reads", Reads.run_snapshot)
     approvals_with_actions = _on("reads", Reads.approvals_with_actions)
     approval_and_action = _on("reads", Reads.approval_and_action)
+    decision_context = _on("reads", Reads.decision_context)
 
 
 @asynccontextmanager

@@ -36,6 +36,7 @@ from roundtable.store.errors import (
 )
 from roundtable.store.leases import lease_of
 from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
+from roundtable.store.run_status import carry_run_status
 from roundtable.store.schema import ActionLeaseRow, ActionRow, ActionSecretRow, RunRow
 from roundtable.store.text import refuse_unstorable
 
@@ -156,15 +157,23 @@ class Actions:
     def __init__(self, db: Database, approvals: Approvals) -> None:
         self.db, self.approvals = db, approvals
 
-    async def create(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+    async def create(
+        self, fields: Mapping[str, Any], run_status: str | None = None
+    ) -> dict[str, Any]:
         """Persist a proposed write. The same idempotency key for the same call
-        returns the existing action; for a different call it is a conflict."""
+        returns the existing action; for a different call it is a conflict.
+
+        A new action waiting for approval also opens its approval; then
+        ``run_status`` (what its run shows while it waits) is set in the same
+        transaction, and the answer carries ``approval_expires_at`` and
+        ``run_status`` (as that transaction left them). An action found again
+        carries neither: its caller reads what it needs."""
         data = _validated_action_fields(fields)
         existing = await self._find_by_idempotency_key(data["idempotency_key"])
         if existing is not None:
             return self._same_action_or_conflict(existing, data)
         try:
-            return await self._insert_action(data)
+            return await self._insert_action(data, run_status)
         except IntegrityError:
             # Lost a race with an identical insert: answer as if we came second.
             existing = await self._find_by_idempotency_key(data["idempotency_key"])
@@ -185,7 +194,9 @@ class Actions:
             ).scalar_one_or_none()
             return row_to_dict(row) if row is not None else None
 
-    async def _insert_action(self, data: Mapping[str, Any]) -> dict[str, Any]:
+    async def _insert_action(
+        self, data: Mapping[str, Any], run_status: str | None
+    ) -> dict[str, Any]:
         action_id = data.get("id") or new_id()
         arguments = data.get("arguments")
         # Encrypt before opening the transaction: no secret, nothing written.
@@ -225,11 +236,14 @@ class Actions:
                 },
                 now,
             )
+            opened = {}
             if data.get("approval_expires_at") is not None:
-                await self.approvals.open_locked(
+                approval = await self.approvals.open_locked(
                     session, run, row, data["approval_expires_at"], now
                 )
-        return row_to_dict(row)
+                shown = await carry_run_status(session, run, run_status, now)
+                opened = {"approval_expires_at": approval.expires_at, "run_status": shown}
+        return {**row_to_dict(row), **opened}
 
     async def get(self, action_id: str) -> dict[str, Any]:
         return await self.db.get(ActionRow, action_id)

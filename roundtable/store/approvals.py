@@ -31,6 +31,7 @@ from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError
 from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
+from roundtable.store.run_status import carry_run_status
 from roundtable.store.schema import (
     ActionRow,
     ActionSecretRow,
@@ -145,6 +146,7 @@ class Approvals:
         decided_by: str,
         reason: str | None = None,
         arguments_digest: str | None = None,
+        run_status: str | None = None,
     ) -> dict[str, Any]:
         """Approve or reject a pending approval, exactly once.
 
@@ -153,6 +155,11 @@ class Approvals:
         (and stays expired), so a late click can never approve a stale write.
         With ``arguments_digest``, a decision about other arguments than the
         action now holds is a conflict too (checked under the run lock).
+        ``run_status``: what the run shows once this decision is recorded (its
+        workflow's word), set in the same transaction (see carry_run_status).
+
+        Returns the approval as decided, with ``action_status`` (its action's
+        status now) and ``run_status`` (the run's), read in the same transaction.
         """
         if decision not in APPROVAL_DECISIONS:
             raise InvalidInputError("decision must be 'approved' or 'rejected'")
@@ -171,9 +178,22 @@ class Approvals:
                 await self._apply_decision(
                     session, run, approval, decision, decided_by, reason, now
                 )
+                await carry_run_status(session, run, run_status, now)
+                await session.flush()
+                # compare_and_set wrote past the ORM: read both rows as they now stand.
+                decided_row, action_status = (
+                    await session.execute(
+                        select(ApprovalRow, ActionRow.status)
+                        .join(ActionRow, ActionRow.id == ApprovalRow.action_id)
+                        .where(ApprovalRow.id == approval_id)
+                        .execution_options(populate_existing=True)
+                    )
+                ).one()
+                decided = row_to_dict(decided_row)
+                decided.update(action_status=str(action_status), run_status=str(run.status))
         if expired_late:
             raise ConflictError(f"approval {approval_id!r} expired before the decision arrived")
-        return await self.get(approval_id)
+        return decided
 
     async def approve_with_edits(
         self,

@@ -105,3 +105,21 @@ class Reads:
         if not pairs:
             raise NotFoundError(f"approval {approval_id!r} not found")
         return pairs[0]
+
+    async def decision_context(
+        self, approval_id: str
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """An approval, its action and its run, in one query: what a decision
+        is checked against before it is recorded (under the run lock)."""
+        query = (
+            select(ApprovalRow, ActionRow, RunRow)
+            .join(ActionRow, ActionRow.id == ApprovalRow.action_id)
+            .join(RunRow, RunRow.id == ApprovalRow.run_id)
+            .where(ApprovalRow.id == approval_id)
+        )
+        async with self.db.snapshot() as session:
+            row = (await session.execute(query)).one_or_none()
+        if row is None:
+            raise NotFoundError(f"approval {approval_id!r} not found")
+        approval, action, run = row
+        return row_to_dict(approval), row_to_dict(action), row_to_dict(run)

@@ -16,7 +16,6 @@ from roundtable.completion import complete_every_public_coroutine
 from roundtable.states import (
     FINAL_RUN_STATUSES,
     RUN_ENDED_REASON,
-    RUN_TRANSITIONS,
     WORKFLOW_CLOSED_ERROR_CODE,
     ActionStatus,
     RunStatus,
@@ -27,6 +26,7 @@ from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.leases import lease_of
 from roundtable.store.rows import new_id, page_after, require_text, row_to_dict
+from roundtable.store.run_status import move_run
 from roundtable.store.schema import ActionRow, RunRow, SessionRow
 from roundtable.store.sessions import Sessions
 from roundtable.store.text import escape_text
@@ -215,25 +215,7 @@ class Runs:
         failure: dict[str, str] | None,
     ) -> bool:
         """The transition itself, under the caller's run lock; False if already there."""
-        current = RunStatus(run.status)
-        if target == current:
-            return False
-        if target not in RUN_TRANSITIONS[current]:
-            raise ConflictError(f"run {run.id!r} cannot go from {current} to {target}")
-        now = await database_now(session)
-        run.status = target
-        run.updated_at = now
-        if failure is not None or current == RunStatus.STALLED:
-            run.failure = failure
-        owner = await session.get(SessionRow, run.session_id)
-        if owner is not None:
-            owner.status = target
-            owner.updated_at = now
-        change: dict[str, Any] = {"from": current, "to": target}
-        if failure is not None:
-            change["failure"] = failure
-        await self.db.audit(session, run, "run.status_changed", change, now)
-        return True
+        return await move_run(session, run, target, failure)
 
     async def record_refusal(
         self, run_id: str, *, call_key: str, seat: str, tool_name: str, code: str, message: str
