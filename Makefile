@@ -36,13 +36,13 @@ test: venv system-deps lint
 proofs:
 	bash proofs/check.sh
 
-# What the safety costs, as ratios against bare baselines in the same run:
-# store claims against a bare upsert; the approval round trip and the history
-# per approved write against a bare Temporal workflow (bench/README.md).
-APPROVALS ?= 200
-bench: venv
-	$(VENV)/bin/python -m bench.claims
-	$(VENV)/bin/python -m bench.approvals --approvals $(APPROVALS) --json bench/results/latest.json
+# What the safety costs (issue 12), ours against bare in one run: approval
+# round trip, throughput, claims, history, memory, crash → unknown, scaling
+# (bench/README.md). Writes bench/results/latest.json; PROFILE=DIR also
+# samples the workers with py-spy. `make test` runs the smoke form.
+PROFILE ?=
+bench: venv system-deps
+	$(VENV)/bin/python -m bench --json bench/results/latest.json $(if $(PROFILE),--profile $(PROFILE))
 
 # Chaos (issue 10): a contended workload under seeded faults for DURATION
 # seconds, then the invariant checker and the canary scan; exit 1 on any

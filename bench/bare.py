@@ -1,8 +1,11 @@
-"""The baseline: bare Temporal doing what one approved write asks of it.
+"""The baseline: bare Temporal doing what our runs ask of it, and nothing else.
 
-A workflow waits for an update (the decision), then runs one non-retrying
-activity that writes one row to a SQLite file. No store, no lease, no audit,
-no codec. Run as its own worker process, as ours is:
+``BareApproval`` waits for an update (the decision), then runs one
+non-retrying activity that writes one row to a SQLite file. ``BareRun`` is
+the throughput shape (bench/throughput.py): the same model turns as our run
+(three seats, two rounds, a manager), each an activity that returns text,
+and the same two writes, each a non-retrying activity writing one row. No
+store, no lease, no audit, no codec. Run as its own worker process, as ours is:
 
     .venv/bin/python -m bench.bare --address HOST:PORT --queue Q --db FILE
 """
@@ -21,7 +24,12 @@ from temporalio.common import RetryPolicy
 from temporalio.worker import Worker
 
 WORKFLOW = "BenchBareApproval"
+RUN = "BenchBareRun"
 DECIDE = "decide"
+SEATS = ("seat-1", "seat-2", "seat-3")
+ROUNDS = (1, 2)
+WRITES = (("seat-1", 1), ("seat-2", 2))  # who writes when, as our run's script does
+ONCE = RetryPolicy(maximum_attempts=1)
 _DB = {"path": ""}
 
 
@@ -60,8 +68,12 @@ class BareApproval:
             write_row,
             key,
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=1),
+            retry_policy=ONCE,
         )
+
+    @workflow.query(name="waiting")
+    def waiting(self) -> bool:
+        return self.decision is None
 
     @workflow.update(name=DECIDE)
     async def decide(self, decision: str) -> str:
@@ -69,11 +81,41 @@ class BareApproval:
         return decision
 
 
+@activity.defn(name="bench_take_turn")
+async def take_turn(who: str) -> str:
+    return f"{who} has spoken"
+
+
+@workflow.defn(name=RUN)
+class BareRun:
+    @workflow.run
+    async def run(self, key: str) -> str:
+        minute = timedelta(seconds=60)
+        for round_number in ROUNDS:
+            for seat in SEATS:
+                await workflow.execute_activity(
+                    take_turn, f"{seat} in round {round_number}", start_to_close_timeout=minute
+                )
+                if (seat, round_number) in WRITES:
+                    await workflow.execute_activity(
+                        write_row,
+                        f"{key}:{seat}:{round_number}",
+                        start_to_close_timeout=minute,
+                        retry_policy=ONCE,
+                    )
+        return await workflow.execute_activity(take_turn, "manager", start_to_close_timeout=minute)
+
+
 async def serve(address: str, queue: str, db: str) -> None:
     _DB["path"] = db
     create_table(db)
     client = await Client.connect(address)
-    worker = Worker(client, task_queue=queue, workflows=[BareApproval], activities=[write_row])
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[BareApproval, BareRun],
+        activities=[write_row, take_turn],
+    )
     await worker.run()
 
 

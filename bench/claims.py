@@ -54,8 +54,8 @@ async def _store_claims(url: str, claims: int, concurrent: bool) -> float:
         with _counting(store.engine) as statements:
             started = time.perf_counter()
             if concurrent:
-                claiming = (store.claim_action_for_execution(a["id"], 30) for a in actions)
-                await asyncio.gather(*claiming)
+                claiming = [store.claim_action_for_execution(a["id"], 30) for a in actions]
+                await _bounded(claiming, CLAIMERS)
             else:
                 for action in actions:
                     await store.claim_action_for_execution(action["id"], 30)
@@ -85,7 +85,7 @@ async def _baseline_claims(url: str, claims: int, concurrent: bool) -> float:
         with _counting(store.engine) as statements:
             started = time.perf_counter()
             if concurrent:
-                await asyncio.gather(*(one(i) for i in range(claims)))
+                await _bounded([one(i) for i in range(claims)], CLAIMERS)
             else:
                 for i in range(claims):
                     await one(i)
@@ -110,17 +110,66 @@ def _counting(engine: Any) -> Iterator[list[int]]:
         event.remove(engine.sync_engine, "before_cursor_execute", count)
 
 
-async def _compare(label: str, url: str, claims: int) -> None:
+CLAIMERS = 8  # concurrent claimers in the concurrent pass
+
+
+async def _bounded(coroutines: list[Any], limit: int) -> None:
+    gate = asyncio.Semaphore(limit)
+
+    async def gated(c: Any) -> None:
+        async with gate:
+            await c
+
+    await asyncio.gather(*(gated(c) for c in coroutines))
+
+
+async def _compare(label: str, url: str, claims: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
     for concurrent in (False, True):
-        mode = "50 concurrent" if concurrent else "sequential"
-        count = 50 if concurrent else claims
-        store_rate, store_statements = await _store_claims(url, count, concurrent)
-        base_rate, base_statements = await _baseline_claims(url, count, concurrent)
+        mode = f"{CLAIMERS} concurrent" if concurrent else "sequential"
+        store_rate, store_statements = await _store_claims(url, claims, concurrent)
+        base_rate, base_statements = await _baseline_claims(url, claims, concurrent)
         print(
             f"{label:<11} {mode:<14} store {store_rate:8.0f}/s  baseline {base_rate:8.0f}/s"
             f"  ratio {store_rate / base_rate:5.2f}"
             f"  statements/claim store {store_statements:4.1f} baseline {base_statements:3.1f}"
         )
+        figures["concurrent" if concurrent else "sequential"] = {
+            "store_claims_per_s": round(store_rate),
+            "baseline_per_s": round(base_rate),
+            "ratio": round(store_rate / base_rate, 2),
+            "statements_per_claim": round(store_statements, 1),
+            "baseline_statements": round(base_statements, 1),
+        }
+    return figures
+
+
+async def measure(claims: int, postgresql: str | None = None) -> dict[str, Any]:
+    """SQLite always; PostgreSQL at ``postgresql``, else a throwaway cluster
+    when PostgreSQL is installed (else the figure says why it is missing)."""
+    os.environ.setdefault(SECRET_ENV, "benchmark-only-secret-not-for-use")
+    figures: dict[str, Any] = {"claims": claims}
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
+        figures["sqlite"] = await _compare("sqlite", url, claims)
+    if postgresql:
+        figures["postgresql"] = await _compare("postgresql", postgresql, claims)
+        return figures
+    try:
+        from tests.pg_cluster import PostgresUnavailable, start_cluster
+    except ImportError:
+        figures["postgresql"] = "skipped: run from the repository root for a throwaway cluster"
+        return figures
+    try:
+        cluster = start_cluster()
+    except PostgresUnavailable as exc:
+        figures["postgresql"] = f"skipped: {exc}"
+        return figures
+    try:
+        figures["postgresql"] = await _compare("postgresql", cluster.url(), claims)
+    finally:
+        cluster.stop()
+    return figures
 
 
 async def main() -> None:
@@ -128,26 +177,7 @@ async def main() -> None:
     parser.add_argument("--claims", type=int, default=300)
     parser.add_argument("--postgresql", help="postgresql+asyncpg:// URL (a database to use)")
     args = parser.parse_args()
-    os.environ.setdefault(SECRET_ENV, "benchmark-only-secret-not-for-use")
-    with tempfile.TemporaryDirectory() as tmp:
-        await _compare("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}", args.claims)
-    if args.postgresql:
-        await _compare("postgresql", args.postgresql, args.claims)
-        return
-    try:
-        from tests.pg_cluster import PostgresUnavailable, start_cluster
-    except ImportError:
-        print("postgresql  (skipped: run from the repository root for a throwaway cluster)")
-        return
-    try:
-        cluster = start_cluster()
-    except PostgresUnavailable as exc:
-        print(f"postgresql  (skipped: {exc})")
-        return
-    try:
-        await _compare("postgresql", cluster.url(), args.claims)
-    finally:
-        cluster.stop()
+    await measure(args.claims, args.postgresql)
 
 
 if __name__ == "__main__":

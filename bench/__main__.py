@@ -1,0 +1,131 @@
+"""`make bench`: every figure of issue 12, ours against bare, in one process
+run, printed as a table and written as JSON.
+
+    .venv/bin/python -m bench [--smoke] [--json FILE] [--profile DIR]
+
+1. approval round trip (p50/p95) and worker CPU per approval (bench/approvals.py)
+2. throughput, runs started at once, and worker CPU per run (bench/throughput.py)
+3. the store's claim against a bare upsert, SQLite and PostgreSQL (bench/claims.py)
+4. history events per approved write (bench/approvals.py)
+5. worker memory per run waiting for approval (bench/waiting.py)
+6. crash → unknown (bench/crash.py)
+7. throughput and CPU per run at 10, 100 and 1,000 runs at once
+
+``--smoke`` takes each figure with a handful of runs (``make test`` checks
+that every figure is produced, never what it says). Compare ratios, not
+absolute numbers: the machines here are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import approvals, claims, crash, throughput, waiting
+from bench.stack import stack
+from bench.throughput import WORKER_ENV
+
+
+@dataclass(frozen=True)
+class Sizes:
+    approvals: int
+    runs_at_once: int
+    scales: tuple[int, ...]
+    waiting: int
+    crashes: int
+    claims: int
+
+
+FULL = Sizes(
+    approvals=200, runs_at_once=200, scales=(10, 100, 1000), waiting=1000, crashes=3, claims=100
+)
+SMOKE = Sizes(approvals=3, runs_at_once=4, scales=(2, 4), waiting=5, crashes=1, claims=10)
+
+
+async def run(sizes: Sizes, profile: Path | None) -> dict[str, Any]:
+    started = time.monotonic()
+    figures: dict[str, Any] = {}
+    figures["claims"] = await claims.measure(sizes.claims)
+    async with stack(WORKER_ENV) as made:
+        figures["approvals"] = await approvals.measure(made, sizes.approvals, profile=profile)
+        figures["throughput"] = await throughput.measure(made, sizes.runs_at_once, profile=profile)
+        figures["scaling"] = [await throughput.measure(made, n) for n in sizes.scales]
+        figures["crash_to_unknown"] = await crash.measure(made, sizes.crashes)
+        figures["waiting_memory"] = await waiting.measure(made, sizes.waiting)
+    figures["seconds"] = round(time.monotonic() - started)
+    return figures
+
+
+def _print(figures: dict[str, Any]) -> None:
+    a = figures["approvals"]
+    print(f"\napprovals: {a['approvals']} a side, alternating")
+    print(f"{'figure':<28}{'bare p50/p95 ms':>18}{'ours p50/p95 ms':>18}{'ratio p50/p95':>16}")
+    for key, _ in approvals.FIGURES:
+        f = a[key]
+        print(
+            f"{f['what']:<28}"
+            f"{f['bare']['p50_ms']:>9}/{f['bare']['p95_ms']:<8}"
+            f"{f['ours']['p50_ms']:>9}/{f['ours']['p95_ms']:<8}"
+            f"{f['ratio_p50']:>8}/{f['ratio_p95']}"
+        )
+    c = a["worker_cpu_per_approval"]
+    print(f"worker CPU per approval: bare {c['bare_ms']} ms, ours {c['ours_ms']} ms ({c['ratio']})")
+    h = a["history_events"]
+    print(
+        f"history events: {h['ours_per_approved_write']} per approved write "
+        f"(a one-write run: {h['ours_run_with_one_write']}; bare workflow: {h['bare_workflow']})"
+    )
+    for t in [figures["throughput"], *figures["scaling"]]:
+        print(
+            f"{t['runs_at_once']:>5} runs at once: runs/s bare {t['bare']['runs_per_s']}, "
+            f"ours {t['ours']['runs_per_s']} ({t['ratio_runs_per_s']}); CPU/run "
+            f"bare {t['bare']['cpu_ms_per_run']} ms, ours {t['ours']['cpu_ms_per_run']} ms "
+            f"({t['ratio_cpu_per_run']})"
+        )
+    w = figures["waiting_memory"]
+    print(
+        f"memory per waiting run ({w['runs_waiting']} a side): bare {w['bare']['kib_per_run']} "
+        f"KiB, ours {w['ours']['kib_per_run']} KiB ({w['ratio']})"
+    )
+    k = figures["crash_to_unknown"]
+    print(
+        f"crash → unknown: median {k['unknown_after_s_median']} s, max "
+        f"{k['unknown_after_s_max']} s (heartbeat timeout {k['heartbeat_timeout_s']} s, "
+        f"target {k['target_s']} s)"
+    )
+    print(f"all figures in {figures['seconds']} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a handful of runs a figure")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--profile", type=Path, help="py-spy the workers into this directory")
+    args = parser.parse_args()
+    # Leave without interpreter finalization, which the SDK's native threads
+    # were seen to abort ("PyGILState_Release ... must be current") or hang.
+    try:
+        figures = asyncio.run(run(SMOKE if args.smoke else FULL, args.profile))
+        _print(figures)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

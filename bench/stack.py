@@ -1,0 +1,186 @@
+"""The stack every benchmark runs on: one `temporal server start-dev`, our
+worker (`roundtable worker`, its own process, SQLite) and the bare worker
+(bench/bare.py, its own process), each on its own task queue; and what is
+read off a worker process (CPU, memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from roundtable.config import SECRET_ENV_VAR
+from roundtable.store import Store, open_store
+from roundtable.temporal import connect, data_converter
+from workflows import search_attributes
+
+BIN = Path(sys.executable).parent
+OURS, BARE = "bench-roundtable", "bench-bare"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int) -> int:
+    """A process's resident memory now (VmRSS, KiB)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+class Stack:
+    def __init__(self, workdir: Path, address: str, extra_env: dict[str, str]) -> None:
+        self.workdir, self.address = workdir, address
+        self.url = f"sqlite+aiosqlite:///{workdir / 'roundtable.db'}"
+        self.bare_db = str(workdir / "bare.db")
+        # Workers may cache bytecode, as an installed package has it (pip
+        # compiles at install): otherwise the sandbox compiles the workflow
+        # modules from source again for every run it starts.
+        inherited = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        self.env = {
+            **inherited,
+            "ROUNDTABLE_DATABASE_URL": self.url,
+            "ROUNDTABLE_TEMPORAL_ADDRESS": address,
+            "ROUNDTABLE_TASK_QUEUE": OURS,
+            "ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS": "0",
+            "ROUNDTABLE_SWEEP_ENABLED": "false",
+            **extra_env,
+        }
+        self.ours: subprocess.Popen | None = None  # type: ignore[type-arg]
+        self.bare: subprocess.Popen | None = None  # type: ignore[type-arg]
+        self.ours_client: Client | None = None
+        self.bare_client: Client | None = None
+        self.store: Store | None = None
+        self._log = (workdir / "workers.log").open("a")
+
+    def start_ours(self, env: dict[str, str] | None = None) -> None:
+        command = [str(BIN / "roundtable"), "worker"]
+        self.ours = subprocess.Popen(  # noqa: S603
+            command, env={**self.env, **(env or {})}, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def start_bare(self) -> None:
+        command = [sys.executable, "-m", "bench.bare", "--address", self.address]
+        command += ["--queue", BARE, "--db", self.bare_db]
+        self.bare = subprocess.Popen(  # noqa: S603
+            command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def kill_ours(self) -> None:
+        """SIGKILL, as a crash: no shutdown, no last heartbeat."""
+        assert self.ours is not None
+        self.ours.send_signal(signal.SIGKILL)
+        self.ours.wait(timeout=30)
+
+    def restart_ours(self, env: dict[str, str] | None = None) -> None:
+        """A fresh worker process (an empty workflow cache)."""
+        _stop(self.ours)
+        self.start_ours(env)
+
+    def restart_bare(self) -> None:
+        _stop(self.bare)
+        self.start_bare()
+
+    def pids(self) -> dict[str, int]:
+        assert self.ours is not None and self.bare is not None
+        return {"ours": self.ours.pid, "bare": self.bare.pid}
+
+    def stop(self) -> None:
+        _stop(self.ours)
+        _stop(self.bare)
+        self._log.close()
+
+
+def _stop(worker: subprocess.Popen | None) -> None:  # type: ignore[type-arg]
+    if worker is None or worker.poll() is not None:
+        return
+    worker.terminate()
+    try:
+        worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait(timeout=30)
+
+
+@asynccontextmanager
+async def stack(extra_env: dict[str, str] | None = None) -> AsyncIterator[Stack]:
+    """A dev server, the schema, both workers, both clients and our store."""
+    os.environ.setdefault(SECRET_ENV_VAR, "bench-" + uuid.uuid4().hex)
+    workdir = Path(tempfile.mkdtemp(prefix="roundtable-bench-"))
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        search_attributes=list(search_attributes.ALL),
+        data_converter=data_converter(),
+        ui=False,
+    )
+    address = env.client.service_client.config.target_host
+    made = Stack(workdir, address, extra_env or {})
+    try:
+        upgrade = [str(BIN / "roundtable"), "db", "upgrade"]
+        await asyncio.to_thread(
+            subprocess.run,
+            upgrade,
+            env=made.env,
+            check=True,
+            capture_output=True,
+        )
+        made.start_ours()
+        made.start_bare()
+        made.ours_client = await connect(address, "default")
+        made.bare_client = await Client.connect(address)
+        async with open_store(made.url, migrate=False) as store:
+            made.store = store
+            yield made
+    finally:
+        made.stop()
+        await env.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def sampled(pids: dict[str, int], directory: Path | None, figure: str) -> Iterator[None]:
+    """With ``directory``, py-spy samples each worker while the block runs,
+    into ``<directory>/<figure>-<side>.txt`` (collapsed stacks)."""
+    spies = []
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for side, pid in pids.items():
+            command = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw"]
+            out = directory / f"{figure}-{side}.txt"
+            command += ["--rate", "200", "--nonblocking", "--output", str(out)]
+            spies.append(
+                subprocess.Popen(  # noqa: S603
+                    command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+            )
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
+
+
+def summary(values_s: list[float]) -> dict[str, Any]:
+    """p50 and p95 of durations given in seconds, in milliseconds."""
+    values = sorted(v * 1000 for v in values_s)
+    p95 = values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
+    return {"p50_ms": round(statistics.median(values), 1), "p95_ms": round(p95, 1)}

@@ -1,0 +1,114 @@
+"""Throughput: runs started at once, until every one has its result.
+
+Ours: three seats, two rounds and a manager (the scripted model), with two
+writes (``ticket_comment``, R1) the run's write policy approves on its own
+(``auto_approve_up_to:R1``, within the worker's service ceiling), each on a
+ticket of its own run, so no run waits for another's lease. Bare: the same
+seven turns and two row writes (bench/bare.py ``BareRun``). Batches of bare
+and ours alternate; each side's worker CPU is read before and after its
+batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench import bare
+from bench.stack import BARE, OURS, Stack, cpu_seconds, sampled
+from roundtable.models import RunInput, RunResult, WorkflowArgs
+from roundtable.names import RUN_WORKFLOW
+
+POLICY = "auto_approve_up_to:R1"
+# The worker lets a run started straight through Temporal use at most this.
+WORKER_ENV = {"ROUNDTABLE_POLICY_CEILING_SERVICE": POLICY}
+
+
+def run_script(key: str) -> dict[str, Any]:
+    """Our run's script: every seat speaks each round; two of them write."""
+    turns = []
+    for round_number in bare.ROUNDS:
+        for seat in bare.SEATS:
+            turn: dict[str, Any] = {"seat": seat, "round": round_number, "text": "noted"}
+            if (seat, round_number) in bare.WRITES:
+                args = {"tenant_id": "acme", "ticket_id": f"{key}-{seat}", "body": "on it"}
+                turn["tool_calls"] = [{"name": "ticket_comment", "args": args}]
+            turns.append(turn)
+    return {"turns": turns, "final": "done"}
+
+
+async def run_ours(stack: Stack, runs: int) -> None:
+    client = stack.ours_client
+    assert client is not None
+
+    async def one() -> None:
+        key = f"tp-{uuid.uuid4().hex[:12]}"
+        request = RunInput(
+            run_id=key,
+            task_text="bench",
+            seats=list(bare.SEATS),
+            max_rounds=len(bare.ROUNDS),
+            write_policy=POLICY,
+            script=run_script(key),
+        )
+        handle = await client.start_workflow(
+            RUN_WORKFLOW,
+            WorkflowArgs(request=request),
+            id=key,
+            task_queue=OURS,
+            result_type=RunResult,
+        )
+        result = await handle.result()
+        assert result.status == "completed", f"{key} ended {result.status}"
+
+    await asyncio.gather(*(one() for _ in range(runs)))
+
+
+async def run_bare(stack: Stack, runs: int) -> None:
+    client = stack.bare_client
+    assert client is not None
+
+    async def one() -> None:
+        key = f"tp-bare-{uuid.uuid4().hex[:12]}"
+        await client.execute_workflow(bare.RUN, key, id=key, task_queue=BARE)
+
+    await asyncio.gather(*(one() for _ in range(runs)))
+
+
+async def _timed(stack: Stack, side: str, runs: int) -> dict[str, float]:
+    pid = stack.pids()[side]
+    cpu, started = cpu_seconds(pid), time.perf_counter()
+    await (run_ours if side == "ours" else run_bare)(stack, runs)
+    elapsed = time.perf_counter() - started
+    return {"seconds": elapsed, "cpu": cpu_seconds(pid) - cpu}
+
+
+async def measure(
+    stack: Stack, runs: int, repeats: int = 1, profile: Path | None = None
+) -> dict[str, Any]:
+    """``runs`` at once, ``repeats`` batches a side, alternating; ``profile``:
+    sample both workers with py-spy while they run."""
+    await _timed(stack, "bare", min(runs, 5))  # warm both workers
+    await _timed(stack, "ours", min(runs, 5))
+    taken: dict[str, list[dict[str, float]]] = {"bare": [], "ours": []}
+    with sampled(stack.pids(), profile, f"throughput-{runs}"):
+        for _ in range(repeats):
+            for side in ("bare", "ours"):
+                taken[side].append(await _timed(stack, side, runs))
+    figures: dict[str, Any] = {"runs_at_once": runs, "batches": repeats}
+    for side, batches in taken.items():
+        seconds = sum(b["seconds"] for b in batches)
+        figures[side] = {
+            "runs_per_s": round(runs * repeats / seconds, 2),
+            "cpu_ms_per_run": round(1000 * sum(b["cpu"] for b in batches) / (runs * repeats), 1),
+        }
+    figures["ratio_runs_per_s"] = round(
+        figures["ours"]["runs_per_s"] / figures["bare"]["runs_per_s"], 2
+    )
+    figures["ratio_cpu_per_run"] = round(
+        figures["ours"]["cpu_ms_per_run"] / figures["bare"]["cpu_ms_per_run"], 2
+    )
+    return figures

@@ -1,0 +1,108 @@
+"""Memory: a worker's resident memory per run waiting for approval.
+
+Each side's worker is restarted (an empty cache) and warmed with a few runs
+that finish; then ``runs`` runs are started that stay waiting: ours with one
+write waiting for approval, bare waiting for its update. Each worker keeps
+them all in its workflow cache (the SDK keeps up to 1,000). The growth of the
+worker's VmRSS, divided by the runs, is the cost of one waiting run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from bench import bare
+from bench.stack import BARE, OURS, Stack, rss_kib
+from bench.throughput import WORKER_ENV, run_bare, run_ours
+from roundtable.models import RunInput, WorkflowArgs
+from roundtable.names import RUN_WORKFLOW
+
+ONE_WRITE_WAITING = {
+    "turns": [
+        {
+            "seat": "seat-1",
+            "round": 1,
+            "text": "updating",
+            "tool_calls": [
+                {
+                    "name": "ticket_update",
+                    "args": {"tenant_id": "acme", "ticket_id": "T-1", "fields": {"p": "high"}},
+                }
+            ],
+        }
+    ],
+    "final": "done",
+}
+SETTLE_SECONDS = 2.0  # let the worker's allocations settle before reading memory
+
+
+async def _ours_waiting(stack: Stack, runs: int) -> None:
+    client, store = stack.ours_client, stack.store
+    assert client is not None and store is not None
+    before = len(await store.list_approvals(status="pending"))
+    for start in range(0, runs, 100):  # in chunks: the server's own limits
+        batch = []
+        for _ in range(min(100, runs - start)):
+            key = f"wait-{uuid.uuid4().hex[:12]}"
+            request = RunInput(
+                run_id=key, task_text="bench", seats=["seat-1"], script=ONE_WRITE_WAITING
+            )
+            batch.append(
+                client.start_workflow(
+                    RUN_WORKFLOW, WorkflowArgs(request=request), id=key, task_queue=OURS
+                )
+            )
+        await asyncio.gather(*batch)
+    deadline = time.monotonic() + 600
+    while len(await store.list_approvals(status="pending")) < before + runs:
+        if time.monotonic() > deadline:
+            raise AssertionError("our runs never all waited for approval")
+        await asyncio.sleep(0.5)
+
+
+async def _bare_waiting(stack: Stack, runs: int) -> None:
+    client = stack.bare_client
+    assert client is not None
+    handles = []
+    for start in range(0, runs, 100):
+        batch = []
+        for _ in range(min(100, runs - start)):
+            key = f"wait-bare-{uuid.uuid4().hex[:12]}"
+            batch.append(client.start_workflow(bare.WORKFLOW, key, id=key, task_queue=BARE))
+        handles += await asyncio.gather(*batch)
+    for start in range(0, runs, 50):  # a query answers once the run waits
+        await asyncio.gather(
+            *(h.query("waiting", result_type=bool) for h in handles[start : start + 50])
+        )
+
+
+async def _warm(stack: Stack) -> None:
+    """A few runs that finish, so imports and pools are in place before the baseline."""
+    await run_bare(stack, 3)
+    await run_ours(stack, 3)
+
+
+async def measure(stack: Stack, runs: int) -> dict[str, Any]:
+    stack.restart_ours(WORKER_ENV)
+    stack.restart_bare()
+    await asyncio.sleep(3)  # both polling
+    await _warm(stack)
+    await asyncio.sleep(SETTLE_SECONDS)
+    pids = stack.pids()
+    before = {side: rss_kib(pid) for side, pid in pids.items()}
+    await _bare_waiting(stack, runs)
+    await _ours_waiting(stack, runs)
+    await asyncio.sleep(SETTLE_SECONDS)
+    grown = {side: rss_kib(pid) - before[side] for side, pid in pids.items()}
+    figures: dict[str, Any] = {"runs_waiting": runs}
+    for side in ("bare", "ours"):
+        figures[side] = {"kib_per_run": round(grown[side] / runs, 1)}
+    figures["ratio"] = (
+        round(figures["ours"]["kib_per_run"] / figures["bare"]["kib_per_run"], 2)
+        if figures["bare"]["kib_per_run"] > 0
+        else None
+    )
+    return figures
