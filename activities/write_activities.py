@@ -51,6 +51,7 @@ from roundtable.security import (
     ActionSecretKeyError,
     ArgumentsDecryptionError,
     CapabilityError,
+    decrypt_arguments,
     redact_text,
     target_of,
 )
@@ -350,12 +351,14 @@ class WriteActivities:
         Heartbeats cover all of it: a claim slowed by the database is alive."""
         async with heartbeating(inp.heartbeat_interval_seconds):
             claimed_at = asyncio.get_running_loop().time()
-            claim = await self.store.claim_action_for_execution(inp.action_id, inp.lease_seconds)
-            if claim != ClaimOutcome.CLAIMED:
+            claimed = await self.store.claim_for_execution(inp.action_id, inp.lease_seconds)
+            claim, action = claimed.outcome, claimed.action
+            if claim != ClaimOutcome.CLAIMED or action is None:
                 return await self._action_now(inp.action_id, claim)
-            action = await self.store.get_action(inp.action_id)
             terms = LeaseTerms(inp.lease_seconds, inp.heartbeat_interval_seconds, claimed_at)
-            status, result, over, interrupted = await self._invoke_under_lease(action, terms)
+            status, result, over, interrupted = await self._invoke_under_lease(
+                action, claimed.sealed_arguments, terms
+            )
             recording = self.store.record_action_terminal_result(
                 inp.action_id,
                 status,
@@ -375,17 +378,20 @@ class WriteActivities:
             return await self._action_now(inp.action_id, claim)
 
     async def _invoke_under_lease(
-        self, action: dict[str, Any], terms: LeaseTerms
+        self, action: dict[str, Any], sealed: str | None, terms: LeaseTerms
     ) -> tuple[str, dict[str, Any], bool, bool]:
-        """(status, result, attempt over, interrupted) of one tool call. (About
-        60 lines: how the call ended is judged in one place, case by case.)"""
+        """(status, result, attempt over, interrupted) of one tool call, given
+        the action and its sealed arguments as the claim read them. (About 60
+        lines: how the call ended is judged in one place, case by case.)"""
         tool = self.registry.get(action["tool_name"])
         if tool is None:
             return ActionStatus.FAILED, {"error_code": "tool_unavailable"}, True, False
+        if sealed is None:  # every write is stored with its arguments
+            raise NotFoundError(f"no stored arguments for action {action['id']!r}")
         # Nothing is invoked if the arguments cannot be read or do not fit:
         # a definite failure, not an unknown.
         try:
-            arguments = await self.store.get_action_arguments(action["id"])
+            arguments = decrypt_arguments(sealed, associated_data=action["id"].encode())
         except (ArgumentsDecryptionError, ActionSecretKeyError) as exc:
             unreadable = {"error_code": "arguments_unreadable", "message": str(exc)}
             return ActionStatus.FAILED, unreadable, True, False

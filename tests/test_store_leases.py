@@ -379,3 +379,29 @@ async def lease_of(store, action_id: str) -> ActionLeaseRow | None:
                 select(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
             )
         ).scalar_one_or_none()
+
+
+async def test_a_claim_hands_the_executor_its_action_and_sealed_arguments(store) -> None:
+    """What the executor needs next is read in the claim's own transaction:
+    the action as executing, with the token it was just given, and its
+    arguments still sealed; a claim that does not claim hands over nothing."""
+    from roundtable.security import decrypt_arguments
+
+    run = await new_run(store)
+    target = target_for("handed")
+    arguments = {"ticket": "T-9", "note": "secret-ish"}
+    first = await new_action(store, run, key="handed-1", target_key=target, arguments=arguments)
+    second = await new_action(store, run, key="handed-2", target_key=target, arguments=arguments)
+
+    claimed = await store.claim_for_execution(first["id"], 30)
+    assert claimed.outcome == ClaimOutcome.CLAIMED
+    assert claimed.action["status"] == "executing" and claimed.action["attempt_count"] == 1
+    assert claimed.action["fencing_token"] == (await store.get_action(first["id"]))["fencing_token"]
+    assert claimed.action["fencing_token"] >= 1
+    assert claimed.sealed_arguments is not None and "secret-ish" not in claimed.sealed_arguments
+    opened = decrypt_arguments(claimed.sealed_arguments, associated_data=first["id"].encode())
+    assert opened == arguments
+
+    busy = await store.claim_for_execution(second["id"], 30)
+    assert busy.outcome == ClaimOutcome.TARGET_BUSY
+    assert busy.action is None and busy.sealed_arguments is None

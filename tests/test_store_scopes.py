@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from roundtable.store import InvalidInputError
-from tests.helpers import new_action, new_run, target_fields
+from tests.helpers import new_action, new_run, set_column, target_fields
 
 WIDE = None  # an unusable key field: the key covers the whole namespace
 
@@ -133,3 +133,28 @@ async def test_fencing_tokens_grow_across_a_scope_not_only_per_key(store) -> Non
     assert await claim(store, elsewhere) == "claimed"
     assert tokens == [1, 2, 3, 4, 5]
     assert (await store.get_action(elsewhere["id"]))["fencing_token"] == 1  # its own scope
+
+
+async def test_a_key_whose_own_counter_ran_ahead_of_its_scope_keeps_outranking(store) -> None:
+    """A key claimed before scopes existed has its own counter ahead of its
+    scope's: its next token is one past the larger of the two, and the scope
+    follows it, so the next claim anywhere in the scope outranks it too."""
+    from roundtable.store.schema import TargetFencingRow, TargetScopeRow
+
+    run = await new_run(store)
+    first = await new_action(store, run, key="first", **target_fields("task-1"))
+    assert await claim(store, first) == "claimed"
+    await store.record_action_terminal_result(first["id"], "succeeded", {})
+    await set_column(
+        store, TargetFencingRow, TargetFencingRow.target_key == first["target_key"], last_token=7
+    )
+    again = await new_action(store, run, key="again", **target_fields("task-1"))
+    assert await claim(store, again) == "claimed"
+    assert (await store.get_action(again["id"]))["fencing_token"] == 8
+    await store.record_action_terminal_result(again["id"], "succeeded", {})
+    neighbour = await new_action(store, run, key="neighbour", **target_fields("task-2"))
+    assert await claim(store, neighbour) == "claimed"
+    assert (await store.get_action(neighbour["id"]))["fencing_token"] == 9
+    async with store.session_factory() as session:
+        scope = await session.get(TargetScopeRow, first["target_scope"])
+        assert scope.claims == 9

@@ -263,3 +263,37 @@ async def test_a_tool_errors_message_is_kept_without_the_arguments(tmp_path) -> 
             [e["payload"] for e in await h.store.list_events(handle.id)]
         )
         await handle.terminate()
+
+
+async def test_a_write_whose_arguments_cannot_be_opened_fails_and_never_runs(tmp_path) -> None:
+    """The claim hands over the sealed arguments; arguments that will not
+    decrypt (sealed for another action, a rotated key) are a definite
+    failure: nothing was invoked, so nothing is unknown."""
+    from roundtable.models import Decision
+    from roundtable.security import encrypt_arguments
+    from roundtable.store.schema import ActionSecretRow
+    from tests.helpers import set_column
+
+    async with harness(tmp_path) as h:
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, [ticket_call("ticket_update")]))
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        (action,) = await h.store.list_actions(handle.id)
+        foreign = encrypt_arguments({"fields": {"p": "low"}}, associated_data=b"another-action")
+        await set_column(
+            h.store,
+            ActionSecretRow,
+            ActionSecretRow.action_id == action["id"],
+            arguments_encrypted=foreign,
+        )
+        await handle.execute_update(
+            RoundtableWorkflow.decide_approval,
+            Decision(approval_id=approval_id, decision="approved", decided_by="op-1"),
+        )
+        assert (await handle.result()).status == "completed"
+        (action,) = await h.store.list_actions(handle.id)
+        assert action["status"] == "failed"
+        assert action["result"]["error_code"] == "arguments_unreadable"
+        assert await h.tickets.write_log() == []

@@ -135,6 +135,7 @@ class Store:
     expire_due_approvals = _on("approvals", Approvals.expire_due)
 
     claim_action_for_execution = _on("leases", Leases.claim)
+    claim_for_execution = _on("leases", Leases.claim_for_execution)
     renew_action_lease = _on("leases", Leases.renew)
     hold_action_lease = _on("leases", Leases.hold)
     record_action_terminal_result = _on("leases", Leases.record_result)

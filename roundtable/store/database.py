@@ -116,14 +116,20 @@ class Database:
     async def lock_row(
         self, session: AsyncSession, model: type[R], row_id: str
     ) -> tuple[RunRow, R]:
-        """Lock the run an action or approval belongs to, then read the row
-        afresh (stable while the run lock is held)."""
-        run_id = (
-            await session.execute(select(model.run_id).where(model.id == row_id))  # type: ignore[attr-defined]
+        """Lock the run an action or approval belongs to (found by a subquery,
+        in the locking statement itself), then read the row afresh (stable
+        while the run lock is held)."""
+        owner = select(model.run_id).where(model.id == row_id).scalar_subquery()  # type: ignore[attr-defined]
+        run = (
+            await session.execute(
+                select(RunRow)
+                .where(RunRow.id == owner)
+                .with_for_update()
+                .execution_options(populate_existing=True)
+            )
         ).scalar_one_or_none()
-        if run_id is None:
+        if run is None:  # every row has its run (a foreign key): the row is missing
             raise NotFoundError(f"{_NOUNS[model]} {row_id!r} not found")
-        run = await self.lock_run(session, run_id)
         return run, await reload(session, model, row_id)
 
     @staticmethod

@@ -18,10 +18,11 @@ The rules (docs/architecture.md, "Safety rules"):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, false, or_, select, update
+from sqlalchemy import and_, delete, false, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable import chaos_hook
@@ -34,12 +35,13 @@ from roundtable.states import (
     ClaimOutcome,
 )
 from roundtable.store.database import Database, reload
-from roundtable.store.engine import database_clock, database_now, insert_for
+from roundtable.store.engine import database_clock, database_now, insert_for, is_postgresql
 from roundtable.store.errors import ConflictError, InvalidInputError
 from roundtable.store.rows import require_aware, row_to_dict
 from roundtable.store.schema import (
     ActionLeaseRow,
     ActionRow,
+    ActionSecretRow,
     RunRow,
     TargetFencingRow,
     TargetScopeRow,
@@ -57,6 +59,15 @@ def _lease_length(lease_seconds: float) -> timedelta:
     return timedelta(seconds=lease_seconds)
 
 
+@dataclass(frozen=True)
+class Claim:
+    """How a claim ended; when it claimed, the action and its sealed arguments."""
+
+    outcome: ClaimOutcome
+    action: dict[str, Any] | None = None
+    sealed_arguments: str | None = None
+
+
 @complete_every_public_coroutine
 class Leases:
     def __init__(self, db: Database) -> None:
@@ -64,21 +75,36 @@ class Leases:
 
     async def claim(self, action_id: str, lease_seconds: float) -> ClaimOutcome:
         """Try to start executing an approved action; see :class:`ClaimOutcome`."""
+        return (await self.claim_for_execution(action_id, lease_seconds)).outcome
+
+    async def claim_for_execution(self, action_id: str, lease_seconds: float) -> Claim:
+        """:meth:`claim`, and when it claims, what the executor needs next,
+        read in the claim's own transaction: the action as it now stands
+        (executing, with its fencing token) and its sealed arguments."""
         length = _lease_length(lease_seconds)
         async with self.db.transaction() as session:
             run, action = await self.db.lock_row(session, ActionRow, action_id)
             now = await database_now(session)
             if action.status in FINAL_ACTION_STATUSES:
-                return ClaimOutcome.ALREADY_FINISHED
+                return Claim(ClaimOutcome.ALREADY_FINISHED)
             if action.status == ActionStatus.UNKNOWN:
-                return ClaimOutcome.UNKNOWN
+                return Claim(ClaimOutcome.UNKNOWN)
             if action.status == ActionStatus.WAITING_APPROVAL:
-                return ClaimOutcome.NOT_APPROVED
+                return Claim(ClaimOutcome.NOT_APPROVED)
             if action.status == ActionStatus.EXECUTING:
-                return await self._claim_own_executing(session, run, action, now)
+                return Claim(await self._claim_own_executing(session, run, action, now))
             if await target_has_unknown(session, action):
-                return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
-            return await take_lease(self.db, session, run, action, now, length)
+                return Claim(ClaimOutcome.TARGET_RECONCILIATION_REQUIRED)
+            outcome = await take_lease(self.db, session, run, action, now, length)
+            if outcome != ClaimOutcome.CLAIMED:
+                return Claim(outcome)
+            executing = await reload(session, ActionRow, action_id)
+            secret = await session.get(ActionSecretRow, action_id)
+            return Claim(
+                outcome,
+                row_to_dict(executing),
+                secret.arguments_encrypted if secret is not None else None,
+            )
 
     async def _claim_own_executing(
         self, session: AsyncSession, run: RunRow, action: ActionRow, now: datetime
@@ -415,35 +441,42 @@ async def take_lease(
     locked), in three phases: lock the scope and look for overlapping
     holders; insert the lease row, the step that serialises claims; start
     executing under a new fencing token."""
+    scope_claims = None
     if action.target_scope is not None:
-        now, blocked = await _lock_scope(session, action)
+        now, scope_claims, blocked = await _lock_scope(session, action)
         if blocked is not None:
             return blocked
     if not await _insert_lease(session, run, action, now, length):
         same_key = ActionLeaseRow.target_key == action.target_key
         return await _holder_outcome(session, same_key) or ClaimOutcome.TARGET_BUSY
-    await _start_executing(db, session, run, action, now, length)
+    await _start_executing(db, session, run, action, now, length, scope_claims)
     return ClaimOutcome.CLAIMED
 
 
 async def _lock_scope(
     session: AsyncSession, action: ActionRow
-) -> tuple[datetime, ClaimOutcome | None]:
+) -> tuple[datetime, int, ClaimOutcome | None]:
     """Hold the scope row until commit, so the overlap check and the insert
     after it are one step for every claim in this scope. (A no-op update
     still takes the row lock; ``claims`` only counts claims that succeed, see
-    _next_fencing_token.) Returns the time after the lock, and why an
-    overlapping lease stands in the way, if one does."""
-    await session.execute(
-        insert_for(session, TargetScopeRow)
-        .values(scope_key=action.target_scope, claims=0)
-        .on_conflict_do_update(index_elements=["scope_key"], set_={"claims": TargetScopeRow.claims})
-    )
+    _next_fencing_token.) Returns the time after the lock, the scope's claims
+    as the lock found them (stable while it is held), and why an overlapping
+    lease stands in the way, if one does."""
+    claims = (
+        await session.execute(
+            insert_for(session, TargetScopeRow)
+            .values(scope_key=action.target_scope, claims=0)
+            .on_conflict_do_update(
+                index_elements=["scope_key"], set_={"claims": TargetScopeRow.claims}
+            )
+            .returning(TargetScopeRow.claims)
+        )
+    ).scalar_one()
     # The lock may have been waited for: the lease runs from now, so leases
     # and tokens of one scope are granted in the same order.
     now = await database_now(session)
     overlapping = _overlaps(action, ActionLeaseRow.scope_key, ActionLeaseRow.namespace_wide)
-    return now, await _holder_outcome(session, overlapping)
+    return now, claims, await _holder_outcome(session, overlapping)
 
 
 async def _insert_lease(
@@ -476,9 +509,10 @@ async def _start_executing(
     action: ActionRow,
     now: datetime,
     length: timedelta,
+    scope_claims: int | None,
 ) -> None:
     """approved → executing under the lease just taken, with its token."""
-    token = await _next_fencing_token(session, action)
+    token = await _next_fencing_token(session, action, scope_claims)
     await session.execute(
         update(ActionLeaseRow)
         .where(ActionLeaseRow.target_key == action.target_key)
@@ -512,39 +546,32 @@ async def _start_executing(
     )
 
 
-async def _next_fencing_token(session: AsyncSession, action: ActionRow) -> int:
+async def _next_fencing_token(
+    session: AsyncSession, action: ActionRow, scope_claims: int | None
+) -> int:
     """The claim's fencing token: larger than every token given before on
     this target *and* in its scope, so a namespace-wide write outranks the
     per-key writes before it (and they it). The scope row (locked since the
-    start of the claim) holds the scope's last token; the target's own
-    counter may have run ahead of it for keys claimed before scopes existed."""
-    target_token = (
+    start of the claim) holds the scope's last token, ``scope_claims``; the
+    target's own counter may have run ahead of it for keys claimed before
+    scopes existed. One upsert takes the larger of the two, one past each."""
+    floor = 1 if scope_claims is None else scope_claims + 1
+    larger = func.greatest if is_postgresql(session) else func.max  # SQLite: max(a, b)
+    token = (
         await session.execute(
             insert_for(session, TargetFencingRow)
-            .values(target_key=action.target_key, last_token=1)
+            .values(target_key=action.target_key, last_token=floor)
             .on_conflict_do_update(
                 index_elements=["target_key"],
-                set_={"last_token": TargetFencingRow.last_token + 1},
+                set_={"last_token": larger(TargetFencingRow.last_token + 1, floor)},
             )
             .returning(TargetFencingRow.last_token)
         )
     ).scalar_one()
-    if action.target_scope is None:
-        return target_token
-    scope_claims = (
+    if action.target_scope is not None:
         await session.execute(
-            select(TargetScopeRow.claims).where(TargetScopeRow.scope_key == action.target_scope)
+            update(TargetScopeRow)
+            .where(TargetScopeRow.scope_key == action.target_scope)
+            .values(claims=token)
         )
-    ).scalar_one()
-    token = max(target_token, scope_claims + 1)
-    await session.execute(
-        update(TargetFencingRow)
-        .where(TargetFencingRow.target_key == action.target_key)
-        .values(last_token=token)
-    )
-    await session.execute(
-        update(TargetScopeRow)
-        .where(TargetScopeRow.scope_key == action.target_scope)
-        .values(claims=token)
-    )
     return token
