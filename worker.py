@@ -141,7 +141,7 @@ async def worker_parts(settings: Settings) -> AsyncIterator[WorkerParts]:
     """The store, the demo ticket system and a registry holding its tools."""
     async with open_store(settings.database_url) as store:
         tickets = await TicketSystem.open(
-            settings.database_url,
+            settings.tickets_url(),
             settings.demo_ticket_write_delay_seconds,
             frozenset(settings.demo_ticket_drop_after_write),
         )

@@ -58,6 +58,9 @@ class Stack:
         self.env = {
             **inherited,
             "ROUNDTABLE_DATABASE_URL": self.url,
+            # The ticket system stands in for a customer's: a database of its
+            # own, as the bare side writes its rows to a file of its own.
+            "ROUNDTABLE_DEMO_TICKETS_URL": f"sqlite+aiosqlite:///{workdir / 'tickets.db'}",
             "ROUNDTABLE_TEMPORAL_ADDRESS": address,
             "ROUNDTABLE_TASK_QUEUE": OURS,
             "ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS": "0",

@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     # where any token would be readable by every local user.
     ui_codec_loopback: bool = False
     demo_ticket_write_delay_seconds: float = Field(default=0.5, ge=0)
+    # Where the demo ticket system keeps its tickets: by default beside the
+    # store, in its database. A separate database stands in for a customer's
+    # system of its own (the benchmarks use one, as the bare baseline does).
+    demo_tickets_url: str | None = None
     # Chaos for demos and tests: writes to these demo ticket ids apply, then fail.
     demo_ticket_drop_after_write: list[str] = Field(default_factory=list)
     # Who may ask for what (roundtable/permissions.py). The write policy a run
@@ -71,6 +75,10 @@ class Settings(BaseSettings):
     # never past this long after the approval was created (refused with 409).
     max_approval_extensions: int = Field(default=3, ge=0)
     max_approval_total_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+
+    def tickets_url(self) -> str:
+        """The demo ticket system's database (see demo_tickets_url)."""
+        return self.demo_tickets_url or self.database_url
 
 
 def load_settings() -> Settings:

@@ -27,7 +27,7 @@ def check(
     async def look() -> dict[str, Any]:
         config = settings()
         client = None if no_temporal else await temporal(config)
-        system = await TicketSystem.open(config.database_url)
+        system = await TicketSystem.open(config.tickets_url())
         try:
             async with store_from(config) as store:
                 evidence = await gather(store, system, client)

@@ -114,7 +114,7 @@ def tickets(as_json: JsonFlag = False) -> None:
     """The demo ticket system's write log: what really happened."""
 
     async def read() -> list[dict[str, Any]]:
-        system = await TicketSystem.open(settings().database_url)
+        system = await TicketSystem.open(settings().tickets_url())
         try:
             return await system.write_log()
         finally:

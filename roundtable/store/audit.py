@@ -72,9 +72,12 @@ async def append_event(
 ) -> AuditEventRow:
     """Append to ``run``'s chain. ``run`` must be the row locked by this transaction.
     Text the database cannot store (from models and tools) is escaped before
-    hashing, so the chain covers exactly what is kept. Pending changes are
-    flushed first, so the rows an event speaks of exist before it."""
-    await session.flush()
+    hashing, so the chain covers exactly what is kept. Rows added before the
+    event are written first, so the rows an event speaks of exist before it;
+    changes to existing rows, and the events themselves, wait for the next
+    flush (a transaction's events go in together, its chain head once)."""
+    if any(not isinstance(row, AuditEventRow) for row in session.new):
+        await session.flush()
     _check_payload(payload)
     payload = escape_json(payload)
     seq = run.last_event_seq + 1

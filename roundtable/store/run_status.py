@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.states import RUN_TRANSITIONS, RunStatus
@@ -33,14 +34,18 @@ async def move_run(
     if target not in RUN_TRANSITIONS[current]:
         raise ConflictError(f"run {run.id!r} cannot go from {current} to {target}")
     now = now or await database_now(session)
+    # The session first, in one statement (no read); the run's own changes
+    # go out with its audit event at the next flush.
+    with session.no_autoflush:
+        await session.execute(
+            update(SessionRow)
+            .where(SessionRow.id == run.session_id)
+            .values(status=target, updated_at=now)
+        )
     run.status = target
     run.updated_at = now
     if failure is not None or current == RunStatus.STALLED:
         run.failure = failure
-    owner = await session.get(SessionRow, run.session_id)
-    if owner is not None:
-        owner.status = target
-        owner.updated_at = now
     change: dict[str, Any] = {"from": current, "to": target}
     if failure is not None:
         change["failure"] = failure
