@@ -117,6 +117,7 @@ async def harness(
     converter: DataConverter | None = None,
     authority: Authority = TRUSTING,
     database_url: str | None = None,
+    dev_server_args: list[str] | None = None,
 ) -> AsyncIterator[Harness]:
     """``restartable``: the test stops and starts workers (stop_worker,
     start_worker). Workers then keep no sticky cache: the time-skipping server
@@ -126,7 +127,8 @@ async def harness(
     ``authority``: the worker's rules; by default it trusts whatever a test
     starts (tests of the rules themselves pass their own).
     ``database_url``: the store's database (default SQLite in ``tmp_path``);
-    the demo ticket system stays on SQLite."""
+    the demo ticket system stays on SQLite. ``dev_server_args``: more
+    arguments for the dev server (dynamic config, say)."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     if dev_server:
         env = await WorkflowEnvironment.start_local(
@@ -134,6 +136,7 @@ async def harness(
             search_attributes=list(search_attributes.ALL),
             data_converter=converter or data_converter(),
             ui=False,
+            dev_server_extra_args=dev_server_args or [],
         )
     else:
         env = await WorkflowEnvironment.start_time_skipping(
