@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -218,15 +219,23 @@ class WriteActivities:
         approval's real status, so the workflow follows the database."""
         inp = request.decision
         decider = verified_decider(inp, datetime.now(UTC))
-        _, action, run = await self.store.decision_context(inp.approval_id)
-        self.authority.check_decider(decider, run["user_id"], action["risk_level"])
-        # A tenant-limited approver decides only writes for their tenants.
-        tool = self.registry.get(action["tool_name"])
-        if decider.tenants is not None and tool is not None:
-            arguments = await self.store.get_action_arguments(action["id"])
-            check_tenant(decider.tenants, _tenant_of(tool, arguments), decider.user_id)
-        if inp.arguments is not None:
-            return await self._approve_with_edits(request, decider, run, action)
+
+        def may_decide(run_owner: str, risk_level: str) -> None:
+            self.authority.check_decider(decider, run_owner, risk_level)
+
+        guard: Callable[[str, str], None] | None = may_decide
+        if decider.tenants is not None or inp.arguments is not None:
+            # Tenant limits need the arguments, edits the run: read first.
+            _, action, run = await self.store.decision_context(inp.approval_id)
+            may_decide(run["user_id"], action["risk_level"])
+            # A tenant-limited approver decides only writes for their tenants.
+            tool = self.registry.get(action["tool_name"])
+            if decider.tenants is not None and tool is not None:
+                arguments = await self.store.get_action_arguments(action["id"])
+                check_tenant(decider.tenants, _tenant_of(tool, arguments), decider.user_id)
+            if inp.arguments is not None:
+                return await self._approve_with_edits(request, decider, run, action)
+            guard = None  # checked just now
         try:
             decided = await self.store.decide_approval(
                 inp.approval_id,
@@ -235,12 +244,13 @@ class WriteActivities:
                 inp.reason,
                 inp.arguments_digest,
                 run_status=request.run_status,
+                guard=guard,
             )
         except ConflictError as exc:
             return await self._decision_view(inp.approval_id, conflict=str(exc))
         return DecisionRecorded(
             approval_id=inp.approval_id,
-            action_id=action["id"],
+            action_id=decided["action_id"],
             status=decided["action_status"],
             approval_status=decided["status"],
             expires_at=decided["expires_at"],

@@ -5,6 +5,7 @@ each of an approval's transitions, with its checks, is here and nowhere else.)""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -147,6 +148,7 @@ class Approvals:
         reason: str | None = None,
         arguments_digest: str | None = None,
         run_status: str | None = None,
+        guard: Callable[[str, str], None] | None = None,
     ) -> dict[str, Any]:
         """Approve or reject a pending approval, exactly once.
 
@@ -157,6 +159,8 @@ class Approvals:
         action now holds is a conflict too (checked under the run lock).
         ``run_status``: what the run shows once this decision is recorded (its
         workflow's word), set in the same transaction (see carry_run_status).
+        ``guard(run owner, risk level)``: who may decide, checked first, on the
+        locked rows; whatever it raises refuses the decision.
 
         Returns the approval as decided, with ``action_status`` (its action's
         status now) and ``run_status`` (the run's), read in the same transaction.
@@ -168,9 +172,14 @@ class Approvals:
         expired_late = False
         async with self.db.transaction() as session:
             run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
+            action = None
+            if guard is not None or arguments_digest is not None:
+                action = await session.get(ActionRow, approval.action_id)
+            if guard is not None and action is not None:
+                guard(run.user_id, action.risk_level)
             require_pending(approval)
             if arguments_digest is not None:
-                require_digest(await session.get(ActionRow, approval.action_id), arguments_digest)
+                require_digest(action, arguments_digest)
             now = await database_now(session)
             if now >= approval.expires_at:
                 expired_late = await self._expire_locked(session, run, approval, now)
