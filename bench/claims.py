@@ -1,6 +1,8 @@
-"""How much the safety costs: the store's claim (run lock, checks, lease,
-fencing token, audit event, all in one transaction) against a bare
-single-statement lease upsert on the same database, in the same process.
+"""How much the safety costs: the store's claim as the executor makes it
+(``claim_for_execution``: run lock, checks, lease, fencing token, audit
+event, and the action and its sealed arguments read back, all in one
+transaction) against a bare single-statement lease upsert on the same
+database, in the same process.
 
     .venv/bin/python -m bench.claims [--claims N] [--postgresql URL]
 
@@ -54,11 +56,11 @@ async def _store_claims(url: str, claims: int, concurrent: bool) -> float:
         with _counting(store.engine) as statements:
             started = time.perf_counter()
             if concurrent:
-                claiming = [store.claim_action_for_execution(a["id"], 30) for a in actions]
+                claiming = [store.claim_for_execution(a["id"], 30) for a in actions]
                 await _bounded(claiming, CLAIMERS)
             else:
                 for action in actions:
-                    await store.claim_action_for_execution(action["id"], 30)
+                    await store.claim_for_execution(action["id"], 30)
             elapsed = time.perf_counter() - started
         return claims / elapsed, statements[0] / claims
 

@@ -54,10 +54,15 @@ with workflow.unsafe.imports_passed_through():
         STATE_QUERY,
     )
 
-from workflows.notifier import Notifier
-from workflows.status import StatusBoard
-from workflows.timeouts import BOOKKEEPING, MODEL_CALL, TOOL_CALL
-from workflows.write_path import SETTLED, Inbox, WritePath
+# The run's helpers are deterministic by construction (only the workflow API),
+# so they are passed through: built once per worker, not once per run (CPU
+# and memory per waiting run). tests/test_workflow_determinism.py watches
+# them for clocks, randomness and I/O, as the sandbox no longer does.
+with workflow.unsafe.imports_passed_through():
+    from workflows.notifier import Notifier
+    from workflows.status import StatusBoard
+    from workflows.timeouts import BOOKKEEPING, MODEL_CALL, TOOL_CALL
+    from workflows.write_path import SETTLED, Inbox, WritePath
 
 # Runs started before the safety-holes fixes keep their old behaviour to the
 # end (their histories must replay); runs started after take the new rules.

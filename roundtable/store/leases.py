@@ -75,12 +75,15 @@ class Leases:
 
     async def claim(self, action_id: str, lease_seconds: float) -> ClaimOutcome:
         """Try to start executing an approved action; see :class:`ClaimOutcome`."""
-        return (await self.claim_for_execution(action_id, lease_seconds)).outcome
+        return (await self._claim(action_id, lease_seconds, hand_over=False)).outcome
 
     async def claim_for_execution(self, action_id: str, lease_seconds: float) -> Claim:
         """:meth:`claim`, and when it claims, what the executor needs next,
         read in the claim's own transaction: the action as it now stands
         (executing, with its fencing token) and its sealed arguments."""
+        return await self._claim(action_id, lease_seconds, hand_over=True)
+
+    async def _claim(self, action_id: str, lease_seconds: float, hand_over: bool) -> Claim:
         length = _lease_length(lease_seconds)
         async with self.db.transaction() as session:
             run, action = await self.db.lock_row(session, ActionRow, action_id)
@@ -96,7 +99,7 @@ class Leases:
             if await target_has_unknown(session, action):
                 return Claim(ClaimOutcome.TARGET_RECONCILIATION_REQUIRED)
             outcome = await take_lease(self.db, session, run, action, now, length)
-            if outcome != ClaimOutcome.CLAIMED:
+            if outcome != ClaimOutcome.CLAIMED or not hand_over:
                 return Claim(outcome)
             executing = await reload(session, ActionRow, action_id)
             secret = await session.get(ActionSecretRow, action_id)

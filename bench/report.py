@@ -1,0 +1,95 @@
+"""The figures of one `make bench` run as the rows of bench/README.md's table,
+so the README is copied from the JSON, never typed:
+
+    .venv/bin/python -m bench.report bench/results/latest.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _ratio(ours: float, bare: float) -> str:
+    return f"{ours / bare:.2f}" if bare else "—"
+
+
+def rows(figures: dict[str, Any]) -> list[str]:
+    """One markdown row a figure: figure | bare | ours | ratio | target."""
+    a = figures["approvals"]
+    out = []
+    for key, target in (("result", "≤ 1.2 (p95 ≤ 1.5)"), ("write", "≤ 1.5"), ("update", "≤ 1.5")):
+        f = a[key]
+        out.append(
+            f"| {f['what']}, p50 (p95) | {f['bare']['p50_ms']} ms ({f['bare']['p95_ms']}) "
+            f"| {f['ours']['p50_ms']} ms ({f['ours']['p95_ms']}) "
+            f"| {f['ratio_p50']} ({f['ratio_p95']}) | {target} |"
+        )
+    c = a["worker_cpu_per_approval"]
+    out.append(
+        f"| worker CPU per approval | {c['bare_ms']} ms | {c['ours_ms']} ms | {c['ratio']} | ≤ 2 |"
+    )
+    t = figures["throughput"]
+    out.append(
+        f"| runs/s, {t['runs_at_once']} at once | {t['bare']['runs_per_s']} "
+        f"| {t['ours']['runs_per_s']} | {t['ratio_runs_per_s']} | ≥ 0.8 |"
+    )
+    out.append(
+        f"| worker CPU per run | {t['bare']['cpu_ms_per_run']} ms "
+        f"| {t['ours']['cpu_ms_per_run']} ms | {t['ratio_cpu_per_run']} | ≤ 2 |"
+    )
+    h = a["history_events"]
+    out.append(
+        f"| history events per approved write | {h['bare_workflow']} (whole workflow) "
+        f"| {h['ours_per_approved_write']} | | ≤ 15 |"
+    )
+    w = figures["waiting_memory"]
+    out.append(
+        f"| worker memory per run waiting ({w['runs_waiting']} a side) "
+        f"| {w['bare']['kib_per_run']} KiB | {w['ours']['kib_per_run']} KiB | {w['ratio']} "
+        "| ≤ 100 KiB |"
+    )
+    for database in ("sqlite", "postgresql"):
+        claims = figures["claims"].get(database)
+        if not isinstance(claims, dict):
+            out.append(f"| store claim ({database}) | | {claims} | | |")
+            continue
+        for mode in ("sequential", "concurrent"):
+            m = claims[mode]
+            out.append(
+                f"| store claim, {mode} ({database}), claims/s | {m['baseline_per_s']} "
+                f"| {m['store_claims_per_s']} | {m['ratio']} | ≥ 0.5 |"
+            )
+        s = claims["sequential"]
+        out.append(
+            f"| statements per claim ({database}) | {s['baseline_statements']} "
+            f"| {s['statements_per_claim']} | | ≤ 2 round trips |"
+        )
+    k = figures["crash_to_unknown"]
+    out.append(
+        f"| crash → unknown, median (max) | | {k['unknown_after_s_median']} s "
+        f"({k['unknown_after_s_max']} s) | | ≤ {k['target_s']} s "
+        f"(heartbeat {k['heartbeat_timeout_s']} s + 2) |"
+    )
+    for s in figures["scaling"]:
+        out.append(
+            f"| {s['runs_at_once']} runs at once: runs/s; CPU per run "
+            f"| {s['bare']['runs_per_s']}; {s['bare']['cpu_ms_per_run']} ms "
+            f"| {s['ours']['runs_per_s']}; {s['ours']['cpu_ms_per_run']} ms "
+            f"| {s['ratio_runs_per_s']}; {s['ratio_cpu_per_run']} | |"
+        )
+    return out
+
+
+def main() -> None:
+    figures = json.loads(Path(sys.argv[1]).read_text())
+    print("| figure | bare | ours | ratio | target |")
+    print("| --- | --- | --- | --- | --- |")
+    print("\n".join(rows(figures)))
+    print(f"\nAll figures in {figures['seconds']} s.")
+
+
+if __name__ == "__main__":
+    main()
