@@ -231,7 +231,9 @@ def verified_decider(message: Decision | ReconcileInput | ExtendInput, now: date
     stamp = message.attested_by
     subject = getattr(message, message.subject_field)
     nobody = Decider(user_id=subject, role=None)
-    if stamp is None or abs(now - stamp.at) > MAX_ATTESTATION_AGE:
+    # A time without a zone cannot be compared (and no server writes one):
+    # refused as no attestation, never an error the decision retries on.
+    if stamp is None or stamp.at.tzinfo is None or abs(now - stamp.at) > MAX_ATTESTATION_AGE:
         return nobody
     expected = _mac(message.attested_fields(), stamp.role, stamp.tenants, stamp.at)
     if not hmac.compare_digest(expected, stamp.mac):

@@ -125,3 +125,19 @@ async def test_malformed_sealed_payloads_are_refused_not_500s() -> None:
         bad = Payload(metadata={"encoding": sealed, "encryption-key-id": key_id}, data=data)
         with pytest.raises(PayloadKeyError):
             await codec.decode([bad])
+
+
+def test_every_payload_converter_shares_one_cache_of_type_adapters() -> None:
+    """The SDK makes a converter for every run it starts; the adapters that
+    validate our models are built once per process, not once per run."""
+    from roundtable.models import Decision
+    from roundtable.temporal import _SHARED_ADAPTERS, SharedAdapterPayloadConverter
+
+    decision = Decision(approval_id="a-1", decision="approved", decided_by="op")
+    first, second = SharedAdapterPayloadConverter(), SharedAdapterPayloadConverter()
+    (payload,) = first.to_payloads([decision])
+    assert first.from_payloads([payload], [Decision]) == [decision]
+    built = _SHARED_ADAPTERS.cache_info().currsize
+    assert second.from_payloads([payload], [Decision]) == [decision]
+    assert _SHARED_ADAPTERS.cache_info().currsize == built  # reused, not rebuilt
+    assert _SHARED_ADAPTERS.cache_info().hits >= 1

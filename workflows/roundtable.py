@@ -87,7 +87,9 @@ class RoundtableWorkflow:
         self._fingerprint = args.request.fingerprint()
         self.state: RunState = args.carried or RunState(run_id=args.request.run_id or "")
         self._inbox = Inbox()  # what messages and the run's ending tell its writes
-        self._status = StatusBoard(self.state, self.request)
+        self._status = StatusBoard(
+            self.state, self.request, decided=lambda a: a in self._inbox.after_decision
+        )
         self._notifier = Notifier(self.state)
         self._writes = WritePath(
             self.state, self.request, self._inbox, self._status, self._notifier
@@ -282,7 +284,7 @@ class RoundtableWorkflow:
                 start_to_close_timeout=TOOL_CALL,
                 summary=f"read {call.name} for {seat}",
             )
-        async with self._status.exclusive():
+        async with self._status.carrying():
             pending = await workflow.execute_local_activity_method(
                 WriteActivities.intercept_write,
                 InterceptInput(
@@ -406,7 +408,7 @@ class RoundtableWorkflow:
         refusal = self._decision_refusal(decision.approval_id)
         if refusal:
             raise ApplicationError(refusal, type=CONFLICT)
-        async with self._status.exclusive():
+        async with self._status.carrying():
             out = await self._handler_activity(
                 WriteActivities.decide_approval,
                 RecordDecisionInput(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from temporalio import workflow
 
@@ -26,76 +26,114 @@ class StatusBoard:
     serialised, so seats working concurrently never publish out of order.
 
     Lean runs (``lean``, set by the run for runs started after the lean-status
-    patch) let the writes that change what the run waits for carry the run's
-    new status in their own transaction: the intercept that opens an approval,
-    the decision that closes one. Each runs under this board's lock (see
-    ``exclusive``) and tells the board what the store now holds (``told``), so
-    the board knows the store's status at every point and publishes to it only
-    what it does not hold yet; the search attributes and details follow as
-    before. Older runs publish every change themselves, as they always did."""
+    patch) let the two writes that change what the run waits for carry the
+    run's status in their own transactions: the intercept that opens an
+    approval, the decision that closes one (``carrying``). Such a write tells
+    the board what it left in the store (``told``), and the next publish skips
+    its own store write when it would write just that. The board trusts a
+    write's word only when no other status write was in flight beside it:
+    their commits could land in either order, so then it forgets what the
+    store holds and the next publish writes it again. Nothing is held while a
+    write runs, so a decision that keeps failing stalls nobody else. Approvals
+    already decided (``decided``) no longer count as waiting. Everything else
+    publishes as it always did; older runs publish every change themselves."""
 
-    def __init__(self, state: RunState, request: RunInput) -> None:
+    def __init__(self, state: RunState, request: RunInput, decided: Callable[[str], bool]) -> None:
         self.state, self.request = state, request
         self.failure: dict[str, str] | None = None  # why the run failed, once it has
         self.lean = False
+        self._decided = decided  # whether an approval's decision is in (lean runs)
         self._lock = asyncio.Lock()
         self._published: tuple[str, int, int] | None = None
-        self._stored: str | None = None  # the status the store holds, as far as we know
+        self._writing = 0  # status writes in flight: carried ones and publishes
+        self._contested = False  # two were in flight at once since _writing was 0
+        self._told: str | None = None  # what an uncontested carried write left
+
+    def _waiting_on(self) -> list[str]:
+        if not self.lean:
+            return list(self.state.pending_approvals)
+        return [a for a in self.state.pending_approvals if not self._decided(a)]
 
     def wanted(self, deciding: str | None = None) -> str:
         """What the run shows now; with ``deciding``, once that approval is decided."""
         if self.state.status in FINAL:
             return self.state.status
-        pending = set(self.state.pending_approvals) - {deciding}
+        pending = [a for a in self._waiting_on() if a != deciding]
         if pending or self.state.unknown_actions or self.state.blocked_reason:
             return "waiting_input"
         return "running"
 
     @contextlib.asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[None]:
-        """Hold publishing while a write that carries the run's status runs
-        (lean runs only: an older run's commands must keep their order)."""
+    async def carrying(self) -> AsyncIterator[None]:
+        """Around a write that may carry the run's status (lean runs)."""
         if not self.lean:
             yield
             return
-        async with self._lock:
+        self._begin_write()
+        try:
             yield
+        finally:
+            self._end_write()
 
     def told(self, stored: str | None) -> None:
-        """A write's transaction left the run's status at ``stored`` (None:
-        it carried none). Call inside ``exclusive``."""
+        """The carried write left the run's status at ``stored`` (None: it
+        carried none). Call inside ``carrying``, right after the write."""
         if self.lean and stored is not None:
-            self._stored = stored
+            self._told = None if self._contested else stored
+
+    def _begin_write(self) -> None:
+        self._writing += 1
+        if self._writing > 1:
+            self._contested = True
+
+    def _end_write(self) -> bool:
+        """True when writes overlapped: what the store holds is unknown."""
+        self._writing -= 1
+        contested = self._contested
+        if self._writing == 0 and contested:
+            self._contested = False
+            self._told = None
+            self._published = None  # the next publish writes everything again
+        return contested
 
     async def publish(self, force: bool = False) -> None:
         """Mirror the status to the store, search attributes and UI details."""
         async with self._lock:
             status = self.wanted()
-            published = (status, len(self.state.pending_approvals), len(self.state.unknown_actions))
-            held = self.lean and status == self._stored  # the store shows it already
-            if published == self._published and (held or not self.lean) and not force:
+            shown = (status, len(self._waiting_on()), len(self.state.unknown_actions))
+            if shown == self._published and not force:
+                self._told = None  # a word about the store is good for one publish
                 return
             self.state.status = status
+            held = self.lean and self._told == status  # a carried write left it there
+            self._told = None
+            contested = False
             if force or not held:
-                await workflow.execute_local_activity_method(
-                    RunActivities.set_run_status,
-                    RunStatusInput(run_id=self.state.run_id, status=status, failure=self.failure),
-                    start_to_close_timeout=BOOKKEEPING,
-                    summary=f"run is {status}",
-                )
-                self._stored = status
-            if published == self._published and not force:
-                return  # only the store was behind
+                if self.lean:
+                    self._begin_write()
+                try:
+                    await workflow.execute_local_activity_method(
+                        RunActivities.set_run_status,
+                        RunStatusInput(
+                            run_id=self.state.run_id, status=status, failure=self.failure
+                        ),
+                        start_to_close_timeout=BOOKKEEPING,
+                        summary=f"run is {status}",
+                    )
+                finally:
+                    if self.lean:
+                        contested = self._end_write()
             workflow.upsert_search_attributes(
                 [
                     sa.STATUS.value_set(status),
                     sa.USER_ID.value_set(self.request.user_id),
-                    sa.PENDING_APPROVALS.value_set(published[1]),
-                    sa.UNKNOWN_ACTIONS.value_set(published[2]),
+                    sa.PENDING_APPROVALS.value_set(shown[1]),
+                    sa.UNKNOWN_ACTIONS.value_set(shown[2]),
                 ]
             )
             workflow.set_current_details(self.details())
-            self._published = published
+            # Overlapped by a carried write: the store may hold either status.
+            self._published = None if contested else shown
 
     def details(self) -> str:
         usage = self.state.usage
@@ -103,7 +141,10 @@ class StatusBoard:
             f"**{self.state.status}** · round {self.state.round}/{self.request.max_rounds}"
             f" · tokens {usage.prompt_tokens} in / {usage.completion_tokens} out"
         ]
+        waiting = set(self._waiting_on())
         for approval_id, write in self.state.pending_approvals.items():
+            if approval_id not in waiting:
+                continue
             lines.append(
                 f"- waiting for approval of {write.tool_name} by {write.seat}: "
                 f"`roundtable approve {approval_id}`"

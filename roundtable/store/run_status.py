@@ -8,14 +8,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from roundtable.states import RUN_TRANSITIONS, RunStatus
+from roundtable.states import RUN_TRANSITIONS, ActionStatus, ApprovalStatus, RunStatus
 from roundtable.store.audit import append_event
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError
-from roundtable.store.schema import RunRow, SessionRow
+from roundtable.store.schema import ActionRow, ApprovalRow, RunRow, SessionRow
 
 
 async def move_run(
@@ -64,5 +64,18 @@ async def carry_run_status(
         target = RunStatus(status)
         current = RunStatus(run.status)
         if target != current and target in RUN_TRANSITIONS[current]:
-            await move_run(session, run, target, None, now)
+            # The workflow asked before its write ran and may not know all the
+            # store does: never "running" while the store still holds an open
+            # approval or an unknown action of this run.
+            if target != RunStatus.RUNNING or not await _still_waiting(session, run.id):
+                await move_run(session, run, target, None, now)
     return str(run.status)
+
+
+async def _still_waiting(session: AsyncSession, run_id: str) -> bool:
+    """Whether the run has an open approval or an unknown action, in one query."""
+    pending = exists().where(
+        ApprovalRow.run_id == run_id, ApprovalRow.status == ApprovalStatus.PENDING
+    )
+    unknown = exists().where(ActionRow.run_id == run_id, ActionRow.status == ActionStatus.UNKNOWN)
+    return bool((await session.execute(select(or_(pending, unknown)))).scalar())
