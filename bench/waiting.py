@@ -15,27 +15,12 @@ import uuid
 from typing import Any
 
 from bench import bare
+from bench.approvals import ONE_WRITE
 from bench.stack import BARE, OURS, Stack, rss_kib
 from bench.throughput import WORKER_ENV, run_bare, run_ours
 from roundtable.models import RunInput, WorkflowArgs
 from roundtable.names import RUN_WORKFLOW
 
-ONE_WRITE_WAITING = {
-    "turns": [
-        {
-            "seat": "seat-1",
-            "round": 1,
-            "text": "updating",
-            "tool_calls": [
-                {
-                    "name": "ticket_update",
-                    "args": {"tenant_id": "acme", "ticket_id": "T-1", "fields": {"p": "high"}},
-                }
-            ],
-        }
-    ],
-    "final": "done",
-}
 SETTLE_SECONDS = 2.0  # let the worker's allocations settle before reading memory
 
 
@@ -47,9 +32,7 @@ async def _ours_waiting(stack: Stack, runs: int) -> None:
         batch = []
         for _ in range(min(100, runs - start)):
             key = f"wait-{uuid.uuid4().hex[:12]}"
-            request = RunInput(
-                run_id=key, task_text="bench", seats=["seat-1"], script=ONE_WRITE_WAITING
-            )
+            request = RunInput(run_id=key, task_text="bench", seats=["seat-1"], script=ONE_WRITE)
             batch.append(
                 client.start_workflow(
                     RUN_WORKFLOW, WorkflowArgs(request=request), id=key, task_queue=OURS
