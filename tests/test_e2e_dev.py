@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -128,3 +130,48 @@ def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_decodes_without_one(
     )
     dev_tokens = [t for t in json.loads(listed.stdout) if t["label"] == "roundtable dev"]
     assert len(dev_tokens) == 1 and dev_tokens[0]["revoked_at"], dev_tokens
+
+
+def test_a_killed_dev_takes_its_temporal_server_with_it(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer does not ask) once left the dev server running
+    in its own session, holding its ports and database for the next stack."""
+    from roundtable.ports import port_holder
+
+    with dev_stack(tmp_path) as stack:
+        stack.wait_for(r"Temporal UI: ")
+        holder = port_holder(stack.port)
+        assert holder is not None and "temporal" in holder, holder
+        server_pid = int(holder.split()[1])
+        stack.process.kill()
+        stack.process.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and Path(f"/proc/{server_pid}").exists():
+            time.sleep(0.1)
+        outlived = Path(f"/proc/{server_pid}").exists()
+        if outlived:  # leave no orphan behind a failing test
+            os.kill(server_pid, signal.SIGKILL)
+        assert not outlived, f"the server {server_pid} outlived dev"
+        assert not listening(stack.port) and not listening(stack.ui_port)
+
+
+def test_dev_names_the_process_holding_its_port(tmp_path: Path) -> None:
+    import socket as sockets
+
+    with sockets.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
+        ports = ["--temporal-port", str(port), "--ui-port", str(free_port())]
+        done = subprocess.run(
+            [CLI, "dev", *ports, "--api-port", str(free_port())],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert f"port {port} (temporal) is held by pid {os.getpid()}" in said, said

@@ -32,6 +32,7 @@ from roundtable.config import (
 )
 from roundtable.names import SEARCH_ATTRIBUTES
 from roundtable.permissions import Authority
+from roundtable.ports import port_holder
 from roundtable.store import (
     FINAL_RUN_STATUSES,
     ConflictError,
@@ -215,10 +216,27 @@ async def _start_server(  # type: ignore[no-untyped-def]
             await asyncio.sleep(0.5)
 
 
+def _refuse_held_ports(**ports: int) -> None:
+    """Every port the stack needs is free, or we say who holds it and stop
+    (often a server an earlier stack left running)."""
+    for name, port in ports.items():
+        holder = port_holder(port)
+        if holder is not None:
+            raise CliError(
+                f"port {port} ({name}) is held by {holder}: stop it, or choose another "
+                f"port (--temporal-port, --ui-port, --api-port)"
+            )
+
+
 def _spawn(command: list[str], log_path: Path) -> subprocess.Popen:  # type: ignore[type-arg]
-    """Its own session, so stopping it takes down everything it started. What
-    it creates (Temporal's database: every history and payload) is readable
-    only by you."""
+    """Its own session, so stopping it takes down everything it started; and
+    killed with us however we die (SIGKILL included: the kernel's parent-death
+    signal, set by util-linux's setpriv where it exists), so no server
+    outlives its stack holding the ports. What it creates (Temporal's
+    database: every history and payload) is readable only by you."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        command = [setpriv, "--pdeathsig", "KILL", "--", *command]
     with log_path.open("ab") as log:
         return subprocess.Popen(  # noqa: S603 - our own binary, fixed arguments
             command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, umask=0o077
@@ -279,6 +297,7 @@ async def _dev(
     from roundtable.demo import demo_request
     from worker import run_worker
 
+    _refuse_held_ports(temporal=port, ui=ui_port, api=api_port)
     await upgrade(settings.database_url)
     # The operator token goes to a file only you can read. The UI decodes
     # payloads through the API's loopback codec endpoint, which needs no token:
