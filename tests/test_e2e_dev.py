@@ -175,3 +175,17 @@ def test_dev_names_the_process_holding_its_port(tmp_path: Path) -> None:
     assert done.returncode != 0
     said = done.stdout + done.stderr
     assert f"port {port} (temporal) is held by pid {os.getpid()}" in said, said
+
+
+def test_api_and_worker_say_why_they_cannot_start(tmp_path: Path) -> None:
+    """`roundtable api` without an action secret once exited 1 printing nothing."""
+    env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
+    env.pop("ROUNDTABLE_PAYLOAD_KEYS", None)
+    env["ROUNDTABLE_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}"
+    env["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    for command in (["api", "--port", str(free_port())], ["worker"]):
+        done = subprocess.run(
+            [CLI, *command], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode != 0, command
+        assert "ROUNDTABLE_ACTION_SECRET_KEY" in done.stderr, (command, done.stderr)

@@ -83,7 +83,11 @@ def api(
 
     from api.app import create_app
 
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    try:
+        app = create_app()
+    except Exception as exc:  # e.g. no action secret: say so, never exit silently
+        fail(CliError(f"the API did not start: {exc}"), False)
+    uvicorn.run(app, host=host, port=port, log_level="info")
 
 
 async def _serve_api(port: int) -> asyncio.Task:
