@@ -5,25 +5,53 @@ what an earlier, killed stack left behind."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 _LISTEN = "0A"
 
 
-def _listening_inodes(port: int) -> set[str]:
-    inodes = set()
-    for table in _TABLES:
+@dataclass(frozen=True)
+class TcpSocket:
+    """One row of the kernel's TCP table (addresses as the kernel prints them)."""
+
+    local: str
+    local_port: int
+    remote: str
+    remote_port: int
+    state: str  # "01" established, "0A" listening
+    uid: int
+    inode: str
+
+
+def tcp_sockets() -> Iterator[TcpSocket]:
+    """Every TCP socket the kernel lists, IPv4 and IPv6 (none where there is no /proc)."""
+    for table in TCP_TABLES:
         try:
             lines = table.read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) > 9 and fields[3] == _LISTEN:
-                if int(fields[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(fields[9])
-    return inodes
+            if len(fields) < 10:
+                continue
+            local, local_port = fields[1].rsplit(":", 1)
+            remote, remote_port = fields[2].rsplit(":", 1)
+            yield TcpSocket(
+                local,
+                int(local_port, 16),
+                remote,
+                int(remote_port, 16),
+                fields[3],
+                int(fields[7]),
+                fields[9],
+            )
+
+
+def _listening_inodes(port: int) -> set[str]:
+    return {s.inode for s in tcp_sockets() if s.state == _LISTEN and s.local_port == port}
 
 
 def _pid_with(inodes: set[str]) -> int | None:
