@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,12 @@ def run(tmp_path: Path, *args: str, command: str = "tokens") -> tuple[int, objec
 
 def test_a_command_refuses_a_database_whose_schema_is_not_current(tmp_path: Path) -> None:
     """Only `roundtable db upgrade` (and the worker, and `roundtable dev`)
-    change the schema; any other command says what to run and changes nothing."""
+    change the schema; any other command says what to run and changes nothing.
+    (A database that does not exist at all is another answer: no_database,
+    tests/test_cli_no_database.py.)"""
+    code, missing = run(tmp_path, "list")
+    assert code == 4 and missing["error"]["code"] == "no_database"
+    sqlite3.connect(tmp_path / "t.db").close()  # a database with no schema yet
     code, refused = run(tmp_path, "list")
     assert code != 0 and refused["error"]["code"] == "schema_out_of_date"
     assert "roundtable db upgrade" in refused["error"]["message"]

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from roundtable.cli.output import EXIT_ERROR, emit, run_or_fail
-from roundtable.cli.shared import JsonFlag, settings, store_from, temporal
+from roundtable.cli.shared import JsonFlag, require_sqlite_file, settings, store_from, temporal
 from roundtable.evidence import gather
 from roundtable.invariants import check as find_violations
 from roundtable.invariants import summary
@@ -27,6 +27,8 @@ def check(
     async def look() -> dict[str, Any]:
         config = settings()
         client = None if no_temporal else await temporal(config)
+        require_sqlite_file(config.database_url)
+        require_sqlite_file(config.tickets_url())
         system = await TicketSystem.open(config.tickets_url())
         try:
             async with store_from(config) as store:

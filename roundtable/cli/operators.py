@@ -14,7 +14,15 @@ import typer
 
 from roundtable import operations
 from roundtable.cli.output import emit, run_or_fail, table, usage_error
-from roundtable.cli.shared import Actor, JsonFlag, actor, settings, store_from, temporal
+from roundtable.cli.shared import (
+    Actor,
+    JsonFlag,
+    actor,
+    require_sqlite_file,
+    settings,
+    store_from,
+    temporal,
+)
 from roundtable.permissions import Decider
 from roundtable.tools.tickets import TicketSystem
 from roundtable.views import approval_view
@@ -114,6 +122,7 @@ def tickets(as_json: JsonFlag = False) -> None:
     """The demo ticket system's write log: what really happened."""
 
     async def read() -> list[dict[str, Any]]:
+        require_sqlite_file(settings().tickets_url())
         system = await TicketSystem.open(settings().tickets_url())
         try:
             return await system.write_log()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import getpass
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from sqlalchemy.engine import make_url
 from temporalio.client import Client
 
-from roundtable.cli.output import CliError
+from roundtable.cli.output import EXIT_NOT_FOUND, CliError
 from roundtable.config import Settings, load_settings
 from roundtable.store import SchemaOutOfDateError, Store, open_store
 from roundtable.temporal import connect
@@ -27,10 +29,29 @@ def actor(name: str | None) -> str:
     return name or f"cli:{getpass.getuser()}"
 
 
+def require_sqlite_file(database_url: str) -> None:
+    """A SQLite database that does not exist is reported, never created: run
+    from another directory, the default path (relative to it) once made an
+    empty database there and then said its schema was missing."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return
+    path = Path(url.database).expanduser()
+    if not path.exists():
+        raise CliError(
+            f"no Roundtable database at {path.resolve()}: run from the directory where "
+            "`roundtable dev` runs, or set ROUNDTABLE_DATABASE_URL "
+            "(`roundtable db upgrade` creates a new one)",
+            "no_database",
+            EXIT_NOT_FOUND,
+        )
+
+
 @asynccontextmanager
 async def store_from(settings: Settings) -> AsyncIterator[Store]:
-    """The store, if its schema is current: only `roundtable db upgrade` (and
-    the worker, and `roundtable dev`) change the schema."""
+    """The store, if it exists and its schema is current: only `roundtable db
+    upgrade` (and the worker, and `roundtable dev`) create it or change it."""
+    require_sqlite_file(settings.database_url)
     try:
         async with open_store(settings.database_url, migrate=False) as store:
             yield store
