@@ -25,6 +25,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    """A `roundtable` command to its end, its output captured as text."""
+    return subprocess.run(
+        [CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def listening(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.dev_stack import CLI
+from tests.dev_stack import run_cli
 
 
 @pytest.mark.parametrize(
@@ -20,15 +19,7 @@ from tests.dev_stack import CLI
 def test_a_command_run_elsewhere_names_the_missing_database(tmp_path: Path, command) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_DATABASE_URL"}
     env["ROUNDTABLE_ACTION_SECRET_KEY"] = "a-test-secret-that-is-long-enough-1234"
-    done = subprocess.run(
-        [CLI, *command, "--json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli(*command, "--json", cwd=tmp_path, env=env)
     assert done.returncode == 4, done.stdout + done.stderr
     error = json.loads(done.stdout)["error"]
     assert error["code"] == "no_database"

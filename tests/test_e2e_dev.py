@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.dev_stack import CLI, dev_stack, free_port, listening
+from tests.dev_stack import CLI, dev_stack, free_port, listening, run_cli
 
 
 def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
@@ -57,14 +57,12 @@ def test_dev_says_why_the_worker_did_not_start(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
     env["ROUNDTABLE_MCP_CONFIG"] = str(config)
     ports = [str(free_port()) for _ in range(3)]
-    done = subprocess.run(
-        [CLI, "dev", "--temporal-port", ports[0], "--ui-port", ports[1], "--api-port", ports[2]],
+    done = run_cli(
+        "dev",
+        *("--temporal-port", ports[0], "--ui-port", ports[1], "--api-port", ports[2]),
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     assert done.returncode == 1
     said = done.stdout + done.stderr
@@ -163,15 +161,7 @@ def test_dev_names_the_process_holding_its_port(tmp_path: Path) -> None:
         port = held.getsockname()[1]
         env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
         ports = ["--temporal-port", str(port), "--ui-port", str(free_port())]
-        done = subprocess.run(
-            [CLI, "dev", *ports, "--api-port", str(free_port())],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_cli("dev", *ports, "--api-port", str(free_port()), cwd=tmp_path, env=env)
     assert done.returncode != 0
     said = done.stdout + done.stderr
     assert f"port {port} (temporal) is held by pid {os.getpid()}" in said, said
@@ -184,8 +174,6 @@ def test_api_and_worker_say_why_they_cannot_start(tmp_path: Path) -> None:
     env["ROUNDTABLE_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}"
     env["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{free_port()}"
     for command in (["api", "--port", str(free_port())], ["worker"]):
-        done = subprocess.run(
-            [CLI, *command], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+        done = run_cli(*command, cwd=tmp_path, env=env)
         assert done.returncode != 0, command
         assert "ROUNDTABLE_ACTION_SECRET_KEY" in done.stderr, (command, done.stderr)
