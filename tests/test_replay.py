@@ -22,7 +22,9 @@ from workflows.sweep import SweepWorkflow
 # handlers patch; in recorded-on-16ead1e/, runs from before the safety rules
 # changed; in recorded-with-handlers-patch/, the same tests recorded once runs
 # waited for their message handlers (workflow.patched keeps each generation on
-# its own path: every one must replay to the end); in recorded-with-lean-status/,
+# its own path: every one must replay to the end; recorded-before-handlers-patch/
+# keeps the pre-patch runs at the path an earlier change gave them too); in
+# recorded-with-lean-status/,
 # once a write's intercept and decision carried the run's status. A new
 # command order adds a new directory; it never rewrites one.
 HISTORIES = {
