@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -223,7 +222,6 @@ class WriteActivities:
         def may_decide(run_owner: str, risk_level: str) -> None:
             self.authority.check_decider(decider, run_owner, risk_level)
 
-        guard: Callable[[str, str], None] | None = may_decide
         if decider.tenants is not None or inp.arguments is not None:
             # Tenant limits need the arguments, edits the run: read first.
             _, action, run = await self.store.decision_context(inp.approval_id)
@@ -235,7 +233,6 @@ class WriteActivities:
                 check_tenant(decider.tenants, _tenant_of(tool, arguments), decider.user_id)
             if inp.arguments is not None:
                 return await self._approve_with_edits(request, decider, run, action)
-            guard = None  # checked just now
         try:
             decided = await self.store.decide_approval(
                 inp.approval_id,
@@ -244,7 +241,7 @@ class WriteActivities:
                 inp.reason,
                 inp.arguments_digest,
                 run_status=request.run_status,
-                guard=guard,
+                guard=may_decide,
             )
         except ConflictError as exc:
             return await self._decision_view(inp.approval_id, conflict=str(exc))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from enum import Enum
 
 from temporalio import workflow
 
@@ -16,11 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from roundtable.models import PendingWrite
 
 
-class Wake:
-    """Why a wait ended. (Plain constants, not an Enum: workflow modules are
-    imported afresh in the sandbox for every run, and an Enum class costs
-    more to build than the run's first task spends on anything else here.)"""
-
+class Wake(Enum):
     WOKEN = "woken"  # the condition held: a decision, a refresh, the run ending
     WARNING = "warning"  # time to warn that the approval expires soon
     DEADLINE = "deadline"  # the deadline the timer was armed for has come
@@ -44,7 +41,7 @@ class ApprovalClock:
         self._warned = True
         return True
 
-    async def wait(self, woken: Callable[[], bool]) -> str:
+    async def wait(self, woken: Callable[[], bool]) -> Wake:
         """Wait for ``woken`` or the next of the two times."""
         approval_id = self.write.approval_id
         if self._warned:

@@ -298,7 +298,7 @@ class RoundtableWorkflow:
                     approval_deadline=workflow.now()
                     + timedelta(seconds=self.request.approval_timeout_seconds),
                     request_fingerprint=self._fingerprint,
-                    run_status_while_waiting="waiting_input" if self._status.lean else None,
+                    run_status_while_waiting=self._status.while_waiting(),
                 ),
                 start_to_close_timeout=BOOKKEEPING,
                 summary=f"intercept {call.name} from {seat}",
@@ -415,11 +415,7 @@ class RoundtableWorkflow:
                     decision=decision,
                     snapshot=self.state.snapshot,
                     write_policy=self.request.write_policy,
-                    run_status=(
-                        self._status.wanted(deciding=decision.approval_id)
-                        if self._status.lean
-                        else None
-                    ),
+                    run_status=self._status.once_decided(decision.approval_id),
                 ),
                 f"record {decision.decision}",
             )

@@ -63,6 +63,14 @@ class StatusBoard:
             return "waiting_input"
         return "running"
 
+    def while_waiting(self) -> str | None:
+        """What an intercept that opens an approval carries (None: older runs)."""
+        return "waiting_input" if self.lean else None
+
+    def once_decided(self, approval_id: str) -> str | None:
+        """What a decision on ``approval_id`` carries (None: older runs)."""
+        return self.wanted(deciding=approval_id) if self.lean else None
+
     @contextlib.asynccontextmanager
     async def carrying(self) -> AsyncIterator[None]:
         """Around a write that may carry the run's status (lean runs)."""

@@ -9,6 +9,7 @@ The store decides every transition; this only waits, asks and follows.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
@@ -43,19 +44,17 @@ from workflows.timeouts import (
 SETTLED = (ActionStatus.SUCCEEDED, ActionStatus.FAILED)
 
 
+@dataclass
 class Inbox:
-    """What the run's messages, and its ending, tell the writes under way.
-    (A plain class: a dataclass is built by exec'ing generated code, paid
-    again for every run, as the sandbox imports workflow modules afresh.)"""
+    """What the run's messages, and its ending, tell the writes under way."""
 
-    def __init__(self) -> None:
-        self.after_decision: dict[str, str] = {}  # approval → action status
-        self.after_reconcile: dict[str, str] = {}  # action → status
-        self.edits: dict[str, list] = {}  # approval → what an operator changed
-        self.refreshes = 0  # bumped by each refresh signal and extension: look again
-        self.ending: str | None = None  # why the run is ending early (failed, cancelled)
-        # Runs started before safety-rules-v1 keep the old rules (run() decides).
-        self.new_rules = True
+    after_decision: dict[str, str] = field(default_factory=dict)  # approval → action status
+    after_reconcile: dict[str, str] = field(default_factory=dict)  # action → status
+    edits: dict[str, list] = field(default_factory=dict)  # approval → what an operator changed
+    refreshes: int = 0  # bumped by each refresh signal and extension: look again
+    ending: str | None = None  # why the run is ending early (failed, cancelled)
+    # Runs started before safety-rules-v1 keep the old rules (run() decides).
+    new_rules: bool = True
 
 
 class WritePath:
@@ -126,10 +125,10 @@ class WritePath:
                     {**about, "expires_at": write.approval_deadline.isoformat()},
                 )
             wake = await clock.wait(lambda seen=seen_refreshes: woken(seen))
-            if wake == Wake.DEADLINE:
+            if wake is Wake.DEADLINE:
                 await self._expire(write)
                 continue
-            if wake == Wake.WARNING:
+            if wake is Wake.WARNING:
                 continue
             if (
                 approval_id not in self.inbox.after_decision

@@ -175,7 +175,7 @@ class Approvals:
             action = None
             if guard is not None or arguments_digest is not None:
                 action = await session.get(ActionRow, approval.action_id)
-            if guard is not None and action is not None:
+            if guard is not None and action is not None:  # (an approval's action always exists)
                 guard(run.user_id, action.risk_level)
             require_pending(approval)
             if arguments_digest is not None:
@@ -188,8 +188,8 @@ class Approvals:
                     session, run, approval, decision, decided_by, reason, now
                 )
                 await carry_run_status(session, run, run_status, now)
-                await session.flush()
-                # compare_and_set wrote past the ORM: read both rows as they now stand.
+                # compare_and_set wrote past the ORM: read both rows as they now
+                # stand (the query flushes the run's own changes first).
                 decided_row, action_status = (
                     await session.execute(
                         select(ApprovalRow, ActionRow.status)
