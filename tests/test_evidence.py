@@ -31,7 +31,10 @@ async def test_real_runs_leave_no_violations_and_a_wrong_guess_is_caught(tmp_pat
             RoundtableWorkflow.decide_approval,
             Decision(approval_id=approval_id, decision="approved", decided_by="op-1"),
         )
-        assert (await approved.result()).status == "completed"
+        # The lost run waits with no timer of its own, so a time-skipping
+        # wait would jump to its 10-year execution timeout and close it.
+        with h.env.auto_time_skipping_disabled():
+            assert (await approved.result()).status == "completed"
 
         # While the unknown waits, that is no violation: nothing was guessed.
         started = {lost.id, approved.id}
