@@ -37,6 +37,9 @@ from roundtable.names import SWEEP_SCHEDULE_ID
 from roundtable.permissions import Authority
 from roundtable.security import read_action_secret
 from roundtable.store import Store, open_store
+from roundtable.telemetry.gauges import recounting
+from roundtable.telemetry.metrics import Metrics
+from roundtable.telemetry.runtime import metrics_runtime
 from roundtable.temporal import connect
 from roundtable.tools.mcp import load_config, register_mcp_tools
 from roundtable.tools.registry import ToolRegistry
@@ -83,19 +86,25 @@ def build_worker(
     registry: ToolRegistry,
     webhooks: WebhookConfig | None = None,
     authority: Authority | None = None,
+    metrics: Metrics | None = None,
     **worker_options: Any,
 ) -> Worker:
     """The worker for these parts; ``worker_options`` go to temporalio's Worker.
-    ``authority``: who may ask for what (default: from the environment)."""
+    ``authority``: who may ask for what (default: from the environment);
+    ``metrics``: where to record ours (default: nowhere)."""
     authority = authority or Authority.from_settings(load_settings())
+    metrics = metrics or Metrics()
+    if metrics.committed not in store.db.observers:
+        store.db.observers.append(metrics.committed)
     runs = RunActivities(
         store,
         registry,
         webhooks.urls if webhooks else [],
         webhooks.expiring_lead_seconds if webhooks else 300,
         authority=authority,
+        metrics=metrics,
     )
-    writes = WriteActivities(store, registry, client, authority=authority)
+    writes = WriteActivities(store, registry, client, authority=authority, metrics=metrics)
     sweep = SweepActivities(store)
     # Without receivers no run ever asks for a delivery, so no key is needed.
     hooks = WebhookActivities(
@@ -200,7 +209,12 @@ def _sweep_schedule(settings: Settings) -> Schedule:
 
 async def run_worker(settings: Settings | None = None, ready: asyncio.Event | None = None) -> None:
     settings = settings or load_settings()
-    client = await connect(settings.temporal_address, settings.temporal_namespace)
+    runtime = None
+    if settings.worker_metrics_address:
+        runtime = metrics_runtime(settings.worker_metrics_address)
+        log.info("metrics: http://%s/metrics", settings.worker_metrics_address)
+    client = await connect(settings.temporal_address, settings.temporal_namespace, runtime)
+    metrics = Metrics(runtime.metric_meter if runtime is not None else None)
     async with worker_parts(settings) as parts:
         log.info("sweep schedule: %s", await ensure_sweep_schedule(client, settings))
         worker = build_worker(
@@ -210,9 +224,10 @@ async def run_worker(settings: Settings | None = None, ready: asyncio.Event | No
             parts.registry,
             WebhookConfig.from_settings(settings),
             Authority.from_settings(settings),
+            metrics,
         )
         log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
-        async with worker:
+        async with worker, recounting(parts.store, metrics, settings.metrics_refresh_seconds):
             if ready is not None:
                 ready.set()
             await asyncio.Event().wait()  # until cancelled (Ctrl-C)

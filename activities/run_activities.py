@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from temporalio import activity
@@ -36,6 +37,7 @@ from roundtable.permissions import (
     check_tenant,
 )
 from roundtable.store import Store
+from roundtable.telemetry.metrics import Metrics
 from roundtable.tools.registry import (
     ToolArgumentsError,
     ToolContext,
@@ -54,10 +56,12 @@ class RunActivities:
         expiring_lead_seconds: int = 300,
         *,
         authority: Authority,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self.authority = authority
+        self.metrics = metrics or Metrics()
         self.webhook_urls = list(webhook_urls or [])
         self.expiring_lead_seconds = expiring_lead_seconds
 
@@ -140,6 +144,11 @@ class RunActivities:
                 completion_tokens=response.usage.completion_tokens,
                 role=inp.role,
             )
+            self.metrics.model_tokens(
+                inp.model or "default",
+                response.usage.prompt_tokens,
+                response.usage.completion_tokens,
+            )
         response = response.model_copy(
             update={
                 "text": await bounded_text(
@@ -189,13 +198,16 @@ class RunActivities:
                 f"{inp.call.name} may already have run and is not run twice: its server's "
                 "read-only hint is not trusted",
             )
+        began = time.monotonic()
         try:
             result = await tool.handler(parsed, ToolContext(run_id=inp.run_id, seat=inp.seat))
         except Exception as exc:
+            self.metrics.tool_call(tool.name, "failed", time.monotonic() - began)
             if tool.retry_safe:
                 raise
             message = str(exc)[:500] or type(exc).__name__
             return _error(inp.call.id, inp.call.name, "tool_error", message)
+        self.metrics.tool_call(tool.name, "succeeded", time.monotonic() - began)
         return ToolOutcome(
             call_id=inp.call.id,
             tool_name=tool.name,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +21,7 @@ from temporalio.client import Client
 
 from activities.bounded import bounded_result
 from activities.errors import typed_store_errors
-from activities.lease_keeper import LeaseTerms, call_under_lease, heartbeating
+from activities.lease_keeper import CallOutcome, LeaseTerms, call_under_lease, heartbeating
 from activities.run_activities import pinned_snapshot, require_own_run
 from roundtable.models import (
     ActionRef,
@@ -64,6 +65,7 @@ from roundtable.store import (
     NotFoundError,
     Store,
 )
+from roundtable.telemetry.metrics import Metrics
 from roundtable.tools.policy import initial_action_status
 from roundtable.tools.registry import (
     ToolArgumentsError,
@@ -85,11 +87,13 @@ class WriteActivities:
         temporal: Client | None = None,
         *,
         authority: Authority,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self.temporal = temporal  # to read who sent a signal, from the history
         self.authority = authority
+        self.metrics = metrics or Metrics()
 
     @activity.defn(name="signal_sender")
     async def signal_sender(self, inp: SignalSender) -> str | None:
@@ -388,8 +392,8 @@ class WriteActivities:
         self, action: dict[str, Any], sealed: str | None, terms: LeaseTerms
     ) -> tuple[str, dict[str, Any], bool, bool]:
         """(status, result, attempt over, interrupted) of one tool call, given
-        the action and its sealed arguments as the claim read them. (About 60
-        lines: how the call ended is judged in one place, case by case.)"""
+        the action and its sealed arguments as the claim read them; the call
+        is timed for the metrics when it started."""
         tool = self.registry.get(action["tool_name"])
         if tool is None:
             return ActionStatus.FAILED, {"error_code": "tool_unavailable"}, True, False
@@ -421,34 +425,12 @@ class WriteActivities:
                 action["id"], action["fencing_token"], terms.lease_seconds
             )
 
+        began = time.monotonic()
         outcome = await call_under_lease(lambda: tool.handler(parsed, context), terms, hold)
-        if not outcome.started:  # the lease was in doubt before the call: nothing ran
-            failure = {"error_code": "lease_lost_before_start", "reason": outcome.lease_lost}
-            return ActionStatus.FAILED, failure, True, False
-        # Only a tool whose effects end with its call is over when the call is.
-        over = outcome.finished and tool.effects_end_with_call
-        said = redact_text(str(outcome.error or ""), arguments, action["safe_argument_fields"])
-        if outcome.stopped:
-            code = LEASE_LOST if outcome.lease_lost else EXECUTION_INTERRUPTED
-            result = {"error_code": code}
-            if outcome.lease_lost:
-                result["reason"] = outcome.lease_lost
-            if not outcome.finished:
-                result["tool_call_abandoned"] = True  # it ignored cancellation
-            return ActionStatus.UNKNOWN, result, over, outcome.interrupted
-        if outcome.error is None:
-            return ActionStatus.SUCCEEDED, outcome.result, True, False
-        if isinstance(outcome.error, ToolDefiniteFailure):
-            failure = {"error_code": outcome.error.code, "message": said}
-            return ActionStatus.FAILED, failure, True, False
-        # Any other error: the tool may or may not have acted. Keep what it
-        # said (redacted of the arguments) for whoever reconciles it.
-        unknown = {
-            "error_code": "tool_error",
-            "error_type": type(outcome.error).__name__,
-            "message": said,
-        }
-        return ActionStatus.UNKNOWN, unknown, over, False
+        status, result, over, interrupted = _judged(outcome, tool, arguments, action)
+        if outcome.started:
+            self.metrics.tool_call(tool.name, status, time.monotonic() - began)
+        return status, result, over, interrupted
 
     async def _action_now(
         self, action_id: str, claim: ClaimOutcome | WriteEnd
@@ -599,3 +581,37 @@ def _call_refusal(inp: InterceptInput, spec: Any) -> PendingWrite | None:
     if spec.side_effect != "write":
         return _refused_write(inp, "not_a_write", f"{inp.call.name} is not a write tool")
     return None
+
+
+def _judged(
+    outcome: CallOutcome, tool: ToolDefinition, arguments: dict[str, Any], action: dict[str, Any]
+) -> tuple[str, dict[str, Any], bool, bool]:
+    """(status, result, attempt over, interrupted): how one tool call ended,
+    judged case by case in one place."""
+    if not outcome.started:  # the lease was in doubt before the call: nothing ran
+        failure = {"error_code": "lease_lost_before_start", "reason": outcome.lease_lost}
+        return ActionStatus.FAILED, failure, True, False
+    # Only a tool whose effects end with its call is over when the call is.
+    over = outcome.finished and tool.effects_end_with_call
+    said = redact_text(str(outcome.error or ""), arguments, action["safe_argument_fields"])
+    if outcome.stopped:
+        code = LEASE_LOST if outcome.lease_lost else EXECUTION_INTERRUPTED
+        result = {"error_code": code}
+        if outcome.lease_lost:
+            result["reason"] = outcome.lease_lost
+        if not outcome.finished:
+            result["tool_call_abandoned"] = True  # it ignored cancellation
+        return ActionStatus.UNKNOWN, result, over, outcome.interrupted
+    if outcome.error is None:
+        return ActionStatus.SUCCEEDED, outcome.result, True, False
+    if isinstance(outcome.error, ToolDefiniteFailure):
+        failure = {"error_code": outcome.error.code, "message": said}
+        return ActionStatus.FAILED, failure, True, False
+    # Any other error: the tool may or may not have acted. Keep what it
+    # said (redacted of the arguments) for whoever reconciles it.
+    unknown = {
+        "error_code": "tool_error",
+        "error_type": type(outcome.error).__name__,
+        "message": said,
+    }
+    return ActionStatus.UNKNOWN, unknown, over, False

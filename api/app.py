@@ -14,8 +14,9 @@ from temporalio.client import Client
 from api import access_log, problems
 from api.context import ApiContext
 from api.docs import install_docs
+from api.metrics import ApiMetrics, CountRequests
 from api.openapi import install_openapi
-from api.routes import actions, approvals, codec, health, runs, webhooks
+from api.routes import actions, approvals, codec, health, metrics, runs, webhooks
 from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.config import Settings, load_settings
 from roundtable.store import Store, open_store
@@ -124,8 +125,9 @@ def create_app(
     access_log.install()
     install_docs(app)
     install_openapi(app)
-    for module in (runs, approvals, actions, health, codec, webhooks):
+    for module in (runs, approvals, actions, health, codec, webhooks, metrics):
         app.include_router(module.router)
+    app.state.metrics = ApiMetrics()
     app.state.codec = EncryptionCodec(keys_from_environment())
     # The Temporal UI calls the codec endpoints from the browser.
     app.add_middleware(
@@ -136,6 +138,8 @@ def create_app(
         allow_credentials=True,
     )
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    # Outermost: counts every request, refused ones included.
+    app.add_middleware(CountRequests, metrics=app.state.metrics)
     return app
 
 

@@ -33,6 +33,15 @@ class Settings(BaseSettings):
     task_queue: str = "roundtable"
     sweep_enabled: bool = True
     sweep_interval_seconds: int = Field(default=60, ge=5)
+    # Where the worker serves Prometheus metrics (the Temporal SDK's and
+    # ours); empty: none. Several workers on one host need one address each.
+    worker_metrics_address: str = "127.0.0.1:9464"
+    # How often the worker recounts its gauges (pending approvals, unknown
+    # actions) in the database.
+    metrics_refresh_seconds: float = Field(default=5, gt=0)
+    # The API's /metrics takes an operator token unless this is set (for a
+    # scraper on a private network; see the README).
+    api_metrics_public: bool = False
     # Tools from MCP servers: a {"mcpServers": ...} JSON file.
     mcp_config: str | None = None
     # Outgoing webhooks: receivers, signing secret (default: derived from the

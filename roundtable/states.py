@@ -28,6 +28,8 @@ FINAL_ACTION_STATUSES = frozenset(
 TERMINAL_RESULT_STATUSES = frozenset(
     {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.UNKNOWN}
 )
+# Where an action's run of the write path ends: the metrics count moves here.
+ENDING_ACTION_STATUSES = FINAL_ACTION_STATUSES | {ActionStatus.UNKNOWN}
 RECONCILE_OUTCOMES = frozenset({ActionStatus.SUCCEEDED, ActionStatus.FAILED})
 
 

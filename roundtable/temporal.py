@@ -23,6 +23,7 @@ from temporalio.converter import (
     DefaultPayloadConverter,
     JSONPlainPayloadConverter,
 )
+from temporalio.runtime import Runtime
 
 from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.names import SEARCH_ATTRIBUTES
@@ -81,8 +82,12 @@ def data_converter(codec: EncryptionCodec | None = None) -> DataConverter:
     )
 
 
-async def connect(address: str, namespace: str) -> Client:
-    return await Client.connect(address, namespace=namespace, data_converter=data_converter())
+async def connect(address: str, namespace: str, runtime: Runtime | None = None) -> Client:
+    """A client with our payload codec; ``runtime`` (default: the SDK's) is
+    where its workers' metrics go."""
+    return await Client.connect(
+        address, namespace=namespace, data_converter=data_converter(), runtime=runtime
+    )
 
 
 async def register_search_attributes(client: Client) -> None:

@@ -14,12 +14,14 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.converter import DataConverter
+from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from roundtable.models import RunInput, RunState, WorkflowArgs
 from roundtable.permissions import Authority
 from roundtable.store import Store, open_store
+from roundtable.telemetry.metrics import Metrics
 from roundtable.temporal import data_converter, register_search_attributes
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
@@ -118,6 +120,8 @@ async def harness(
     authority: Authority = TRUSTING,
     database_url: str | None = None,
     dev_server_args: list[str] | None = None,
+    runtime: Runtime | None = None,
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[Harness]:
     """``restartable``: the test stops and starts workers (stop_worker,
     start_worker). Workers then keep no sticky cache: the time-skipping server
@@ -128,7 +132,8 @@ async def harness(
     starts (tests of the rules themselves pass their own).
     ``database_url``: the store's database (default SQLite in ``tmp_path``);
     the demo ticket system stays on SQLite. ``dev_server_args``: more
-    arguments for the dev server (dynamic config, say)."""
+    arguments for the dev server (dynamic config, say). ``runtime``: the
+    time-skipping server's client's (metrics); ``metrics``: the worker's."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     if dev_server:
         env = await WorkflowEnvironment.start_local(
@@ -142,6 +147,7 @@ async def harness(
         env = await WorkflowEnvironment.start_time_skipping(
             test_server_existing_path=venv_binary("temporal-test-server"),
             data_converter=converter or data_converter(),
+            runtime=runtime,
         )
     try:
         if not dev_server:
@@ -156,6 +162,8 @@ async def harness(
             factory = worker_factory or build_worker
 
             options: dict[str, Any] = {"authority": authority}
+            if metrics is not None:
+                options["metrics"] = metrics
             if restartable and not dev_server:
                 options["max_cached_workflows"] = 0
 

@@ -162,6 +162,7 @@ class Store:
     approvals_with_actions = _on("reads", Reads.approvals_with_actions)
     approval_and_action = _on("reads", Reads.approval_and_action)
     decision_context = _on("reads", Reads.decision_context)
+    open_work = _on("reads", Reads.open_work)
 
 
 @asynccontextmanager

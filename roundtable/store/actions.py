@@ -25,6 +25,7 @@ from roundtable.states import (
     RECONCILE_OUTCOMES,
     ActionStatus,
 )
+from roundtable.store import commit_notes
 from roundtable.store.approvals import Approvals
 from roundtable.store.database import Database, found, reload
 from roundtable.store.engine import database_now
@@ -217,6 +218,8 @@ class Actions:
             now = await database_now(session)
             row = _new_action_row(data, action_id, digest, now)
             session.add(row)
+            if row.status == ActionStatus.REJECTED:  # refused by the policy: ends here
+                commit_notes.note(session, commit_notes.ActionEnded(row.tool_name, row.status))
             if sealed is not None:
                 session.add(
                     ActionSecretRow(action_id=action_id, arguments_encrypted=sealed, created_at=now)
@@ -283,9 +286,8 @@ class Actions:
             payload = {"action_id": action.id, "reason": reason}
             if action.status == ActionStatus.WAITING_APPROVAL:
                 await self.approvals.withdraw_pending_locked(session, run, action, reason, now)
-            await self.db.compare_and_set(
+            await self.db.move_action(
                 session,
-                ActionRow,
                 action.id,
                 (ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED),
                 {
@@ -333,9 +335,8 @@ class Actions:
                 "reconciliation_note": note,
                 **({"fenced_below": fenced_below} if fenced_below is not None else {}),
             }
-            if not await self.db.compare_and_set(
+            if not await self.db.move_action(
                 session,
-                ActionRow,
                 action_id,
                 (ActionStatus.UNKNOWN,),
                 {"status": outcome, "result": result, "updated_at": now},

@@ -28,6 +28,7 @@ from roundtable.states import (
     ActionStatus,
     ApprovalStatus,
 )
+from roundtable.store import commit_notes
 from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError
@@ -368,12 +369,12 @@ class Approvals:
         )
         if not changed:
             raise ConflictError(f"approval {approval.id!r} is no longer pending")
+        commit_notes.approval_settled(session, decision, approval.created_at, now)
         action_status = (
             ActionStatus.APPROVED if decision == ApprovalStatus.APPROVED else ActionStatus.REJECTED
         )
-        await self.db.compare_and_set(
+        await self.db.move_action(
             session,
-            ActionRow,
             approval.action_id,
             (ActionStatus.WAITING_APPROVAL,),
             {
@@ -403,9 +404,9 @@ class Approvals:
         )
         if not changed:
             return False
-        await self.db.compare_and_set(
+        commit_notes.approval_settled(session, ApprovalStatus.EXPIRED, approval.created_at, now)
+        await self.db.move_action(
             session,
-            ActionRow,
             approval.action_id,
             (ActionStatus.WAITING_APPROVAL,),
             {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -21,6 +22,8 @@ from typing import Any, TypeVar
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from roundtable.states import ENDING_ACTION_STATUSES
+from roundtable.store import commit_notes
 from roundtable.store.audit import append_event
 from roundtable.store.engine import database_now, read_only_engine
 from roundtable.store.errors import NotFoundError
@@ -38,6 +41,7 @@ from roundtable.store.schema import (
 
 T = TypeVar("T")
 R = TypeVar("R", bound=Base)
+log = logging.getLogger("roundtable.store")
 
 # What "not found" calls each kind of row.
 _NOUNS: dict[type[Base], str] = {
@@ -70,6 +74,8 @@ class Database:
         # not depend on it: BEGIN IMMEDIATE and the constraints still
         # serialise, across processes too.
         self._local_writer = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        # Told what each transaction did once it has committed (metrics).
+        self.observers: list[commit_notes.Observer] = []
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
@@ -77,8 +83,19 @@ class Database:
             if self._local_writer is not None:
                 await stack.enter_async_context(self._local_writer)
             session = await stack.enter_async_context(self.session_factory())
-            await stack.enter_async_context(session.begin())
-            yield session
+            async with session.begin():
+                yield session
+            notes = commit_notes.take(session)
+        if notes:
+            self._tell(notes)
+
+    def _tell(self, notes: list[commit_notes.Note]) -> None:
+        # An observer's failure must not turn a committed write into an error.
+        for observer in self.observers:
+            try:
+                observer(notes)
+            except Exception:
+                log.exception("commit observer failed")
 
     def reader(self) -> AsyncSession:
         """A session for reads only: never takes SQLite's write lock."""
@@ -152,6 +169,31 @@ class Database:
             .execution_options(synchronize_session=False)
         )
         return result.rowcount == 1
+
+    @staticmethod
+    async def move_action(
+        session: AsyncSession,
+        action_id: str,
+        expected_statuses: tuple[str, ...],
+        values: Mapping[str, Any],
+    ) -> bool:
+        """``compare_and_set`` for an action: a move to an ending status
+        (rejected, succeeded, failed, unknown) is noted for the metrics, with
+        the tool read back by the same statement."""
+        tool = (
+            await session.execute(
+                update(ActionRow)
+                .where(ActionRow.id == action_id, ActionRow.status.in_(expected_statuses))
+                .values(**values)
+                .returning(ActionRow.tool_name)
+                .execution_options(synchronize_session=False)
+            )
+        ).scalar_one_or_none()
+        if tool is None:
+            return False
+        if values.get("status") in ENDING_ACTION_STATUSES:
+            commit_notes.note(session, commit_notes.ActionEnded(tool, str(values["status"])))
+        return True
 
     # Append to the run's hash-chained log (the caller holds the run lock).
     audit = staticmethod(append_event)

@@ -34,6 +34,7 @@ from roundtable.states import (
     ActionStatus,
     ClaimOutcome,
 )
+from roundtable.store import commit_notes
 from roundtable.store.database import Database, reload
 from roundtable.store.engine import database_clock, database_now, insert_for, is_postgresql
 from roundtable.store.errors import ConflictError, InvalidInputError
@@ -97,8 +98,11 @@ class Leases:
             if action.status == ActionStatus.EXECUTING:
                 return Claim(await self._claim_own_executing(session, run, action, now))
             if await target_has_unknown(session, action):
+                commit_notes.note(session, commit_notes.LeaseBusy(action.tool_name))
                 return Claim(ClaimOutcome.TARGET_RECONCILIATION_REQUIRED)
             outcome = await take_lease(self.db, session, run, action, now, length)
+            if outcome == ClaimOutcome.TARGET_BUSY:
+                commit_notes.note(session, commit_notes.LeaseBusy(action.tool_name))
             if outcome != ClaimOutcome.CLAIMED or not hand_over:
                 return Claim(outcome)
             executing = await reload(session, ActionRow, action_id)
@@ -131,9 +135,8 @@ class Leases:
         """executing → unknown because the lease lapsed (or the workflow closed
         under it); the lease row stays, blocking the target."""
         result = {"error_code": error_code}
-        changed = await self.db.compare_and_set(
+        changed = await self.db.move_action(
             session,
-            ActionRow,
             action.id,
             (ActionStatus.EXECUTING,),
             {
@@ -256,9 +259,7 @@ class Leases:
             if external_object_id is not None:
                 # From the tool: kept, escaped, rather than failing the write's record.
                 values["external_object_id"] = escape_text(external_object_id)
-            if not await self.db.compare_and_set(
-                session, ActionRow, action_id, (ActionStatus.EXECUTING,), values
-            ):
+            if not await self.db.move_action(session, action_id, (ActionStatus.EXECUTING,), values):
                 return False
             if status != ActionStatus.UNKNOWN:
                 await session.execute(

@@ -15,10 +15,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from roundtable.completion import complete_every_public_coroutine
-from roundtable.states import ApprovalStatus
+from roundtable.states import ActionStatus, ApprovalStatus
 from roundtable.store.database import Database, found
 from roundtable.store.errors import InvalidInputError, NotFoundError
 from roundtable.store.rows import page_after, row_to_dict
@@ -123,3 +123,14 @@ class Reads:
             raise NotFoundError(f"approval {approval_id!r} not found")
         approval, action, run = row
         return row_to_dict(approval), row_to_dict(action), row_to_dict(run)
+
+    async def open_work(self) -> tuple[int, int]:
+        """(pending approvals, unknown actions): what waits for a person,
+        counted in the database (the metrics' gauges)."""
+        pending = select(func.count()).where(ApprovalRow.status == ApprovalStatus.PENDING)
+        unknown = select(func.count()).where(ActionRow.status == ActionStatus.UNKNOWN)
+        async with self.db.snapshot() as session:
+            counts = (
+                await session.execute(select(pending.scalar_subquery(), unknown.scalar_subquery()))
+            ).one()
+        return int(counts[0]), int(counts[1])

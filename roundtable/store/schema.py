@@ -106,6 +106,8 @@ class ActionRow(Base):
     __table_args__ = (
         Index("ix_actions_target_key_status", "target_key", "status"),
         Index("ix_actions_target_scope_status", "target_scope", "status"),
+        # The metrics count unknown actions every few seconds (0007).
+        Index("ix_actions_status", "status"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)

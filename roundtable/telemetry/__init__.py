@@ -1,0 +1,1 @@
+"""Metrics, traces and logs: what SREs see of a running Roundtable."""
