@@ -24,6 +24,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from roundtable.config import SECRET_ENV_VAR
+from roundtable.ports import free_port
 from roundtable.store import Store, open_store
 from roundtable.temporal import connect, data_converter
 from workflows import search_attributes
@@ -65,6 +66,8 @@ class Stack:
             "ROUNDTABLE_TASK_QUEUE": OURS,
             "ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS": "0",
             "ROUNDTABLE_SWEEP_ENABLED": "false",
+            # Metrics on, as in production, on a port of its own.
+            "ROUNDTABLE_WORKER_METRICS_ADDRESS": f"127.0.0.1:{free_port()}",
             **extra_env,
         }
         self.ours: subprocess.Popen | None = None  # type: ignore[type-arg]

@@ -21,16 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from roundtable.names import SEARCH_ATTRIBUTES
+from roundtable.ports import free_port
 
 BIN = Path(sys.executable).parent
 SECRET = "chaos-action-secret-not-for-production"  # noqa: S105 (a throwaway test secret)
 _PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -114,6 +109,8 @@ class Stack:
             "ROUNDTABLE_DATABASE_URL": self.database_url,
             "ROUNDTABLE_TEMPORAL_ADDRESS": self.address,
             "ROUNDTABLE_TASK_QUEUE": self.task_queue,
+            # Several workers on one host: none serves metrics (not under test here).
+            "ROUNDTABLE_WORKER_METRICS_ADDRESS": "",
             "ROUNDTABLE_ACTION_SECRET_KEY": SECRET,
             "ROUNDTABLE_SWEEP_INTERVAL_SECONDS": "5",
             "ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS": "0.3",

@@ -5,6 +5,7 @@ what an earlier, killed stack left behind."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,3 +83,11 @@ def port_holder(port: int) -> str | None:
     except OSError:
         command = b"?"
     return f"pid {pid} ({command.decode(errors='replace')[:200]})"
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the kernel's pick; whoever
+    binds it next may still lose a race, and then says so)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

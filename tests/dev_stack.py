@@ -16,13 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roundtable.ports import free_port
+
 CLI = str(Path(sys.executable).parent / "roundtable")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_cli(
@@ -46,6 +42,7 @@ class DevStack:
     port: int
     ui_port: int
     api_port: int
+    metrics_port: int
     env: dict[str, str]
     lines: list[str] = field(default_factory=list)
 
@@ -67,7 +64,7 @@ class DevStack:
 
 @contextmanager
 def dev_stack(workdir: Path) -> Iterator[DevStack]:
-    ports = free_port(), free_port(), free_port()
+    ports = free_port(), free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
     env["ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS"] = "0.2"
     process = subprocess.Popen(
@@ -81,6 +78,8 @@ def dev_stack(workdir: Path) -> Iterator[DevStack]:
             str(ports[1]),
             "--api-port",
             str(ports[2]),
+            "--metrics-port",
+            str(ports[3]),
         ],
         cwd=workdir,
         env=env,

@@ -35,6 +35,8 @@ class Stack:
             "ROUNDTABLE_DATABASE_URL": f"sqlite+aiosqlite:///{workdir / 'rt.db'}",
             "ROUNDTABLE_TEMPORAL_ADDRESS": address,
             "ROUNDTABLE_TASK_QUEUE": f"e2e-{uuid.uuid4().hex[:8]}",
+            # Workers here come and go: none serves metrics.
+            "ROUNDTABLE_WORKER_METRICS_ADDRESS": "",
             "ROUNDTABLE_ACTION_SECRET_KEY": TEST_SECRET,
             "ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS": "0.1",
             "ROUNDTABLE_DEMO_TICKET_DROP_AFTER_WRITE": '["T-13"]',

@@ -44,9 +44,15 @@ def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
             assert done.returncode == 0, done.stdout + done.stderr
         stack.wait_for(r"run (demo-\S+) completed")
         assert (tmp_path / ".roundtable" / "dev-secret").stat().st_mode & 0o077 == 0
+        # The worker's metrics, where dev said: the SDK's and ours.
+        (url,) = stack.wait_for(r"worker metrics: (http://\S+/metrics)")
+        assert url == f"http://127.0.0.1:{stack.metrics_port}/metrics"
+        scraped = httpx.get(url, timeout=10).text
+        assert "temporal_workflow_completed" in scraped, scraped[:2000]
+        assert re.search(r'roundtable_actions_total\{[^}]*status="succeeded"[^}]*\} [1-9]', scraped)
         assert listening(stack.port)
     assert "stack stopped" in stack.output
-    ports = (stack.port, stack.ui_port, stack.api_port)
+    ports = (stack.port, stack.ui_port, stack.api_port, stack.metrics_port)
     assert not any(listening(p) for p in ports), "a server was left running"
 
 
@@ -56,10 +62,11 @@ def test_dev_says_why_the_worker_did_not_start(tmp_path: Path) -> None:
     config.write_text('{"mcpServers": {"crm": {"command": "no-such-mcp-server-binary"}}}')
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
     env["ROUNDTABLE_MCP_CONFIG"] = str(config)
-    ports = [str(free_port()) for _ in range(3)]
+    ports = [str(free_port()) for _ in range(4)]
     done = run_cli(
         "dev",
         *("--temporal-port", ports[0], "--ui-port", ports[1], "--api-port", ports[2]),
+        *("--metrics-port", ports[3]),
         cwd=tmp_path,
         env=env,
         timeout=120,
@@ -161,6 +168,7 @@ def test_dev_names_the_process_holding_its_port(tmp_path: Path) -> None:
         port = held.getsockname()[1]
         env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
         ports = ["--temporal-port", str(port), "--ui-port", str(free_port())]
+        ports += ["--metrics-port", str(free_port())]
         done = run_cli("dev", *ports, "--api-port", str(free_port()), cwd=tmp_path, env=env)
     assert done.returncode != 0
     said = done.stdout + done.stderr
@@ -173,6 +181,7 @@ def test_api_and_worker_say_why_they_cannot_start(tmp_path: Path) -> None:
     env.pop("ROUNDTABLE_PAYLOAD_KEYS", None)
     env["ROUNDTABLE_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}"
     env["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    env["ROUNDTABLE_WORKER_METRICS_ADDRESS"] = f"127.0.0.1:{free_port()}"
     for command in (["api", "--port", str(free_port())], ["worker"]):
         done = run_cli(*command, cwd=tmp_path, env=env)
         assert done.returncode != 0, command

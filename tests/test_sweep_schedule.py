@@ -43,6 +43,7 @@ async def test_the_sweep_gate_pauses_and_resumes_the_schedule(tmp_path) -> None:
             database_url=f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}",
             temporal_address=env.client.service_client.config.target_host,
             task_queue=f"gate-{uuid.uuid4().hex[:8]}",
+            worker_metrics_address="",
         )
         schedule = env.client.get_schedule_handle(SWEEP_SCHEDULE_ID)
 

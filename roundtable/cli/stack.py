@@ -228,7 +228,7 @@ def _refuse_held_ports(**ports: int) -> None:
         if holder is not None:
             raise CliError(
                 f"port {port} ({name}) is held by {holder}: stop it, or choose another "
-                f"port (--temporal-port, --ui-port, --api-port)"
+                f"port (--temporal-port, --ui-port, --api-port, --metrics-port)"
             )
 
 
@@ -301,7 +301,13 @@ async def _dev(
     from roundtable.demo import demo_request
     from worker import run_worker
 
-    _refuse_held_ports(temporal=port, ui=ui_port, api=api_port)
+    metrics_port = settings.worker_metrics_address.rpartition(":")[2]
+    _refuse_held_ports(
+        temporal=port,
+        ui=ui_port,
+        api=api_port,
+        **({"metrics": int(metrics_port)} if metrics_port.isdigit() else {}),
+    )
     await upgrade(settings.database_url)
     # The operator token goes to a file only you can read. The UI decodes
     # payloads through the API's loopback codec endpoint, which needs no token:
@@ -333,6 +339,8 @@ async def _dev(
             f"API: http://127.0.0.1:{api_port}/docs   operator token: in "
             f"{token_file} (readable only by you; revoked when the stack stops)"
         )
+        if settings.worker_metrics_address:
+            typer.echo(f"worker metrics: http://{settings.worker_metrics_address}/metrics")
         if demo:
             client = await connect(settings.temporal_address, settings.temporal_namespace)
             async with open_store(settings.database_url) as store:
@@ -370,6 +378,13 @@ def dev(
     temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
     ui_port: Annotated[int, typer.Option(help="Temporal UI port.")] = 8233,
     api_port: Annotated[int, typer.Option(help="HTTP API port.")] = 8000,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Worker metrics port (default: ROUNDTABLE_WORKER_METRICS_ADDRESS, "
+            "127.0.0.1:9464); 0 serves none."
+        ),
+    ] = None,
 ) -> None:
     """Run the embedded stack in the foreground: Temporal dev server, migrations, worker."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -377,6 +392,9 @@ def dev(
     state_dir.mkdir(parents=True, exist_ok=True)
     _dev_secret()
     os.environ["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{temporal_port}"
+    if metrics_port is not None:
+        address = f"127.0.0.1:{metrics_port}" if metrics_port else ""
+        os.environ["ROUNDTABLE_WORKER_METRICS_ADDRESS"] = address
     # The UI calls the API's codec endpoint from the browser: allow its
     # origin, on the loopback endpoint that takes no token.
     os.environ.setdefault(
