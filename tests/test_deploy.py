@@ -37,6 +37,8 @@ def test_services_depend_on_what_can_satisfy_them() -> None:
         "roundtable-db",
         "worker",
         "api",
+        "prometheus",
+        "grafana",
     }
     for name, service in SERVICES.items():
         expected = "no" if name in ONE_SHOT else "unless-stopped"

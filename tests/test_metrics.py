@@ -4,6 +4,7 @@ beside the SDK's) and from the API."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import httpx
@@ -17,6 +18,7 @@ from roundtable.telemetry.runtime import MetricsAddressError, metrics_runtime
 from tests.api_server import free_port, serve_api
 from tests.fake_openai import fake_openai, message
 from tests.test_closed_runs import AUTO, update
+from tests.test_monitoring_files import metric_names
 from tests.test_workflow_execution import wrap_tool
 from tests.workflow_harness import harness
 from workflows.roundtable import RoundtableWorkflow
@@ -108,6 +110,7 @@ async def test_worker_and_api_metrics_after_real_runs(tmp_path, monkeypatch) -> 
         worker = await _scrape_until_busy(worker_url)
         assert (await h.state(blocked)).status != "completed"
         async with serve_api(h) as api:
+            await api.http.get("/healthz")  # counted by the time of the scrape
             api_samples = await scrape(f"{api.http.base_url}/metrics", api.auth("ops"))
             refused = await api.http.get("/metrics", headers=api.auth("alice"))
             anonymous = await api.http.get("/metrics")
@@ -145,6 +148,11 @@ async def test_worker_and_api_metrics_after_real_runs(tmp_path, monkeypatch) -> 
     assert value(worker, tokens, model="openai:m", kind="completion") == completion
     # The Temporal SDK's own metrics share the address.
     assert any(name.startswith("temporal_") for name in names(worker)), sorted(names(worker))
+
+    # Every metric the dashboard and the alerts name is one we export.
+    exported = names(worker) | names(api_samples)
+    used = {re.sub(r"_(bucket|sum|count)$", "", n) for n in metric_names()}
+    assert used <= {re.sub(r"_(bucket|sum|count)$", "", n) for n in exported}, used - exported
 
     # The API: the same gauges from the database, and its requests.
     assert value(api_samples, "roundtable_approvals_pending") == 1
