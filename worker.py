@@ -40,6 +40,7 @@ from roundtable.store import Store, open_store
 from roundtable.telemetry.gauges import recounting
 from roundtable.telemetry.metrics import Metrics
 from roundtable.telemetry.runtime import metrics_runtime
+from roundtable.telemetry.tracing import start_tracing
 from roundtable.temporal import connect
 from roundtable.tools.mcp import load_config, register_mcp_tools
 from roundtable.tools.registry import ToolRegistry
@@ -213,7 +214,8 @@ async def run_worker(settings: Settings | None = None, ready: asyncio.Event | No
     if settings.worker_metrics_address:
         runtime = metrics_runtime(settings.worker_metrics_address)
         log.info("metrics: http://%s/metrics", settings.worker_metrics_address)
-    client = await connect(settings.temporal_address, settings.temporal_namespace, runtime)
+    tracing = start_tracing("roundtable-worker")
+    client = await connect(settings.temporal_address, settings.temporal_namespace, runtime, tracing)
     metrics = Metrics(runtime.metric_meter if runtime is not None else None)
     async with worker_parts(settings) as parts:
         log.info("sweep schedule: %s", await ensure_sweep_schedule(client, settings))

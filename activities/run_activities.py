@@ -38,6 +38,7 @@ from roundtable.permissions import (
 )
 from roundtable.store import Store
 from roundtable.telemetry.metrics import Metrics
+from roundtable.telemetry.tracing import tracer
 from roundtable.tools.registry import (
     ToolArgumentsError,
     ToolContext,
@@ -200,7 +201,10 @@ class RunActivities:
             )
         began = time.monotonic()
         try:
-            result = await tool.handler(parsed, ToolContext(run_id=inp.run_id, seat=inp.seat))
+            with tracer.start_as_current_span(
+                f"tool {tool.name}", attributes={"roundtable.run_id": inp.run_id}
+            ):
+                result = await tool.handler(parsed, ToolContext(run_id=inp.run_id, seat=inp.seat))
         except Exception as exc:
             self.metrics.tool_call(tool.name, "failed", time.monotonic() - began)
             if tool.retry_safe:

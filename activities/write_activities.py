@@ -66,6 +66,7 @@ from roundtable.store import (
     Store,
 )
 from roundtable.telemetry.metrics import Metrics
+from roundtable.telemetry.tracing import tracer
 from roundtable.tools.policy import initial_action_status
 from roundtable.tools.registry import (
     ToolArgumentsError,
@@ -426,7 +427,14 @@ class WriteActivities:
             )
 
         began = time.monotonic()
-        outcome = await call_under_lease(lambda: tool.handler(parsed, context), terms, hold)
+        with tracer.start_as_current_span(
+            f"tool {tool.name}",
+            attributes={
+                "roundtable.run_id": action["run_id"],
+                "roundtable.action_id": action["id"],
+            },
+        ):
+            outcome = await call_under_lease(lambda: tool.handler(parsed, context), terms, hold)
         status, result, over, interrupted = _judged(outcome, tool, arguments, action)
         if outcome.started:
             self.metrics.tool_call(tool.name, status, time.monotonic() - began)

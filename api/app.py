@@ -20,6 +20,7 @@ from api.routes import actions, approvals, codec, health, metrics, runs, webhook
 from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.config import Settings, load_settings
 from roundtable.store import Store, open_store
+from roundtable.telemetry.tracing import instrument_api, start_tracing
 
 MAX_BODY_BYTES = 256 * 1024
 
@@ -99,18 +100,22 @@ def create_app(
     store: Store | None = None,
     client: Client | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    tracing: bool | None = None,
 ) -> FastAPI:
-    """The app. Tests hand in a store and a client; ``roundtable api`` opens its own."""
+    """The app. Tests hand in a store and a client; ``roundtable api`` opens its own.
+    ``tracing``: spans for requests and Temporal calls (default: when the
+    OpenTelemetry variables ask for it)."""
     settings = settings or load_settings()
+    traced = start_tracing("roundtable-api") if tracing is None else tracing
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if store is not None:
-            app.state.context = ApiContext(settings=settings, store=store, client=client)
+            app.state.context = ApiContext(settings, store, client, traced)
             yield
             return
         async with open_store(settings.database_url) as opened:
-            app.state.context = ApiContext(settings=settings, store=opened, client=client)
+            app.state.context = ApiContext(settings, opened, client, traced)
             yield
 
     app = FastAPI(
@@ -140,6 +145,8 @@ def create_app(
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     # Outermost: counts every request, refused ones included.
     app.add_middleware(CountRequests, metrics=app.state.metrics)
+    if traced:
+        instrument_api(app)
     return app
 
 

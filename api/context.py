@@ -20,6 +20,7 @@ class ApiContext:
     settings: Settings
     store: Store
     client: Client | None = None
+    tracing: bool = False  # the Temporal client this connects traces its calls
     _connecting: asyncio.Lock = field(default_factory=asyncio.Lock)
     authority: Authority = field(init=False)
 
@@ -32,7 +33,9 @@ class ApiContext:
             if self.client is None:
                 try:
                     self.client = await connect(
-                        self.settings.temporal_address, self.settings.temporal_namespace
+                        self.settings.temporal_address,
+                        self.settings.temporal_namespace,
+                        tracing=self.tracing,
                     )
                 except Exception as exc:
                     raise TemporalUnavailableError(

@@ -27,6 +27,7 @@ from temporalio.runtime import Runtime
 
 from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.names import SEARCH_ATTRIBUTES
+from roundtable.telemetry.tracing import temporal_interceptors
 
 _INDEXED_TYPES = {
     "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
@@ -82,11 +83,17 @@ def data_converter(codec: EncryptionCodec | None = None) -> DataConverter:
     )
 
 
-async def connect(address: str, namespace: str, runtime: Runtime | None = None) -> Client:
+async def connect(
+    address: str, namespace: str, runtime: Runtime | None = None, tracing: bool = False
+) -> Client:
     """A client with our payload codec; ``runtime`` (default: the SDK's) is
-    where its workers' metrics go."""
+    where its workers' metrics go; ``tracing``: spans for it and its workers."""
     return await Client.connect(
-        address, namespace=namespace, data_converter=data_converter(), runtime=runtime
+        address,
+        namespace=namespace,
+        data_converter=data_converter(),
+        runtime=runtime,
+        interceptors=temporal_interceptors(tracing),
     )
 
 

@@ -48,11 +48,13 @@ async def serving(app: Any) -> AsyncIterator[int]:
 
 @asynccontextmanager
 async def serve_api(
-    h: Harness, max_body_bytes: int = 256 * 1024, **settings: Any
+    h: Harness, max_body_bytes: int = 256 * 1024, tracing: bool = False, **settings: Any
 ) -> AsyncIterator[Api]:
     """``settings``: the API's own (ceilings, approvers, …), by field name."""
     config = Settings(database_url="sqlite+aiosqlite://", task_queue=h.task_queue, **settings)
-    app = create_app(config, store=h.store, client=h.client, max_body_bytes=max_body_bytes)
+    app = create_app(
+        config, store=h.store, client=h.client, max_body_bytes=max_body_bytes, tracing=tracing
+    )
     tokens = {}
     for name, role in (
         ("alice", "user"),

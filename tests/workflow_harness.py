@@ -6,13 +6,13 @@ import asyncio
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, Interceptor, WorkflowHandle
 from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
@@ -122,6 +122,7 @@ async def harness(
     dev_server_args: list[str] | None = None,
     runtime: Runtime | None = None,
     metrics: Metrics | None = None,
+    interceptors: Sequence[Interceptor] = (),
 ) -> AsyncIterator[Harness]:
     """``restartable``: the test stops and starts workers (stop_worker,
     start_worker). Workers then keep no sticky cache: the time-skipping server
@@ -133,7 +134,8 @@ async def harness(
     ``database_url``: the store's database (default SQLite in ``tmp_path``);
     the demo ticket system stays on SQLite. ``dev_server_args``: more
     arguments for the dev server (dynamic config, say). ``runtime``: the
-    time-skipping server's client's (metrics); ``metrics``: the worker's."""
+    time-skipping server's client's (metrics); ``metrics``: the worker's;
+    ``interceptors``: the client's, which its workers inherit (tracing)."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     if dev_server:
         env = await WorkflowEnvironment.start_local(
@@ -149,6 +151,11 @@ async def harness(
             data_converter=converter or data_converter(),
             runtime=runtime,
         )
+    client = env.client
+    if interceptors:
+        config = env.client.config()
+        config["interceptors"] = list(interceptors)
+        client = Client(**config)
     try:
         if not dev_server:
             await register_search_attributes(env.client)
@@ -170,10 +177,10 @@ async def harness(
             def make(client: Client) -> Worker:
                 return factory(client, queue, store, registry, **options)
 
-            first = make(env.client)
+            first = make(client)
             try:
                 async with first:
-                    made = Harness(env, env.client, store, tickets, registry, queue, make, first)
+                    made = Harness(env, client, store, tickets, registry, queue, make, first)
                     try:
                         yield made
                         await _record_histories(made)
