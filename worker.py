@@ -213,7 +213,7 @@ async def run_worker(settings: Settings | None = None, ready: asyncio.Event | No
     runtime = None
     if settings.worker_metrics_address:
         runtime = metrics_runtime(settings.worker_metrics_address)
-        log.info("metrics: http://%s/metrics", settings.worker_metrics_address)
+        log.info("serving metrics at http://%s/metrics", settings.worker_metrics_address)
     tracing = start_tracing("roundtable-worker")
     client = await connect(settings.temporal_address, settings.temporal_namespace, runtime, tracing)
     metrics = Metrics(runtime.metric_meter if runtime is not None else None)

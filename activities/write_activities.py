@@ -20,7 +20,7 @@ from temporalio import activity
 from temporalio.client import Client
 
 from activities.bounded import bounded_result
-from activities.errors import typed_store_errors
+from activities.errors import log_refusal, typed_store_errors
 from activities.lease_keeper import CallOutcome, LeaseTerms, call_under_lease, heartbeating
 from activities.run_activities import pinned_snapshot, require_own_run
 from roundtable.models import (
@@ -40,6 +40,7 @@ from roundtable.models import (
     SignalSender,
     ToolOutcome,
 )
+from roundtable.names import CONFLICT
 from roundtable.permissions import (
     Authority,
     Decider,
@@ -65,6 +66,7 @@ from roundtable.store import (
     NotFoundError,
     Store,
 )
+from roundtable.telemetry.logs import bind
 from roundtable.telemetry.metrics import Metrics
 from roundtable.telemetry.tracing import tracer
 from roundtable.tools.policy import initial_action_status
@@ -222,6 +224,7 @@ class WriteActivities:
         """Compare-and-set the decision. A conflict is reported with the
         approval's real status, so the workflow follows the database."""
         inp = request.decision
+        bind(approval_id=inp.approval_id)
         decider = verified_decider(inp, datetime.now(UTC))
 
         def may_decide(run_owner: str, risk_level: str) -> None:
@@ -249,6 +252,7 @@ class WriteActivities:
                 guard=may_decide,
             )
         except ConflictError as exc:
+            log_refusal("decide_approval", CONFLICT, exc)
             return await self._decision_view(inp.approval_id, conflict=str(exc))
         return DecisionRecorded(
             approval_id=inp.approval_id,
@@ -304,6 +308,7 @@ class WriteActivities:
                 target,
             )
         except ConflictError as exc:
+            log_refusal("decide_approval", CONFLICT, exc)
             return await self._decision_view(inp.approval_id, conflict=str(exc))
         view = await self._decision_view(inp.approval_id)
         view.edits = changes
@@ -315,6 +320,7 @@ class WriteActivities:
         """The workflow's deadline timer fired: expire unless a decision won or
         an extension moved the deadline past the one the timer was armed for
         (then the view's ``expires_at`` is the new deadline to wait for)."""
+        bind(approval_id=ref.approval_id)
         await self.store.expire_approval(ref.approval_id, ref.deadline)
         return await self._decision_view(ref.approval_id)
 
@@ -328,6 +334,7 @@ class WriteActivities:
     async def extend_approval(self, inp: ExtendInput) -> ExtendOutput:
         """The worker's own limits hold whatever the message says; who extends
         is whom the API or CLI attested, else recorded as nobody vouched for."""
+        bind(approval_id=inp.approval_id)
         rules = self.authority
         extender = verified_decider(inp, datetime.now(UTC))
         by = extender.user_id if extender.role else f"unattested:{extender.user_id}"
@@ -361,6 +368,7 @@ class WriteActivities:
     async def execute_write(self, inp: ExecuteWriteInput) -> ExecuteWriteOutput:
         """Claim, invoke once under the lease, record. Runs with maximum_attempts=1.
         Heartbeats cover all of it: a claim slowed by the database is alive."""
+        bind(action_id=inp.action_id)
         async with heartbeating(inp.heartbeat_interval_seconds):
             claimed_at = asyncio.get_running_loop().time()
             claimed = await self.store.claim_for_execution(inp.action_id, inp.lease_seconds)
@@ -467,6 +475,7 @@ class WriteActivities:
     @typed_store_errors
     async def withdraw_write(self, ref: ActionRef) -> ExecuteWriteOutput:
         """The run is ending: a write still waiting or approved will not run."""
+        bind(action_id=ref.action_id)
         action = await self.store.withdraw_action(ref.action_id, RUN_ENDED_REASON)
         return ExecuteWriteOutput(
             claim=WriteEnd.WITHDRAWN,
@@ -509,6 +518,7 @@ class WriteActivities:
     @activity.defn(name="reconcile_action")
     @typed_store_errors
     async def reconcile_action(self, inp: ReconcileInput) -> ReconcileOutput:
+        bind(action_id=inp.action_id)
         check_reconciler(verified_decider(inp, datetime.now(UTC)))
         try:
             fenced = None
@@ -519,6 +529,7 @@ class WriteActivities:
             )
             conflict, retry_at = None, None
         except ConflictError as exc:
+            log_refusal("reconcile_action", CONFLICT, exc)
             action, conflict = await self.store.get_action(inp.action_id), str(exc)
             retry_at = exc.retry_at if isinstance(exc, AttemptMayBeRunningError) else None
         return ReconcileOutput(

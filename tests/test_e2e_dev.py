@@ -44,6 +44,8 @@ def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
             assert done.returncode == 0, done.stdout + done.stderr
         stack.wait_for(r"run (demo-\S+) completed")
         assert (tmp_path / ".roundtable" / "dev-secret").stat().st_mode & 0o077 == 0
+        # The worker's informational lines show (plain format, one a line).
+        stack.wait_for(r"INFO roundtable\.worker worker polling")
         # The worker's metrics, where dev said: the SDK's and ours.
         (url,) = stack.wait_for(r"worker metrics: (http://\S+/metrics)")
         assert url == f"http://127.0.0.1:{stack.metrics_port}/metrics"

@@ -9,17 +9,21 @@ retries (a 4xx other than 408/429 is final: retrying cannot fix it).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
 import openai
-from temporalio.exceptions import ApplicationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from roundtable.models import ChatMessage, TokenUsage, ToolCall, ToolSpec, TurnRequest, TurnResponse
 
 PREFIX = "openai:"
 MODEL_REJECTED = "ModelRequestRejected"
+MODEL_UNAVAILABLE = "ModelUnavailable"
 _FINAL_STATUSES = (400, 401, 403, 404, 422)
+log = logging.getLogger("roundtable.model")
 
 
 def _wire_message(message: ChatMessage) -> dict[str, Any]:
@@ -103,7 +107,10 @@ class OpenAIChatModel:
                     type=MODEL_REJECTED,
                     non_retryable=True,
                 ) from exc
-            raise  # 408, 409, 429, 5xx: Temporal retries the turn
+            # 408, 409, 429, 5xx: Temporal retries the turn.
+            raise _will_retry(f"answered {exc.status_code}") from exc
+        except openai.APIConnectionError as exc:  # timeouts included
+            raise _will_retry(f"unreachable ({type(exc).__name__})") from exc
         message = completion.choices[0].message
         usage = completion.usage
         return TurnResponse(
@@ -115,3 +122,15 @@ class OpenAIChatModel:
             if usage
             else None,
         )
+
+
+def _will_retry(what: str) -> ApplicationError:
+    """A transient model failure: one line in the log (not a traceback per
+    attempt), and a retryable failure Temporal retries by the turn's policy."""
+    attempt = activity.info().attempt if activity.in_activity() else 1
+    log.warning("model endpoint %s; attempt %d, the turn is retried", what, attempt)
+    return ApplicationError(
+        f"the model endpoint {what}",
+        type=MODEL_UNAVAILABLE,
+        category=ApplicationErrorCategory.BENIGN,
+    )

@@ -40,6 +40,7 @@ from roundtable.store import (
     Store,
     open_store,
 )
+from roundtable.telemetry.logs import configure_logging
 from roundtable.temporal import connect
 
 
@@ -67,8 +68,8 @@ def worker() -> None:
     """Run a worker: workflows, activities, and the sweep schedule."""
     from worker import run_worker
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
+        configure_logging(logging.INFO)
         _run_until_stopped(run_worker())
     except Exception as exc:
         fail(CliError(f"worker stopped: {exc}"), False)
@@ -84,10 +85,12 @@ def api(
     from api.app import create_app
 
     try:
+        configure_logging(logging.INFO)
         app = create_app()
     except Exception as exc:  # e.g. no action secret: say so, never exit silently
         fail(CliError(f"the API did not start: {exc}"), False)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    # uvicorn's loggers propagate to ours (one format, ROUNDTABLE_LOG_FORMAT).
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=None)
 
 
 async def _serve_api(port: int) -> asyncio.Task:
@@ -387,7 +390,6 @@ def dev(
     ] = None,
 ) -> None:
     """Run the embedded stack in the foreground: Temporal dev server, migrations, worker."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     state_dir = DEFAULT_STATE_DIR
     state_dir.mkdir(parents=True, exist_ok=True)
     _dev_secret()
@@ -402,8 +404,11 @@ def dev(
         json.dumps([f"http://127.0.0.1:{ui_port}", f"http://localhost:{ui_port}"]),
     )
     os.environ.setdefault("ROUNDTABLE_UI_CODEC_LOOPBACK", "true")
-    settings = load_settings()
     try:
+        # The libraries' warnings, and the worker's own informational lines
+        # (which MCP tools it registered, refusals).
+        configure_logging(logging.WARNING, ours=logging.INFO)
+        settings = load_settings()
         _run_until_stopped(_dev(settings, temporal_port, ui_port, api_port, demo, state_dir))
     except CliError as exc:
         fail(exc, False)
