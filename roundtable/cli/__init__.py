@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from roundtable.cli import check, db, operators, runs, stack, tokens
+from roundtable.cli import check, db, events, operators, runs, stack, tokens
 from roundtable.cli.output import EXIT_USAGE
 from roundtable.config import adopt_dev_secret
 
@@ -31,6 +31,8 @@ app.add_typer(db.app, name="db")
 app.add_typer(tokens.app, name="tokens")
 app.command()(runs.start)
 app.command()(runs.show)
+app.command("runs")(runs.list_runs)
+app.command()(events.events)
 app.command()(operators.approvals)
 app.command()(operators.approve)
 app.command()(operators.reject)
