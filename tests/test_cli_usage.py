@@ -101,3 +101,14 @@ def test_shell_completion_is_installable_and_completes(tmp_path: Path) -> None:
     offered = run_cli(cwd=tmp_path, env=completing)
     assert offered.returncode == 0, offered.stderr
     assert {"approvals", "approve"} <= set(offered.stdout.split()), offered.stdout
+
+
+def test_manager_none_means_no_manager() -> None:
+    """`--manager none` once started a run with the default manager: None
+    was dropped as an option not given."""
+    from roundtable.cli.runs import build_request
+
+    assert build_request(task_text="t", manager="none").manager is None
+    assert build_request(task_text="t", manager="boss").manager == "boss"
+    # An owner not given stays unset, so the API makes the token's owner the owner.
+    assert "user_id" not in build_request(task_text="t").model_fields_set
