@@ -185,6 +185,10 @@ async def run_events(
 async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> AsyncIterator[str]:
     quiet = 0.0
     while not await request.is_disconnected():
+        # The status before the events: a run's last events commit with its
+        # final status, so once it reads final the read after has them all
+        # (read the other way round, the stream could end one commit short).
+        ended = (await ctx.store.get_run(run_id))["status"] in FINAL_RUN_STATUSES
         fresh = await ctx.store.events_page(run_id, after_seq=seen, limit=MAX_LIMIT)
         for event in fresh:
             seen = event["seq"]
@@ -194,7 +198,7 @@ async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> 
             )
         if fresh:
             quiet = 0.0
-        elif (await ctx.store.get_run(run_id))["status"] in FINAL_RUN_STATUSES:
+        elif ended:
             return
         else:
             quiet += SSE_POLL_SECONDS
