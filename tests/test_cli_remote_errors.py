@@ -121,6 +121,7 @@ async def _garbage(scope: dict, receive: Any, send: Any) -> None:
                 }
             ).encode(),
         ),
+        "sse": (200, b"text/event-stream", b"id: 1\nevent: x\ndata: {not json\n\n"),
         "teapot": (
             418,
             b"application/problem+json",
@@ -156,6 +157,27 @@ async def test_garbage_from_the_server_is_a_clear_error(tmp_path: Path) -> None:
         )
         assert (code, error["code"]) == (1, "unauthorized")
         assert "you sent Bearer [token]" in error["message"]  # scrubbed (cli() checks the rest)
+        code, error, _ = await acli(
+            tmp_path,
+            "events",
+            "r-1",
+            "--follow",
+            "--api",
+            f"{base}/sse",
+            ROUNDTABLE_API_TOKEN=TOKEN,
+        )
+        assert (code, error["code"]) == (1, "bad_response"), error
+        code, error, _ = await acli(
+            tmp_path,
+            "events",
+            "r-1",
+            "--follow",
+            "--api",
+            f"{base}/html",
+            ROUNDTABLE_API_TOKEN=TOKEN,
+        )
+        assert (code, error["code"]) == (1, "bad_response"), error
+        assert "did not answer with an event stream" in error["message"]
         code, error, _ = await acli(
             tmp_path, "runs", "--api", f"{base}/teapot", ROUNDTABLE_API_TOKEN=TOKEN
         )
