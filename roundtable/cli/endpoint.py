@@ -15,7 +15,7 @@ from typing import Annotated
 import httpx
 import typer
 
-from roundtable.cli.output import CliError, usage_error
+from roundtable.cli.output import usage_error
 
 API_URL_VAR = "ROUNDTABLE_API_URL"
 API_TOKEN_VAR = "ROUNDTABLE_API_TOKEN"  # noqa: S105 (a variable's name)
@@ -124,5 +124,5 @@ def _checked_token(secret: str) -> str:
     token = secret.strip()
     # A header value cannot carry these; say so without echoing the value.
     if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
-        raise CliError("the API token has spaces or control characters in it", "usage", 2)
+        raise usage_error("the API token has spaces or control characters in it")
     return token
