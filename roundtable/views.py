@@ -56,6 +56,17 @@ async def run_view(store: Store, run_id: str) -> dict[str, Any]:
     }
 
 
+def run_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """A run as lists show it."""
+    return {
+        "run_id": run["id"],
+        "user_id": run["user_id"],
+        "status": run["status"],
+        "created_at": run["created_at"].isoformat(),
+        "updated_at": run["updated_at"].isoformat(),
+    }
+
+
 def event_view(event: dict[str, Any]) -> dict[str, Any]:
     """Audit events carry no secrets by construction (the store refuses them)."""
     return {

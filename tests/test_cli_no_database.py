@@ -14,7 +14,15 @@ from tests.dev_stack import run_cli
 
 
 @pytest.mark.parametrize(
-    "command", [["show", "run-x"], ["approvals"], ["tickets"], ["check", "--no-temporal"]]
+    "command",
+    [
+        ["show", "run-x"],
+        ["approvals"],
+        ["runs"],
+        ["events", "run-x"],
+        ["tickets"],
+        ["check", "--no-temporal"],
+    ],
 )
 def test_a_command_run_elsewhere_names_the_missing_database(tmp_path: Path, command) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_DATABASE_URL"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -29,20 +30,37 @@ def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
             timeout=10,
         )
         assert runs.status_code == 200, runs.text
-        for command in stack.wait_for(r"approve: (.+ approve \S+)", count=2):
-            variables, argv = command.split(" ", 1)
-            name, value = variables.split("=", 1)
+        # The printed commands work as printed, from any directory, with
+        # nothing set: once they named a database relative to the stack's.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        anywhere = {k: v for k, v in stack.env.items() if not k.startswith("ROUNDTABLE_")}
+        for command in stack.wait_for(r"approve: (.+ approve .+)", count=2):
+            assert token not in command
             done = subprocess.run(
-                [CLI, *argv.split()[1:], "--json"],
-                cwd=tmp_path,
-                env={**stack.env, name: value},
+                [*shlex.split(command), "--json"],
+                cwd=elsewhere,
+                env=anywhere,
                 capture_output=True,
                 text=True,
                 timeout=60,
                 check=False,
             )
             assert done.returncode == 0, done.stdout + done.stderr
-        stack.wait_for(r"run (demo-\S+) completed")
+            assert json.loads(done.stdout)["status"] == "approved"
+        (show,) = stack.wait_for(r"run demo-\S+ completed: (.+ show .+?)   \(Ctrl-C")
+        shown = subprocess.run(
+            [*shlex.split(show), "--json"],
+            cwd=elsewhere,
+            env=anywhere,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert json.loads(shown.stdout)["status"] == "completed"
+        assert not (elsewhere / ".roundtable").exists()
         assert (tmp_path / ".roundtable" / "dev-secret").stat().st_mode & 0o077 == 0
         # The worker's informational lines show (plain format, one a line).
         stack.wait_for(r"INFO roundtable\.worker worker polling")

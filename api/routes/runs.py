@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api.auth import Caller, Context, Principal
@@ -27,7 +27,7 @@ from api.schemas import ActionView, ApprovalView, EventPage, RunPage, RunStarted
 from roundtable import operations
 from roundtable.models import RunInput
 from roundtable.store import FINAL_RUN_STATUSES, NotFoundError, RunStatus
-from roundtable.views import approval_views, event_view, run_view
+from roundtable.views import approval_views, event_view, run_summary, run_view
 
 router = APIRouter(
     prefix="/v1/runs",
@@ -105,25 +105,24 @@ async def list_runs(
     caller: Caller,
     ctx: Context,
     status: RunStatus | None = None,
+    user_id: Annotated[
+        str | None, Query(max_length=255, description="Only this user's runs.")
+    ] = None,
     limit: Limit = DEFAULT_LIMIT,
     cursor: Cursor = None,
 ) -> dict[str, Any]:
+    """Oldest first. A caller who may see only their own runs sees only
+    those, whichever ``user_id`` they ask for."""
+    owner = user_id if caller.sees_everything else caller.user_id
+    if user_id is not None and owner != user_id:
+        return page([], limit, None)
     rows = await ctx.store.list_runs(
-        user_id=None if caller.sees_everything else caller.user_id,
+        user_id=owner,
         status=status,
         limit=limit,
         after=after_time(cursor),
     )
-    items = [
-        {
-            "run_id": r["id"],
-            "user_id": r["user_id"],
-            "status": r["status"],
-            "created_at": r["created_at"].isoformat(),
-            "updated_at": r["updated_at"].isoformat(),
-        }
-        for r in rows
-    ]
+    items = [run_summary(r) for r in rows]
     return page(items, limit, (rows[-1]["created_at"], rows[-1]["id"]) if rows else None)
 
 
@@ -186,6 +185,10 @@ async def run_events(
 async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> AsyncIterator[str]:
     quiet = 0.0
     while not await request.is_disconnected():
+        # The status before the events: a run's last events commit with its
+        # final status, so once it reads final the read after has them all
+        # (read the other way round, the stream could end one commit short).
+        ended = (await ctx.store.get_run(run_id))["status"] in FINAL_RUN_STATUSES
         fresh = await ctx.store.events_page(run_id, after_seq=seen, limit=MAX_LIMIT)
         for event in fresh:
             seen = event["seq"]
@@ -195,7 +198,7 @@ async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> 
             )
         if fresh:
             quiet = 0.0
-        elif (await ctx.store.get_run(run_id))["status"] in FINAL_RUN_STATUSES:
+        elif ended:
             return
         else:
             quiet += SSE_POLL_SECONDS

@@ -1,9 +1,10 @@
 """Operator commands: list and decide approvals, reconcile unknown actions, read tickets.
 
 Decisions go through the run's workflow (the ``decide_approval`` and
-``reconcile_action`` updates), so the CLI, the API and a plain
-``temporal workflow update`` all meet one truth. The store is read first,
-so an unknown id or a stale approval is answered clearly without a round trip.
+``reconcile_action`` updates), directly or through the API, so the CLI, the
+API and a plain ``temporal workflow update`` all meet one truth. The
+approval or action is read first, so an unknown id or a stale approval is
+answered clearly without a round trip to the workflow.
 """
 
 from __future__ import annotations
@@ -12,35 +13,28 @@ from typing import Annotated, Any
 
 import typer
 
-from roundtable import operations
+from roundtable.cli.endpoint import ApiToken, ApiTokenFile, ApiUrl, named
+from roundtable.cli.operator import operator
 from roundtable.cli.output import emit, run_or_fail, table, usage_error
-from roundtable.cli.shared import (
-    Actor,
-    JsonFlag,
-    actor,
-    require_sqlite_file,
-    settings,
-    store_from,
-    temporal,
-)
-from roundtable.permissions import Decider
+from roundtable.cli.shared import Actor, JsonFlag, require_sqlite_file, settings
 from roundtable.tools.tickets import TicketSystem
-from roundtable.views import approval_view
 
 
 def approvals(
     run: Annotated[str | None, typer.Option("--run", help="Only this run.")] = None,
     status: Annotated[
-        str | None, typer.Option(help="pending, approved, rejected, expired.")
+        str | None, typer.Option(help="pending, approved, rejected, expired or withdrawn.")
     ] = None,
+    api: ApiUrl = None,
+    token: ApiToken = None,
+    token_file: ApiTokenFile = None,
     as_json: JsonFlag = False,
 ) -> None:
     """List approvals with what each one would let run."""
 
     async def listing() -> list[dict[str, Any]]:
-        async with store_from(settings()) as store:
-            rows = await store.list_approvals(run_id=run, status=status)
-            return [await approval_view(store, row) for row in rows]
+        async with operator(api, token, token_file) as ops:
+            return await ops.approvals(run, status)
 
     rows = run_or_fail(listing(), as_json)
     emit(
@@ -50,46 +44,45 @@ def approvals(
     )
 
 
-async def _decide(approval_id: str, decision: str, by: str, reason: str | None) -> dict:
-    config = settings()
-    client = await temporal(config)
-    async with store_from(config) as store:
-        # The CLI acts with database access, as an operator would.
-        return await operations.decide(
-            client,
-            store,
-            approval_id,
-            decision,
-            by,
-            reason,
-            decider=Decider(user_id=by, role="operator"),
-        )
-
-
 def approve(
     approval_id: Annotated[str, typer.Argument(help="Approval id.")],
     reason: Annotated[str | None, typer.Option(help="Why.")] = None,
     by: Actor = None,
+    api: ApiUrl = None,
+    token: ApiToken = None,
+    token_file: ApiTokenFile = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Approve a pending write."""
-    _decide_command(approval_id, "approved", by, reason, as_json)
+    _decide(approval_id, "approved", reason, by, (api, token, token_file), as_json)
 
 
 def reject(
     approval_id: Annotated[str, typer.Argument(help="Approval id.")],
     reason: Annotated[str, typer.Option(help="Why (required).")],
     by: Actor = None,
+    api: ApiUrl = None,
+    token: ApiToken = None,
+    token_file: ApiTokenFile = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Reject a pending write."""
-    _decide_command(approval_id, "rejected", by, reason, as_json)
+    _decide(approval_id, "rejected", reason, by, (api, token, token_file), as_json)
 
 
-def _decide_command(
-    approval_id: str, decision: str, by: str | None, reason: str | None, as_json: bool
+def _decide(
+    approval_id: str,
+    decision: str,
+    reason: str | None,
+    by: str | None,
+    via: tuple[Any, Any, Any],
+    as_json: bool,
 ) -> None:
-    done = run_or_fail(_decide(approval_id, decision, actor(by), reason), as_json)
+    async def decide() -> dict[str, Any]:
+        async with operator(*via) as ops:
+            return await ops.decide(approval_id, decision, reason, by)
+
+    done = run_or_fail(decide(), as_json)
     emit(done, as_json, f"approval {approval_id} {done['status']}")
 
 
@@ -98,30 +91,38 @@ def reconcile(
     outcome: Annotated[str, typer.Option(help="succeeded or failed: what really happened.")],
     note: Annotated[str, typer.Option(help="How you know (kept in the audit log).")],
     by: Actor = None,
+    api: ApiUrl = None,
+    token: ApiToken = None,
+    token_file: ApiTokenFile = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Settle an action whose outcome is unknown, after checking the real system."""
 
-    async def settle() -> dict:
+    async def settle() -> dict[str, Any]:
         if outcome not in ("succeeded", "failed"):
             raise usage_error("--outcome must be succeeded or failed")
-        config = settings()
-        async with store_from(config) as store:
-            # operations.reconcile checks the action (and nudges its run if it
-            # was settled already), as it does for the API and the client.
-            client = await temporal(config)
-            return await operations.reconcile(
-                client, store, action_id, outcome, actor(by), note, config.task_queue
-            )
+        async with operator(api, token, token_file) as ops:
+            return await ops.reconcile(action_id, outcome, note, by)
 
     done = run_or_fail(settle(), as_json)
     emit(done, as_json, f"action {action_id} reconciled as {done['status']}")
 
 
-def tickets(as_json: JsonFlag = False) -> None:
+def tickets(
+    api: ApiUrl = None,
+    token: ApiToken = None,
+    token_file: ApiTokenFile = None,
+    as_json: JsonFlag = False,
+) -> None:
     """The demo ticket system's write log: what really happened."""
 
     async def read() -> list[dict[str, Any]]:
+        if named(api):
+            # Never quietly read a database when the operator asked for the API.
+            raise usage_error(
+                "the API does not serve the demo ticket log: run `roundtable tickets` where "
+                "its database is, without --api or $ROUNDTABLE_API_URL"
+            )
         require_sqlite_file(settings().tickets_url())
         system = await TicketSystem.open(settings().tickets_url())
         try:

@@ -1,26 +1,33 @@
-"""``roundtable start`` and ``roundtable show``."""
+"""``roundtable start``, ``show`` and ``runs``: directly or through the API."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
-from roundtable import operations
 from roundtable.agents.scripted import ScriptError, load_script
-from roundtable.cli.output import CliError, emit, fail, run_or_fail, table, usage_error
-from roundtable.cli.shared import JsonFlag, settings, store_from, temporal
-from roundtable.models import RunInput, RunResult
-from roundtable.permissions import Authority
-from roundtable.views import run_view
+from roundtable.cli.endpoint import ApiToken, ApiTokenFile, ApiUrl
+from roundtable.cli.hints import ended, news
+from roundtable.cli.operator import Operator, operator
+from roundtable.cli.output import emit, fail, run_or_fail, table, usage_error
+from roundtable.cli.shared import JsonFlag
+from roundtable.models import RunInput
+
+WAIT_POLL_SECONDS = 0.5
 
 
-def build_request(**fields: Any) -> RunInput:
+def build_request(*, manager: str = "manager", **fields: Any) -> RunInput:
+    """A run request from options; an option left out (None) keeps the
+    model's default and stays unset, so the API applies its own (the owner).
+    The manager is always set: "none" means no manager, not the default one."""
+    chosen = {k: v for k, v in fields.items() if v is not None}
     try:
-        return RunInput(**{k: v for k, v in fields.items() if v is not None})
+        return RunInput(manager=None if manager.lower() == "none" else manager, **chosen)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
@@ -28,26 +35,17 @@ def build_request(**fields: Any) -> RunInput:
         raise usage_error(problems) from exc
 
 
-async def start_run(request: RunInput, wait: bool) -> dict[str, Any]:
-    config = settings()
-    authority = Authority.from_settings(config)
-    request = authority.admit("operator", request)  # refused before connecting
-    client = await temporal(config)
-    async with store_from(config) as store:
-        # The CLI acts with database access, as an operator would.
-        started, _ = await operations.start_run(
-            client,
-            store,
-            request,
-            config.task_queue,
-            authority=authority,
-            role="operator",
-        )
-    if wait:
-        handle = client.get_workflow_handle(started["run_id"], result_type=RunResult)
-        result = await handle.result()
-        started.update(status=result.status, final_answer=result.final_answer)
-    return started
+async def wait_for_end(ops: Operator, run_id: str, say: Callable[[str], None]) -> dict[str, Any]:
+    """Follow a run to its end, telling each approval (and unknown outcome)
+    it waits for with the command that decides it."""
+    told: set[str] = set()
+    while True:
+        view = await ops.run(run_id)
+        for line in news(view, told, ops.via):
+            say(line)
+        if ended(view):
+            return view
+        await asyncio.sleep(WAIT_POLL_SECONDS)
 
 
 def start(
@@ -60,27 +58,39 @@ def start(
     script: Annotated[Path | None, typer.Option(help="Scripted-model file (JSON/YAML).")] = None,
     approval_timeout: Annotated[int, typer.Option(help="Seconds an approval stays open.")] = 3600,
     tools: Annotated[str | None, typer.Option(help="Comma-separated tools to grant.")] = None,
-    user: Annotated[str, typer.Option(help="The run's owner.")] = "local-user",
+    user: Annotated[
+        str | None,
+        typer.Option(help="The run's owner (default: local-user; through the API, the token's)."),
+    ] = None,
     model: Annotated[str, typer.Option(help="Model for every seat.")] = "scripted",
     heartbeat_timeout: Annotated[
         int | None,
         typer.Option(help="Seconds without a heartbeat before a write is presumed lost."),
     ] = None,
     lease_seconds: Annotated[int | None, typer.Option(help="Target lease length, seconds.")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Wait until the run finishes.")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Wait until the run ends, telling each approval it waits for "
+            "(on stderr with --json) with the command to decide it.",
+        ),
+    ] = False,
+    api: ApiUrl = None,
+    token: ApiToken = None,
+    token_file: ApiTokenFile = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Start a run."""
     try:
-        document = load_script(script) if script else None
         request = build_request(
             task_text=task,
+            manager=manager,
             seats=[s.strip() for s in seats.split(",") if s.strip()],
-            manager=None if manager.lower() == "none" else manager,
             max_rounds=rounds,
             mode=mode,
             write_policy=policy,
-            script=document,
+            script=load_script(script) if script else None,
             approval_timeout_seconds=approval_timeout,
             tools=[t.strip() for t in tools.split(",")] if tools else None,
             user_id=user,
@@ -88,40 +98,53 @@ def start(
             heartbeat_timeout_seconds=heartbeat_timeout,
             lease_seconds=lease_seconds,
         )
-        started = asyncio.run(start_run(request, wait))
     except ScriptError as exc:
         fail(usage_error(str(exc)), as_json)
     except Exception as exc:
         fail(exc, as_json)
+
+    def say(text: str) -> None:
+        # With --json, stdout keeps its one document: progress goes to stderr.
+        typer.echo(text, err=as_json)
+
+    async def go() -> dict[str, Any]:
+        async with operator(api, token, token_file) as ops:
+            started = await ops.start(request)
+            if not wait:
+                return started
+            say(f"started run {started['run_id']}")
+            view = await wait_for_end(ops, started["run_id"], lambda text: say(f"\n{text}"))
+            answer = (
+                await ops.final_answer(started["run_id"]) if view["status"] == "completed" else None
+            )
+            return {**started, "status": view["status"], "final_answer": answer}
+
+    started = run_or_fail(go(), as_json)
     human = f"started run {started['run_id']}"
     if wait:
-        human += f"\nstatus: {started['status']}\nfinal answer: {started['final_answer']}"
+        human = f"\nrun {started['run_id']} {started['status']}"
+        if started["final_answer"] is not None:
+            human += f"\nfinal answer: {started['final_answer']}"
     emit(started, as_json, human)
 
 
-async def _run_view(run_id: str) -> dict[str, Any]:
-    async with store_from(settings()) as store:
-        view = await run_view(store, run_id)
-    view["final_answer"] = await _final_answer(run_id, view["status"])
-    return view
-
-
-async def _final_answer(run_id: str, status: str) -> str | None:
-    if status != "completed":
-        return None
-    try:
-        client = await temporal(settings())
-        result = await asyncio.wait_for(
-            client.get_workflow_handle(run_id, result_type=RunResult).result(), 5
-        )
-        return result.final_answer
-    except (CliError, Exception):
-        return None  # the store is the record; the answer is a convenience
-
-
-def show(run_id: Annotated[str, typer.Argument(help="Run id.")], as_json: JsonFlag = False) -> None:
+def show(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    api: ApiUrl = None,
+    token: ApiToken = None,
+    token_file: ApiTokenFile = None,
+    as_json: JsonFlag = False,
+) -> None:
     """Show a run with its actions and approvals."""
-    view = run_or_fail(_run_view(run_id), as_json)
+
+    async def read() -> dict[str, Any]:
+        async with operator(api, token, token_file) as ops:
+            view = await ops.run(run_id)
+            done = view["status"] == "completed"
+            view["final_answer"] = await ops.final_answer(run_id) if done else None
+            return view
+
+    view = run_or_fail(read(), as_json)
     human = "\n".join(
         [
             f"run {view['run_id']}  status {view['status']}  user {view['user_id']}",
@@ -143,3 +166,28 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id.")], as_json: JsonFl
         + ([f"\nfinal answer: {view['final_answer']}"] if view["final_answer"] else [])
     )
     emit(view, as_json, human)
+
+
+def list_runs(
+    status: Annotated[
+        str | None,
+        typer.Option(
+            help="Only runs in this status: pending, running, waiting_input, stalled, "
+            "completed, failed, cancelled or terminated."
+        ),
+    ] = None,
+    user: Annotated[str | None, typer.Option("--user", help="Only this user's runs.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 50,
+    api: ApiUrl = None,
+    token: ApiToken = None,
+    token_file: ApiTokenFile = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List runs, oldest first."""
+
+    async def read() -> list[dict[str, Any]]:
+        async with operator(api, token, token_file) as ops:
+            return await ops.runs(status, user, limit)
+
+    rows = run_or_fail(read(), as_json)
+    emit(rows, as_json, table(rows, ["run_id", "user_id", "status", "created_at", "updated_at"]))

@@ -21,6 +21,7 @@ import typer
 
 from roundtable import operations
 from roundtable.cli.db import upgrade
+from roundtable.cli.hints import command, ended, news
 from roundtable.cli.output import CliError, fail
 from roundtable.config import (
     DEFAULT_STATE_DIR,
@@ -34,7 +35,6 @@ from roundtable.names import SEARCH_ATTRIBUTES
 from roundtable.permissions import Authority
 from roundtable.ports import port_holder
 from roundtable.store import (
-    FINAL_RUN_STATUSES,
     ConflictError,
     NotFoundError,
     Store,
@@ -42,6 +42,7 @@ from roundtable.store import (
 )
 from roundtable.telemetry.logs import configure_logging
 from roundtable.temporal import connect
+from roundtable.views import run_view
 
 
 def _run_until_stopped(coro: Coroutine[Any, Any, None]) -> None:
@@ -174,15 +175,6 @@ def _temporal_binary() -> str:
     return found
 
 
-def _cli_command() -> str:
-    venv_cli = Path(sys.executable).parent / "roundtable"
-    if venv_cli.exists():
-        with contextlib.suppress(ValueError):
-            return str(venv_cli.relative_to(Path.cwd()))
-        return str(venv_cli)
-    return "roundtable"
-
-
 async def _start_server(  # type: ignore[no-untyped-def]
     settings: Settings, port: int, ui_port: int, codec_endpoint: str, state_dir: Path
 ):
@@ -264,35 +256,20 @@ def _stop_server(server: subprocess.Popen) -> None:  # type: ignore[type-arg]
         server.wait(timeout=5)
 
 
-async def _watch_demo(settings: Settings, run_id: str, env_prefix: str) -> None:
-    """Print each approval and unknown action as it appears, with the command to act."""
-    cli, told = _cli_command(), set()
+async def _watch_demo(settings: Settings, run_id: str, via: list[str]) -> None:
+    """Print each approval and unknown action as it appears, with the command
+    to act: through the stack's API, so it works pasted in any directory."""
+    told: set[str] = set()
     async with open_store(settings.database_url) as store:
         while True:
             with contextlib.suppress(Exception):
-                for approval in await store.list_approvals(run_id=run_id, status="pending"):
-                    if approval["id"] not in told:
-                        told.add(approval["id"])
-                        action = await store.get_action(approval["action_id"])
-                        typer.echo(
-                            f"\nwaiting for approval: {action['tool_name']} by "
-                            f"{action['agent_id']} {action['arguments']}\n"
-                            f"  approve: {env_prefix}{cli} approve {approval['id']}\n"
-                            f"  reject:  {env_prefix}{cli} reject {approval['id']} --reason '…'"
-                        )
-                for action in await store.list_actions(run_id):
-                    if action["status"] == "unknown" and action["id"] not in told:
-                        told.add(action["id"])
-                        typer.echo(
-                            f"\noutcome unknown: {action['tool_name']} by {action['agent_id']}\n"
-                            f"  reconcile: {env_prefix}{cli} reconcile {action['id']} "
-                            "--outcome succeeded|failed --note '…'"
-                        )
-                run = await store.get_run(run_id)
-                if run["status"] in FINAL_RUN_STATUSES:
+                view = await run_view(store, run_id)
+                for text in news(view, told, via):
+                    typer.echo(f"\n{text}")
+                if ended(view):
                     typer.echo(
-                        f"\nrun {run_id} {run['status']}: "
-                        f"{env_prefix}{cli} show {run_id}   (Ctrl-C stops the stack)"
+                        f"\nrun {run_id} {view['status']}: "
+                        f"{command('show', run_id, via=via)}   (Ctrl-C stops the stack)"
                     )
                     return
             await asyncio.sleep(0.5)
@@ -335,7 +312,6 @@ async def _dev(
                 raise CliError(f"the worker did not start: {_cause(exc)}") from exc
             raise CliError("the worker stopped as it started")
         background.append(await _serve_api(api_port))
-        env_prefix = "" if port == 7233 else f"ROUNDTABLE_TEMPORAL_ADDRESS=127.0.0.1:{port} "
         typer.echo(
             f"Temporal UI: http://127.0.0.1:{ui_port}/namespaces/{settings.temporal_namespace}"
             f"/workflows   (server 127.0.0.1:{port}, worker on '{settings.task_queue}')\n"
@@ -356,7 +332,11 @@ async def _dev(
                     role="operator",
                 )
             typer.echo(f"demo run started: {started['run_id']}")
-            await _watch_demo(settings, started["run_id"], env_prefix)
+            via = [
+                *("--api", f"http://127.0.0.1:{api_port}"),
+                *("--token-file", str(token_file.resolve())),
+            ]
+            await _watch_demo(settings, started["run_id"], via)
         await worker_task
     finally:
         for task in reversed(background):

@@ -1,0 +1,65 @@
+"""What an operator command may ask, answered the same two ways: directly
+(the database and Temporal, roundtable/cli/local.py) or through the HTTP API
+(roundtable/cli/remote.py). Both answer with the same documents (the public
+views of roundtable/views.py, which the API serves too), so a command prints
+the same thing whichever way it went, and fails with the same exit code."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from roundtable.cli.endpoint import resolve
+from roundtable.cli.local import Local
+from roundtable.cli.remote import Remote
+from roundtable.models import RunInput
+
+
+class Operator(Protocol):
+    #: The options that send another command the same way (printed in hints).
+    via: tuple[str, ...]
+
+    async def start(self, request: RunInput) -> dict[str, Any]:
+        """``{run_id, workflow_id, status}``; the run's owner is the request's
+        ``user_id`` if it was set, else (directly) local-user or (API) the token's."""
+        ...
+
+    async def run(self, run_id: str) -> dict[str, Any]:
+        """The run's view: status, failure, usage, actions, approvals."""
+        ...
+
+    async def final_answer(self, run_id: str) -> str | None: ...
+
+    async def runs(self, status: str | None, user: str | None, limit: int) -> list[dict]: ...
+
+    async def approvals(self, run_id: str | None, status: str | None) -> list[dict]: ...
+
+    async def decide(
+        self, approval_id: str, decision: str, reason: str | None, by: str | None
+    ) -> dict[str, Any]: ...
+
+    async def reconcile(
+        self, action_id: str, outcome: str, note: str, by: str | None
+    ) -> dict[str, Any]: ...
+
+    async def events(self, run_id: str) -> list[dict[str, Any]]: ...
+
+    def follow(self, run_id: str) -> AsyncIterator[dict[str, Any]]:
+        """The run's events as they are written, ending once the run has ended."""
+        ...
+
+
+@asynccontextmanager
+async def operator(
+    api: str | None, token: str | None, token_file: Path | None
+) -> AsyncIterator[Operator]:
+    """The API if one is named (option or environment), else the database."""
+    endpoint = resolve(api, token, token_file)
+    if endpoint is None:
+        async with Local.open() as local:
+            yield local
+    else:
+        async with Remote.open(endpoint) as remote:
+            yield remote

@@ -1,0 +1,288 @@
+"""Operator commands through the HTTP API (roundtable/cli/operator.py): no
+database, no Temporal, only a URL and a token.
+
+Answers are held to the API's own schemas (api/schemas.py), and refusals
+(RFC 9457 problem documents) become the CLI's exit codes and error codes, so
+a command fails the same way whichever way it went. Whatever a server sends
+back is shown only after the token has been taken out of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import httpx
+from pydantic import TypeAdapter, ValidationError
+
+from api.schemas import (
+    ApprovalPage,
+    ApprovalView,
+    DecisionResult,
+    EventPage,
+    EventView,
+    ProblemDocument,
+    ReconcileResult,
+    RunPage,
+    RunStarted,
+    RunView,
+)
+from roundtable.cli.endpoint import API_TOKEN_VAR, Endpoint
+from roundtable.cli.output import (
+    EXIT_CONFLICT,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    CliError,
+    usage_error,
+)
+from roundtable.cli.sse import server_events
+from roundtable.models import RunInput
+from roundtable.states import ApprovalStatus
+from roundtable.store import FINAL_RUN_STATUSES
+
+TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+# The event stream sends a keep-alive every 15 s: a minute of silence is a dead server.
+STREAM_TIMEOUT = httpx.Timeout(10.0, read=60.0)
+PAGE = 200  # the API's largest page
+STREAM_RETRIES = 3  # a stream cut short is resumed (Last-Event-ID) this many times in a row
+MAX_DETAIL = 500  # characters of a server's message shown
+
+
+class Remote:
+    def __init__(self, endpoint: Endpoint, http: httpx.AsyncClient) -> None:
+        self.endpoint, self.http = endpoint, http
+        self.via = tuple(endpoint.options())
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, endpoint: Endpoint) -> AsyncIterator[Remote]:
+        # Redirects are not followed: the token goes to the URL named, only.
+        async with httpx.AsyncClient(
+            base_url=endpoint.url,
+            headers={"Authorization": f"Bearer {endpoint.token}", "User-Agent": "roundtable-cli"},
+            timeout=TIMEOUT,
+            follow_redirects=False,
+        ) as http:
+            yield cls(endpoint, http)
+
+    # ------------------------------------------------------------ commands
+
+    async def start(self, request: RunInput) -> dict[str, Any]:
+        # Only what was asked: the API makes the token's owner the run's owner
+        # unless a user was named (which only service tokens may do).
+        body = request.model_dump(mode="json", exclude_unset=True)
+        return await self._call("POST", "/v1/runs", RunStarted, json=body)
+
+    async def run(self, run_id: str) -> dict[str, Any]:
+        return await self._call("GET", _path("/v1/runs", run_id), RunView)
+
+    async def final_answer(self, run_id: str) -> str | None:
+        return None  # the API does not serve the workflow's result
+
+    async def runs(self, status: str | None, user: str | None, limit: int) -> list[dict]:
+        params = {"status": status, "user_id": user}
+        return await self._pages("/v1/runs", RunPage, params, limit)
+
+    async def approvals(self, run_id: str | None, status: str | None) -> list[dict]:
+        if status is not None and status not in set(ApprovalStatus):
+            raise usage_error(f"unknown approval status {status!r}")
+        if run_id is None:
+            return await self._pages("/v1/approvals", ApprovalPage, {"status": status})
+        listed = await self._call("GET", _path("/v1/runs", run_id, "approvals"), list[ApprovalView])
+        return [a for a in listed if status is None or a["status"] == status]
+
+    async def decide(
+        self, approval_id: str, decision: str, reason: str | None, by: str | None
+    ) -> dict[str, Any]:
+        _no_by(by)
+        # The API binds a decision to the arguments it was read with: read
+        # them, as `roundtable approvals` would show them, and decide those.
+        approval = await self._call("GET", _path("/v1/approvals", approval_id), ApprovalView)
+        if not approval["arguments_digest"]:
+            raise CliError(f"approval {approval_id} names no arguments digest to decide on")
+        body = {"decision": decision, "arguments_digest": approval["arguments_digest"]}
+        if reason is not None:
+            body["reason"] = reason
+        path = _path("/v1/approvals", approval_id, "decision")
+        return await self._call("POST", path, DecisionResult, json=body)
+
+    async def reconcile(
+        self, action_id: str, outcome: str, note: str, by: str | None
+    ) -> dict[str, Any]:
+        _no_by(by)
+        path = _path("/v1/actions", action_id, "reconcile")
+        return await self._call(
+            "POST", path, ReconcileResult, json={"outcome": outcome, "note": note}
+        )
+
+    async def events(self, run_id: str) -> list[dict[str, Any]]:
+        return await self._pages(_path("/v1/runs", run_id, "events"), EventPage, {})
+
+    async def follow(self, run_id: str) -> AsyncIterator[dict[str, Any]]:
+        path, last, breaks, connected = _path("/v1/runs", run_id, "events"), 0, 0, False
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last:
+                headers["Last-Event-ID"] = str(last)
+            try:
+                async with self.http.stream(
+                    "GET", path, headers=headers, timeout=STREAM_TIMEOUT
+                ) as response:
+                    connected = True
+                    if response.status_code != 200:
+                        await response.aread()
+                        self._refuse(response)
+                    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                        raise self._bad("an event stream")
+                    async for sent in server_events(response.aiter_lines()):
+                        event = self._valid(_parsed(sent.data, self), EventView)
+                        if event["seq"] <= last:
+                            continue  # sent again after a resumption
+                        last, breaks = event["seq"], 0
+                        yield event
+            except httpx.TransportError as exc:
+                if not connected or breaks >= STREAM_RETRIES:
+                    raise self._unreachable(exc) from exc
+            else:
+                # The stream ends when the run has ended, or was cut short.
+                if (await self.run(run_id))["status"] in FINAL_RUN_STATUSES:
+                    return
+                if breaks >= STREAM_RETRIES:
+                    raise CliError(f"the event stream from {self.endpoint.shown} kept breaking off")
+            breaks += 1
+            await asyncio.sleep(1)
+
+    # ------------------------------------------------------------ transport
+
+    async def _pages(
+        self, path: str, schema: Any, params: dict[str, Any], limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Every item (or the first ``limit``), a page at a time."""
+        items: list[dict[str, Any]] = []
+        query = {k: v for k, v in params.items() if v is not None}
+        while True:
+            want = PAGE if limit is None else min(PAGE, limit - len(items))
+            page = await self._call("GET", path, schema, params={**query, "limit": want})
+            items += page["items"]
+            if page["next_cursor"] is None or (limit is not None and len(items) >= limit):
+                return items
+            if not page["items"] or page["next_cursor"] == query.get("cursor"):
+                raise self._bad("pages that move on")  # or this would never end
+            query["cursor"] = page["next_cursor"]
+
+    async def _call(self, method: str, path: str, schema: Any, **request: Any) -> Any:
+        try:
+            response = await self.http.request(method, path, **request)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        if not response.is_success:
+            self._refuse(response)
+        return self._valid(_parsed_body(response, self), schema)
+
+    def _valid(self, body: Any, schema: Any) -> Any:
+        try:
+            TypeAdapter(schema).validate_python(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            raise self._bad(f"a {_name(schema)} ({where}: {first['msg']})") from exc
+        return body
+
+    def _refuse(self, response: httpx.Response) -> NoReturn:
+        raise refusal(response, self.endpoint)
+
+    def _unreachable(self, exc: httpx.TransportError) -> CliError:
+        if isinstance(exc, httpx.TimeoutException):
+            reason = "no answer in time"
+        else:
+            reason = self._scrub(str(exc)) or type(exc).__name__
+        return CliError(f"cannot reach the API at {self.endpoint.shown}: {reason}", "unreachable")
+
+    def _bad(self, expected: str) -> CliError:
+        return CliError(
+            f"the API at {self.endpoint.shown} did not answer with {expected}: "
+            "is it a Roundtable API?",
+            "bad_response",
+        )
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, self.endpoint)
+
+
+def refusal(response: httpx.Response, endpoint: Endpoint) -> CliError:
+    """An API refusal as the error the same refusal raises locally."""
+    status, where = response.status_code, endpoint.shown
+    problem = _problem(response)
+    detail = scrub((problem or {}).get("detail", ""), endpoint)[:MAX_DETAIL]
+    code = (problem or {}).get("code", "")
+    if status == 401:
+        return CliError(
+            f"the API at {where} refused the token ({detail or 'unauthorized'}): "
+            f"check ${API_TOKEN_VAR} or --token-file",
+            "unauthorized",
+        )
+    if problem is None:
+        return CliError(
+            f"the API at {where} answered HTTP {status} without a problem document: "
+            "is it a Roundtable API?",
+            "bad_response",
+        )
+    if status == 404:
+        return CliError(detail, code or "not_found", EXIT_NOT_FOUND)
+    if status == 409:
+        return CliError(detail, code or "conflict", EXIT_CONFLICT)
+    if status in (400, 413, 422):
+        usage = code in ("validation_error", "invalid_input", "")
+        return CliError(detail, "usage" if usage else code, EXIT_USAGE)
+    if status == 403:
+        return CliError(f"the token may not do this: {detail}", code or "forbidden")
+    if code == "temporal_unavailable":
+        return CliError(detail, "unreachable")  # as a local command says it
+    return CliError(f"the API at {where} failed (HTTP {status}): {detail}", code or "error")
+
+
+def scrub(text: str, endpoint: Endpoint) -> str:
+    """A server's words, without the token in them (a hostile server may echo it)."""
+    return text.replace(endpoint.token, "[token]") if endpoint.token else text
+
+
+def _problem(response: httpx.Response) -> dict[str, Any] | None:
+    try:
+        body = response.json()
+        ProblemDocument.model_validate(body)
+    except (ValueError, ValidationError):
+        return None
+    return body
+
+
+def _parsed_body(response: httpx.Response, remote: Remote) -> Any:
+    return _parsed(response.content, remote, response.headers.get("content-type", ""))
+
+
+def _parsed(raw: str | bytes, remote: Remote, content_type: str = "application/json") -> Any:
+    if "json" not in content_type:
+        raise remote._bad("JSON")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+        raise remote._bad("JSON") from exc
+
+
+def _name(schema: Any) -> str:
+    return getattr(schema, "__name__", None) or str(schema)
+
+
+def _path(base: str, *ids: str) -> str:
+    """Ids as one path segment each, whatever they hold ("../", "?", "#")."""
+    if not all(ids):
+        raise CliError("an empty id names nothing", "not_found", EXIT_NOT_FOUND)
+    return "/".join([base, *(quote(p, safe="") for p in ids)])
+
+
+def _no_by(by: str | None) -> None:
+    if by is not None:
+        raise usage_error("--by: through the API the decision is the token owner's")
