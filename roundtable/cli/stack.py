@@ -110,7 +110,19 @@ async def _serve_api(port: int) -> asyncio.Task:
     if not server.started:
         serving.cancel()
         raise CliError(f"the API did not start on port {port}")
-    return serving
+    return asyncio.create_task(_stop_gracefully(server, serving))
+
+
+async def _stop_gracefully(server: Any, serving: asyncio.Task) -> None:
+    """Cancelled, ask uvicorn to exit rather than cancel it: cancelled, its
+    lifespan printed a CancelledError traceback on every Ctrl-C."""
+    try:
+        await asyncio.shield(serving)
+    except asyncio.CancelledError:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(serving, timeout=10)
+        raise
 
 
 DEV_TOKEN_LABEL = "roundtable dev"  # noqa: S105 (a label, not a secret)
