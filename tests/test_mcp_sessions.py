@@ -133,6 +133,27 @@ async def test_concurrent_calls_share_one_session(tmp_path: Path) -> None:
     assert results == [{"met": 3, "pid": pid}] * 3
 
 
+async def test_a_cancelled_call_leaves_the_session_to_the_others(tmp_path: Path) -> None:
+    """A lost lease cancels its call in the activity's task: the session,
+    owned by a task of its own, goes on serving the calls after it."""
+    life = Lifecycle.at(tmp_path)
+    registry = ToolRegistry()
+    async with MCPSessions() as sessions:
+        await register_mcp_tools(registry, [life.spec()], sessions)
+        context = ToolContext(run_id="r", seat="seat-1", idempotency_key="k", fencing_token=1)
+        write = registry.get(f"{NAME}__set_value")
+        blocked = asyncio.create_task(write.handler({"key": "block", "value": "v"}, context))
+        await until(lambda: bool(life.calls("set_value", "block")), "the write reached the server")
+        blocked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocked
+        assert sessions.is_open(NAME)
+        after = await write.handler({"key": "after", "value": "v"}, context)
+    (pid,) = life.pids()
+    assert after == {"key": "after", "value": "v", "pid": pid}
+    assert len(life.calls("set_value", "block")) == 1
+
+
 async def test_a_server_killed_between_calls_is_restarted_and_the_write_runs_once(
     tmp_path: Path,
 ) -> None:
