@@ -43,6 +43,7 @@ from roundtable.telemetry.runtime import metrics_runtime
 from roundtable.telemetry.tracing import start_tracing
 from roundtable.temporal import connect
 from roundtable.tools.mcp import load_config, register_mcp_tools
+from roundtable.tools.mcp_sessions import MCPSessions
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
 from roundtable.webhooks import signing_key
@@ -148,20 +149,25 @@ def build_worker(
 
 @asynccontextmanager
 async def worker_parts(settings: Settings) -> AsyncIterator[WorkerParts]:
-    """The store, the demo ticket system and a registry holding its tools."""
+    """The store, the demo ticket system and a registry holding its tools and
+    those of the MCP servers, whose sessions stay open until these parts close."""
     async with open_store(settings.database_url) as store:
         tickets = await TicketSystem.open(
             settings.tickets_url(),
             settings.demo_ticket_write_delay_seconds,
             frozenset(settings.demo_ticket_drop_after_write),
         )
-        registry = ToolRegistry()
-        register_ticket_tools(registry, tickets)
-        if settings.mcp_config:
-            added = await register_mcp_tools(registry, load_config(settings.mcp_config))
-            log.info("tools from MCP servers: %s", ", ".join(added) or "none")
         try:
-            yield WorkerParts(store=store, registry=registry, tickets=tickets)
+            # Closed after the worker stopped (run_worker enters the worker
+            # inside these parts): no call is under way when its server goes.
+            async with MCPSessions() as sessions:
+                registry = ToolRegistry()
+                register_ticket_tools(registry, tickets)
+                if settings.mcp_config:
+                    specs = load_config(settings.mcp_config)
+                    added = await register_mcp_tools(registry, specs, sessions)
+                    log.info("tools from MCP servers: %s", ", ".join(added) or "none")
+                yield WorkerParts(store=store, registry=registry, tickets=tickets)
         finally:
             await tickets.close()
 

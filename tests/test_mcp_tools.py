@@ -21,6 +21,7 @@ from roundtable.tools.mcp import (
     load_config,
     register_mcp_tools,
 )
+from roundtable.tools.mcp_sessions import MCPSessions
 from tests.api_server import free_port
 from tests.fake_openai import fake_openai, message
 from tests.workflow_harness import harness, script
@@ -57,10 +58,10 @@ async def test_two_model_seats_and_mcp_tools_through_approval(tmp_path, monkeypa
             return message("Checking.", [("records__lookup", {"record_id": "r-7"})])
         return message("Done.")
 
-    async with fake_openai(replies) as fake, harness(tmp_path) as h:
+    async with fake_openai(replies) as fake, MCPSessions() as sessions, harness(tmp_path) as h:
         monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-        names = await register_mcp_tools(h.registry, [stdio_spec(log)])
+        names = await register_mcp_tools(h.registry, [stdio_spec(log)], sessions)
         assert set(names) == {"records__lookup", "records__update_record"}
         assert h.registry.get("records__lookup").side_effect == "read"
 
@@ -113,8 +114,8 @@ async def test_mcp_over_streamable_http(tmp_path) -> None:
     server = await asyncio.to_thread(start_http_server, log, port)
     try:
         spec = MCPServerSpec(name="records", url=f"http://127.0.0.1:{port}/mcp")
-        async with harness(tmp_path) as h:
-            await register_mcp_tools(h.registry, [spec])
+        async with MCPSessions() as sessions, harness(tmp_path) as h:
+            await register_mcp_tools(h.registry, [spec], sessions)
             handle = await h.start(
                 task_text="t",
                 write_policy="auto_approve_up_to:R2",
@@ -143,8 +144,8 @@ async def test_mcp_over_streamable_http(tmp_path) -> None:
 
 async def test_a_server_that_dies_mid_call_leaves_unknown(tmp_path) -> None:
     log = tmp_path / "records.log"
-    async with harness(tmp_path) as h:
-        await register_mcp_tools(h.registry, [stdio_spec(log)])
+    async with MCPSessions() as sessions, harness(tmp_path) as h:
+        await register_mcp_tools(h.registry, [stdio_spec(log)], sessions)
         handle = await h.start(
             task_text="t",
             write_policy="auto_approve_up_to:R2",
@@ -231,7 +232,8 @@ async def test_overrides_shape_the_registered_tools(tmp_path) -> None:
         },
     )
     registry = ToolRegistry()
-    await register_mcp_tools(registry, [spec])
+    async with MCPSessions() as sessions:
+        await register_mcp_tools(registry, [spec], sessions)
     tool = registry.get("records__update_record")
     assert (tool.risk_level, tool.target_key_fields) == ("R1", ("record_id",))
     assert tool.target_key_namespace == "mcp:records"
@@ -243,8 +245,8 @@ async def test_an_untrusted_read_only_hint_runs_a_read_at_most_once(tmp_path) ->
     """Once a server's readOnlyHint was taken at its word: its "reads" ran
     without approval and were retried, so a read that writes ran again."""
     log = tmp_path / "records.log"
-    async with harness(tmp_path) as h:
-        await register_mcp_tools(h.registry, [stdio_spec(log)])
+    async with MCPSessions() as sessions, harness(tmp_path) as h:
+        await register_mcp_tools(h.registry, [stdio_spec(log)], sessions)
         assert not h.registry.get("records__lookup").retry_safe
         lookup = {"name": "records__lookup", "args": {"record_id": "crash"}}
         handle = await h.start(task_text="t", script=script(("seat-1", 1, [lookup])))

@@ -19,8 +19,9 @@ says ``"trusted_read_only": true``. A write runs through the same approval,
 lease and ``unknown`` path as any other; it receives the idempotency key and
 fencing token in the call's ``_meta``. A write whose server answers with an
 error is ``unknown`` unless the server declares its errors definite (MCP does
-not say whether anything happened). Every call opens its own session, so a
-server that died leaves nothing broken behind.
+not say whether anything happened). Calls go through the worker's long-lived
+sessions (``mcp_sessions``): one server process per stdio server, restarted
+when it died between calls, and no request ever sent twice.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mcp import Client, StdioServerParameters
+from mcp import StdioServerParameters
 
+from roundtable.tools.mcp_sessions import MCPSessions
 from roundtable.tools.registry import (
     ToolContext,
     ToolDefiniteFailure,
@@ -145,14 +147,14 @@ async def call_tool(
     side_effect: str,
     arguments: dict[str, Any],
     ctx: ToolContext,
+    sessions: MCPSessions,
 ) -> dict[str, Any]:
     meta = (
         {IDEMPOTENCY_META: ctx.idempotency_key, FENCING_META: ctx.fencing_token}
         if side_effect == "write"
         else None
     )
-    async with Client(spec.target()) as client:
-        result = await client.call_tool(tool_name, arguments, meta=meta)
+    result = await sessions.call_tool(spec.name, spec.target(), tool_name, arguments, meta=meta)
     text = [getattr(block, "text", "") for block in result.content or []]
     if result.is_error:
         message = " ".join(text)[:500] or "the tool reported an error"
@@ -171,12 +173,15 @@ async def call_tool(
     return {"content": text}
 
 
-async def register_mcp_tools(registry: ToolRegistry, specs: list[MCPServerSpec]) -> list[str]:
-    """Ask each server for its tools and register them; returns the names."""
+async def register_mcp_tools(
+    registry: ToolRegistry, specs: list[MCPServerSpec], sessions: MCPSessions
+) -> list[str]:
+    """Ask each server for its tools and register them; returns the names.
+    The tools call through ``sessions``, which the caller closes after the
+    worker has stopped (the discovery's session stays open for the calls)."""
     names = []
     for spec in specs:
-        async with Client(spec.target()) as client:
-            listed = (await client.list_tools()).tools
+        listed = await sessions.list_tools(spec.name, spec.target())
         for tool in listed:
             facts = _facts(spec, tool)
 
@@ -188,7 +193,7 @@ async def register_mcp_tools(registry: ToolRegistry, specs: list[MCPServerSpec])
                 _tool: str = tool.name,
                 _effect: str = facts["side_effect"],
             ) -> dict[str, Any]:
-                return await call_tool(_spec, _tool, _effect, arguments, ctx)
+                return await call_tool(_spec, _tool, _effect, arguments, ctx, sessions)
 
             name = f"{spec.name}{SEPARATOR}{tool.name}"
             registry.register(
