@@ -245,3 +245,48 @@ async def test_a_server_that_cannot_start_is_a_definite_failure(tmp_path: Path) 
             assert isinstance(raised.value, ToolDefiniteFailure)
             assert raised.value.code == "mcp_unavailable"
             assert not sessions.is_open(broken.name)
+
+
+async def test_a_server_gets_none_of_the_workers_secrets(tmp_path: Path, monkeypatch) -> None:
+    """A tool server is another party: it gets the SDK's safe minimum and
+    what its config gives, never the worker's environment."""
+    monkeypatch.setenv("ROUNDTABLE_ACTION_SECRET_KEY", "worker-secret-" + "x" * 24)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-worker-only")
+    life = Lifecycle.at(tmp_path)
+    seen = tmp_path / "env.json"
+    spec = life.spec()
+    spec = MCPServerSpec(
+        name=spec.name,
+        command=spec.command,
+        args=spec.args,
+        env={**spec.env, "LIFECYCLE_ENV": str(seen)},
+        overrides=spec.overrides,
+    )
+    async with MCPSessions() as sessions:
+        await sessions.call_tool(NAME, spec.target(), "get_value", {"key": "k"}, meta=None)
+    names = set(json.loads(seen.read_text()))
+    assert {"LIFECYCLE_LOG", "LIFECYCLE_ENV", "PATH"} <= names
+    assert not {n for n in names if n.startswith("ROUNDTABLE_") or n == "OPENAI_API_KEY"}
+
+
+async def test_a_killed_worker_takes_its_server_with_it(tmp_path: Path) -> None:
+    """SIGKILL runs no cleanup: the kernel's parent-death signal ends the
+    kept server (it would otherwise run on, holding whatever it holds)."""
+    from tests.e2e_stack import running_stack
+
+    life = Lifecycle.at(tmp_path)
+    config = tmp_path / "mcp.json"
+    # One that outlives its input closing: only a signal ends it.
+    entry = {
+        "command": sys.executable,
+        "args": [SERVER],
+        "env": {**life.env(), "LIFECYCLE_LINGER": "1"},
+    }
+    config.write_text(json.dumps({"mcpServers": {NAME: entry}}))
+    async with running_stack(tmp_path, mcp_config=str(config)) as stack:
+        await until(lambda: bool(life.pids()), "the worker started its MCP server")
+        (pid,) = life.pids()
+        assert running(pid)
+        (worker,) = stack.workers
+        await asyncio.to_thread(stack.kill_worker, worker)
+        await until(lambda: not running(pid), "the server died with its worker")

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from roundtable import operations
+from roundtable.children import dies_with_us
 from roundtable.cli.db import upgrade
 from roundtable.cli.hints import command, ended, news
 from roundtable.cli.output import CliError, fail
@@ -245,12 +246,13 @@ def _spawn(command: list[str], log_path: Path) -> subprocess.Popen:  # type: ign
     signal, set by util-linux's setpriv where it exists), so no server
     outlives its stack holding the ports. What it creates (Temporal's
     database: every history and payload) is readable only by you."""
-    setpriv = shutil.which("setpriv")
-    if setpriv is not None:
-        command = [setpriv, "--pdeathsig", "KILL", "--", *command]
     with log_path.open("ab") as log:
         return subprocess.Popen(  # noqa: S603 - our own binary, fixed arguments
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, umask=0o077
+            dies_with_us(command),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            umask=0o077,
         )
 
 

@@ -27,13 +27,14 @@ when it died between calls, and no request ever sent twice.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mcp import StdioServerParameters
+from mcp.client.stdio import get_default_environment
 
+from roundtable.children import dies_with_us
 from roundtable.tools.mcp_sessions import MCPSessions
 from roundtable.tools.registry import (
     ToolContext,
@@ -82,8 +83,13 @@ class MCPServerSpec:
     def target(self) -> StdioServerParameters | str:
         if self.url:
             return self.url
+        # The SDK's safe minimum (HOME, PATH, ...) and what the config gives:
+        # never the worker's own environment, which holds the action secret,
+        # the database URL and model keys. Killed with the worker, however
+        # it dies (an orphan would keep a stateful server running).
+        command, *args = dies_with_us([str(self.command), *self.args])
         return StdioServerParameters(
-            command=self.command, args=list(self.args), env={**os.environ, **self.env}
+            command=command, args=args, env={**get_default_environment(), **self.env}
         )
 
 

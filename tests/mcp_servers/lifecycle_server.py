@@ -11,6 +11,10 @@ a JSON line (with the server's PID and the `_meta` it got) to the file named by
 - ``meet(n)`` (read-only) answers only once ``n`` calls are inside it at once:
   calls that all return were served side by side.
 
+With ``LIFECYCLE_LINGER`` set, it does not end when its input closes (a
+thread of its own runs on). With ``LIFECYCLE_ENV`` set, it writes the names
+of the environment variables it was started with to that file.
+
     python lifecycle_server.py
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -70,4 +75,11 @@ async def meet(n: int) -> dict:
 if __name__ == "__main__":
     with open(STARTS, "a") as starts:
         starts.write(f"{os.getpid()}\n")
+    if os.environ.get("LIFECYCLE_LINGER"):
+        # Background work that outlives its input closing, as many real
+        # servers have: only a signal ends this process.
+        threading.Thread(target=threading.Event().wait, daemon=False).start()
+    if os.environ.get("LIFECYCLE_ENV"):  # which variables it was given, for the leak test
+        with open(os.environ["LIFECYCLE_ENV"], "w") as seen:
+            json.dump(sorted(os.environ), seen)
     server.run()
