@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -41,6 +42,7 @@ from roundtable.models import (
     ToolOutcome,
 )
 from roundtable.names import CONFLICT
+from roundtable.operations import nudge
 from roundtable.permissions import (
     Authority,
     Decider,
@@ -78,6 +80,7 @@ from roundtable.tools.registry import (
     ToolRegistry,
 )
 
+log = logging.getLogger("roundtable.activities")
 EXECUTION_INTERRUPTED = "execution_interrupted"
 LEASE_LOST = "lease_lost"
 
@@ -394,6 +397,8 @@ class WriteActivities:
                     await recording
                 raise asyncio.CancelledError()
             await recording
+            if status != ActionStatus.UNKNOWN:  # the lease is released: wake who waits
+                await self._wake_waiters(inp.action_id)
             # Report what the database says: recovery may have made it unknown first.
             return await self._action_now(inp.action_id, claim)
 
@@ -447,6 +452,18 @@ class WriteActivities:
         if outcome.started:
             self.metrics.tool_call(tool.name, status, time.monotonic() - began)
         return status, result, over, interrupted
+
+    async def _wake_waiters(self, action_id: str) -> None:
+        """Writes waiting for this action's target back off on timers that grow
+        to minutes; a refresh signal makes them try again now. Best effort:
+        the timers remain, and waking must never fail the write it follows."""
+        if self.temporal is None:
+            return
+        try:
+            runs = await self.store.runs_waiting_on_target(action_id)
+            await asyncio.gather(*(nudge(self.temporal, run_id) for run_id in runs))
+        except Exception as exc:
+            log.warning("could not wake the writes waiting on %s's target: %s", action_id, exc)
 
     async def _action_now(
         self, action_id: str, claim: ClaimOutcome | WriteEnd
@@ -528,6 +545,7 @@ class WriteActivities:
                 inp.action_id, inp.outcome, inp.decided_by, inp.note, fenced_below=fenced
             )
             conflict, retry_at = None, None
+            await self._wake_waiters(inp.action_id)  # the target is no longer blocked
         except ConflictError as exc:
             log_refusal("reconcile_action", CONFLICT, exc)
             action, conflict = await self.store.get_action(inp.action_id), str(exc)

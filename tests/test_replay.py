@@ -25,8 +25,10 @@ from workflows.sweep import SweepWorkflow
 # its own path: every one must replay to the end; recorded-before-handlers-patch/
 # keeps the pre-patch runs at the path an earlier change gave them too); in
 # recorded-with-lean-status/,
-# once a write's intercept and decision carried the run's status. A new
-# command order adds a new directory; it never rewrites one.
+# once a write's intercept and decision carried the run's status; in
+# recorded-with-waking-writes/, once a refresh woke a write waiting for its
+# target (the timer it waited on cancelled). A new command order adds a new
+# directory; it never rewrites one.
 HISTORIES = {
     f"{path.parent.name}/{path.stem}": path.read_text()
     for path in sorted((Path(__file__).parent / "histories").glob("**/*.json"))

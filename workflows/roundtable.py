@@ -75,6 +75,9 @@ HANDLERS_DONE_PATCH = "handlers-finish-before-completion"
 # carry the run's status in their own transactions (workflows/status.py):
 # two local activities and two history events fewer per approved write.
 LEAN_STATUS_PATCH = "status-carried-by-writes"
+# Runs started after this change retry a write waiting for its target as soon
+# as a refresh says the target freed, instead of only when its timer fires.
+WAKE_WAITERS_PATCH = "writes-wake-when-target-frees"
 
 
 @workflow.defn(name=RUN_WORKFLOW)
@@ -108,6 +111,9 @@ class RoundtableWorkflow:
         self._inbox.new_rules = workflow.patched(SAFETY_RULES_PATCH)
         self.state.reads_store_on_refresh = self._inbox.new_rules
         self._status.lean = self._inbox.new_rules and workflow.patched(LEAN_STATUS_PATCH)
+        self._inbox.wakes_on_refresh = self._inbox.new_rules and workflow.patched(
+            WAKE_WAITERS_PATCH
+        )
         try:
             if args.carried is None:
                 await self._open_run()

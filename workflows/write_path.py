@@ -55,6 +55,9 @@ class Inbox:
     ending: str | None = None  # why the run is ending early (failed, cancelled)
     # Runs started before safety-rules-v1 keep the old rules (run() decides).
     new_rules: bool = True
+    # A refresh wakes a write waiting for its target (the write or the
+    # reconciliation that frees it sends one); older runs wait their timers.
+    wakes_on_refresh: bool = False
 
 
 class WritePath:
@@ -220,13 +223,17 @@ class WritePath:
                 else None
             )
             await self.status.publish()
-            ending = bool(self.inbox.ending)
+            ending, refreshes = bool(self.inbox.ending), self.inbox.refreshes
             with contextlib.suppress(TimeoutError):
                 # Woken early when the run starts ending; once it is ending, a
                 # plain timer (an attempt of another run of this workflow, say
                 # before a reset, still holds the action: wait for its end).
+                # Woken early too when the target frees (a refresh signal).
                 await workflow.wait_condition(
-                    lambda ending=ending: bool(self.inbox.ending) and not ending,
+                    lambda ending=ending, refreshes=refreshes: (
+                        (bool(self.inbox.ending) and not ending)
+                        or (self.inbox.wakes_on_refresh and self.inbox.refreshes != refreshes)
+                    ),
                     timeout=wait,
                     timeout_summary=f"target busy, retry {write.tool_name}",
                 )

@@ -141,6 +141,7 @@ class Store:
     record_action_terminal_result = _on("leases", Leases.record_result)
     recover_expired_action_leases = _on("leases", Leases.recover_expired)
     live_lease_action_ids = _on("leases", Leases.live_action_ids)
+    runs_waiting_on_target = _on("leases", Leases.waiting_on_target)
 
     list_events = _on("events", Events.list)
     events_page = _on("events", Events.page)

@@ -35,7 +35,7 @@ from roundtable.states import (
     ClaimOutcome,
 )
 from roundtable.store import commit_notes
-from roundtable.store.database import Database, reload
+from roundtable.store.database import Database, found, reload
 from roundtable.store.engine import database_clock, database_now, insert_for, is_postgresql
 from roundtable.store.errors import ConflictError, InvalidInputError
 from roundtable.store.rows import require_aware, row_to_dict
@@ -112,6 +112,30 @@ class Leases:
                 row_to_dict(executing),
                 secret.arguments_encrypted if secret is not None else None,
             )
+
+    async def waiting_on_target(self, action_id: str, limit: int = 100) -> list[str]:
+        """The runs with an approved write waiting for this action's target (or
+        one that may overlap it): whom to wake when it frees. Oldest first;
+        a superset is harmless (a woken write that still finds the target
+        taken waits again)."""
+        async with self.db.reader() as session:
+            action = await found(session, ActionRow, action_id)
+            same_or_overlapping = or_(
+                ActionRow.target_key == action.target_key,
+                _overlaps(action, ActionRow.target_scope, ActionRow.target_namespace_wide),
+            )
+            runs = await session.execute(
+                select(ActionRow.run_id)
+                .where(
+                    same_or_overlapping,
+                    ActionRow.status == ActionStatus.APPROVED,
+                    ActionRow.id != action.id,
+                )
+                .group_by(ActionRow.run_id)
+                .order_by(func.min(ActionRow.created_at))
+                .limit(limit)
+            )
+            return list(runs.scalars())
 
     async def _claim_own_executing(
         self, session: AsyncSession, run: RunRow, action: ActionRow, now: datetime
