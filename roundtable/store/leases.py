@@ -113,11 +113,13 @@ class Leases:
                 secret.arguments_encrypted if secret is not None else None,
             )
 
-    async def waiting_on_target(self, action_id: str, limit: int = 100) -> list[str]:
+    async def waiting_on_target(self, action_id: str, limit: int = 3) -> list[str]:
         """The runs with an approved write waiting for this action's target (or
-        one that may overlap it): whom to wake when it frees. Oldest first;
-        a superset is harmless (a woken write that still finds the target
-        taken waits again)."""
+        one that may overlap it): whom to wake when it frees. The ``limit``
+        longest waiting, so waiters go roughly in turn, and twenty waiters on
+        a hot target do not all claim at every release (a few, in case one
+        cannot act; the rest keep their timers). A superset is harmless: a
+        woken write that still finds the target taken waits again."""
         async with self.db.reader() as session:
             action = await found(session, ActionRow, action_id)
             same_or_overlapping = or_(
