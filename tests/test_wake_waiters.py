@@ -4,8 +4,13 @@ or the reconciliation that frees the target wakes the runs waiting on it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from datetime import datetime
+
 from temporalio.api.enums.v1 import EventType
 
+from roundtable.store import NotFoundError
 from tests.test_closed_runs import AUTO, acts_then_raises, update
 from tests.test_workflow_execution import reconcile, wrap_tool
 from tests.workflow_harness import harness
@@ -19,9 +24,14 @@ async def backoff_timers(handle) -> int:  # type: ignore[no-untyped-def]
     return await timers(handle, EventType.EVENT_TYPE_TIMER_STARTED)
 
 
-async def cancelled_timers(handle) -> int:  # type: ignore[no-untyped-def]
-    """A backoff timer cancelled: the write was woken before it fired."""
-    return await timers(handle, EventType.EVENT_TYPE_TIMER_CANCELED)
+async def until_executing(h, handle) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(400):
+        with contextlib.suppress(NotFoundError):  # the run is not recorded yet
+            actions = await h.store.list_actions(handle.id)
+            if actions and actions[0]["status"] == "executing":
+                return
+        await asyncio.sleep(0.025)
+    raise AssertionError("the holder's write never started")
 
 
 async def test_a_blocked_write_runs_as_soon_as_its_target_is_reconciled(tmp_path) -> None:
@@ -32,31 +42,34 @@ async def test_a_blocked_write_runs_as_soon_as_its_target_is_reconciled(tmp_path
         (unknown_id,) = state.unknown_actions
         waiting = await h.start(task_text="t", script=update("T-1", "b"), write_policy=AUTO)
         await h.wait_for(waiting, lambda s: s.blocked_reason is not None)
-        # Let its backoff grow: 1 + 2 + 4 + 8 + 16 s skipped, the next timer
-        # is 32 s away, and time no longer skips (the test polls queries).
-        await h.env.sleep(31)
-        assert await backoff_timers(waiting) >= 5
-        await reconcile(lost, unknown_id, "succeeded")
-        # Within a few seconds of real time, far less than the timer's 32 s.
+        # Let its backoff grow: timers of 1, 2, 4, 8 and 16 s fire within 31 s
+        # of skipped time, and the 32-s one started then has 23 s to go at 40.
+        await h.env.sleep(40)
+        assert await backoff_timers(waiting) >= 6
+        # From here time runs at its own pace (nothing awaits a result, and
+        # the update is awaited with skipping off).
+        with h.env.auto_time_skipping_disabled():
+            await reconcile(lost, unknown_id, "succeeded")
+        # Within a few seconds, not the 23 s left on its timer.
         done = await h.wait_for(waiting, lambda s: s.status == "completed", within=8)
         assert done.blocked_reason is None
-        assert await cancelled_timers(waiting) == 1
     log = await h.tickets.write_log()
     assert [(w["ticket_id"], w["fencing_token"]) for w in log] == [("T-1", 1), ("T-1", 2)]
 
 
 async def test_a_busy_write_runs_as_soon_as_the_holder_finishes(tmp_path) -> None:
-    """Real time: the holder's write takes 5 s; the waiter's timers fire at
-    about 1, 3 and 7 s. Woken when the holder's write ends, it cancels the
-    timer it was waiting on (a history fact, not a timing)."""
-    async with harness(tmp_path, write_delay=5.0) as h:
+    """Real time: the holder's write takes 10 s; the waiter's timers fire at
+    about 1, 3, 7 and 15 s. Woken when the holder's write ends, the waiter's
+    write starts at once, not 5 s later when its timer fires."""
+    async with harness(tmp_path, write_delay=10.0) as h:
         holder = await h.start(task_text="t", script=update("T-1", "a"), write_policy=AUTO)
-        await h.wait_for(holder, lambda s: s.status in ("running", "waiting_input"))
+        await until_executing(h, holder)  # it holds T-1's lease before the other asks
         waiting = await h.start(task_text="t", script=update("T-1", "b"), write_policy=AUTO)
         with h.env.auto_time_skipping_disabled():
             await holder.result()
             await waiting.result()
-        assert await cancelled_timers(waiting) == 1
     log = await h.tickets.write_log()
     first, second = sorted(log, key=lambda w: w["fencing_token"])
-    assert first["finished_at"] <= second["started_at"]  # never overlapped
+    at = datetime.fromisoformat
+    gap = (at(second["started_at"]) - at(first["finished_at"])).total_seconds()
+    assert 0 <= gap < 2.5, gap  # never overlapped; and no timer sat out

@@ -195,6 +195,10 @@ class WritePath:
         wait = RETRY_BUSY_FIRST
         seen_refreshes = self.inbox.refreshes
         while True:
+            # Counted before the attempt: a wake that lands while the attempt
+            # is under way (it found the target taken just before it freed)
+            # still ends the wait that follows.
+            refreshes = self.inbox.refreshes
             if self.inbox.ending:
                 done = await workflow.execute_local_activity_method(
                     WriteActivities.withdraw_write,
@@ -223,7 +227,7 @@ class WritePath:
                 else None
             )
             await self.status.publish()
-            ending, refreshes = bool(self.inbox.ending), self.inbox.refreshes
+            ending = bool(self.inbox.ending)
             with contextlib.suppress(TimeoutError):
                 # Woken early when the run starts ending; once it is ending, a
                 # plain timer (an attempt of another run of this workflow, say
