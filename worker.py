@@ -235,7 +235,9 @@ async def run_worker(settings: Settings | None = None, ready: asyncio.Event | No
             metrics,
         )
         log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
-        async with worker, recounting(parts.store, metrics, settings.metrics_refresh_seconds):
+        # The gauges are recounted only where they are served.
+        every = settings.metrics_refresh_seconds if runtime is not None else None
+        async with worker, recounting(parts.store, metrics, every):
             if ready is not None:
                 ready.set()
             await asyncio.Event().wait()  # until cancelled (Ctrl-C)

@@ -31,8 +31,10 @@ log = logging.getLogger("roundtable.activities")
 
 
 def log_refusal(what: str, kind: str, exc: Exception) -> None:
-    """One line for an expected refusal, with the ids the activity bound."""
+    """One line for an expected refusal, with the ids the activity bound; its
+    traceback at debug level (a refusal a bug caused can still be traced)."""
     log.info("%s refused (%s): %s", what, kind, exc)
+    log.debug("%s refused here", what, exc_info=exc)
 
 
 def _refused(fn: Callable[..., object], kind: str, exc: Exception) -> ApplicationError:

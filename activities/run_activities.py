@@ -36,9 +36,10 @@ from roundtable.permissions import (
     TenantNotAllowedError,
     check_tenant,
 )
+from roundtable.security import redact_text
 from roundtable.store import Store
 from roundtable.telemetry.metrics import Metrics
-from roundtable.telemetry.tracing import tracer
+from roundtable.telemetry.tracing import tool_span
 from roundtable.tools.registry import (
     ToolArgumentsError,
     ToolContext,
@@ -46,6 +47,9 @@ from roundtable.tools.registry import (
     ToolRegistry,
 )
 from roundtable.webhooks import receiver_label
+
+# A read tool failed; Temporal retries the read (its own error is redacted).
+TOOL_READ_FAILED = "ToolReadFailed"
 
 
 class RunActivities:
@@ -201,15 +205,18 @@ class RunActivities:
             )
         began = time.monotonic()
         try:
-            with tracer.start_as_current_span(
-                f"tool {tool.name}", attributes={"roundtable.run_id": inp.run_id}
-            ):
+            with tool_span(tool.name, run_id=inp.run_id):
                 result = await tool.handler(parsed, ToolContext(run_id=inp.run_id, seat=inp.seat))
         except Exception as exc:
             self.metrics.tool_call(tool.name, "failed", time.monotonic() - began)
-            if tool.retry_safe:
-                raise
-            message = str(exc)[:500] or type(exc).__name__
+            # A tool's error may quote its arguments: what is kept (the run's
+            # record, the worker's log, a trace) is redacted of them.
+            said = redact_text(str(exc), inp.call.arguments, tool.safe_argument_fields)
+            message = said or type(exc).__name__
+            if tool.retry_safe:  # Temporal retries it, with the cause's words redacted
+                raise ApplicationError(
+                    f"{tool.name} failed ({type(exc).__name__}): {message}", type=TOOL_READ_FAILED
+                ) from None
             return _error(inp.call.id, inp.call.name, "tool_error", message)
         self.metrics.tool_call(tool.name, "succeeded", time.monotonic() - began)
         return ToolOutcome(

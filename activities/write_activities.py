@@ -70,7 +70,7 @@ from roundtable.store import (
 )
 from roundtable.telemetry.logs import bind
 from roundtable.telemetry.metrics import Metrics
-from roundtable.telemetry.tracing import tracer
+from roundtable.telemetry.tracing import tool_span
 from roundtable.tools.policy import initial_action_status
 from roundtable.tools.registry import (
     ToolArgumentsError,
@@ -440,13 +440,7 @@ class WriteActivities:
             )
 
         began = time.monotonic()
-        with tracer.start_as_current_span(
-            f"tool {tool.name}",
-            attributes={
-                "roundtable.run_id": action["run_id"],
-                "roundtable.action_id": action["id"],
-            },
-        ):
+        with tool_span(tool.name, run_id=action["run_id"], action_id=action["id"]):
             outcome = await call_under_lease(lambda: tool.handler(parsed, context), terms, hold)
         status, result, over, interrupted = _judged(outcome, tool, arguments, action)
         if outcome.started:

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from roundtable.store import Store
 from roundtable.telemetry.metrics import APPROVALS_PENDING, UNKNOWN_ACTIONS
 
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 HTTP_REQUESTS_TOTAL = "roundtable_http_requests_total"
 HTTP_REQUEST_SECONDS = "roundtable_http_request_seconds"
 
@@ -78,6 +79,8 @@ class CountRequests:
             await self.app(scope, receive, sending)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
+            # Any client may send any method name: only the standard ones are labels.
             method = scope.get("method", "")
+            method = method if method in _METHODS else "other"
             self.metrics.requests.labels(method, route, str(status)).inc()
             self.metrics.seconds.labels(method, route).observe(time.monotonic() - began)

@@ -11,11 +11,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.app import create_app
+from roundtable.config import Settings
 from roundtable.models import Decision
+from roundtable.store import open_store
 from roundtable.telemetry.gauges import recount
 from roundtable.telemetry.metrics import Metrics
 from roundtable.telemetry.runtime import MetricsAddressError, metrics_runtime
-from tests.api_server import free_port, serve_api
+from tests.api_server import free_port, serve_api, serving
 from tests.fake_openai import fake_openai, message
 from tests.test_closed_runs import AUTO, update
 from tests.test_monitoring_files import metric_names
@@ -225,3 +228,29 @@ def test_a_held_metrics_port_names_its_holder() -> None:
     said = str(caught.value)
     assert f"127.0.0.1:{port}" in said and "ROUNDTABLE_WORKER_METRICS_ADDRESS" in said
     assert "held by" in said and "pid" in said.lower()
+
+
+async def test_hostile_methods_do_not_grow_the_request_series(tmp_path) -> None:
+    """Any client, with no token, may send any method name (uvicorn's h11
+    takes any token): labelled as sent, each would be a new series (a counter
+    and a histogram) for ever. Only the standard methods are labels."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}"
+    async with open_store(url) as store:
+        operator, _ = await store.create_token(user_id="ops", role="operator")
+        app = create_app(Settings(database_url=url), store=store, tracing=False)
+        async with (
+            serving(app) as port,  # over real HTTP: uvicorn (h11) takes any method token
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
+        ):
+            for n in range(50):
+                await http.request(f"X{n:04d}", "/v1/runs")
+            text = (
+                await http.get("/metrics", headers={"Authorization": f"Bearer {operator}"})
+            ).text
+    methods = {
+        s.labels.get("method")
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("roundtable_http_requests")
+    }
+    assert methods <= {"GET", "other"}, methods

@@ -3,16 +3,23 @@ its activities to the tool call, exported to an in-memory exporter."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import httpx
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from api.app import create_app
+from roundtable.config import Settings
+from roundtable.store import open_store
 from roundtable.telemetry.tracing import start_tracing, temporal_interceptors, tracing_configured
 from tests.api_server import serve_api
 from tests.test_closed_runs import AUTO, update
-from tests.workflow_harness import harness
+from tests.test_workflow_execution import wrap_tool
+from tests.workflow_harness import harness, script, ticket_call
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -90,3 +97,70 @@ def test_tracing_is_on_only_when_the_standard_variables_ask(monkeypatch) -> None
     assert tracing_configured()
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert not tracing_configured()
+
+
+SECRET_TICKET = "T-SECRET-4711"
+
+
+def fails_once_naming_its_arguments(handler):  # type: ignore[no-untyped-def]
+    failed = []
+
+    async def handle(args, ctx):  # type: ignore[no-untyped-def]
+        if not failed:
+            failed.append(1)
+            # What a client library says when a request fails: what was asked.
+            raise ConnectionError(f"GET /tickets/{args.ticket_id} failed: reset")
+        return await handler(args, ctx)
+
+    return handle
+
+
+async def test_a_failed_read_puts_no_tool_argument_in_a_span(tmp_path, spans) -> None:
+    """A tool's error message may quote its arguments: a span records the
+    exception's type, never its message or stack."""
+    spans.clear()
+
+    def customize(registry, _tickets) -> None:  # type: ignore[no-untyped-def]
+        wrap_tool(registry, "ticket_get", fails_once_naming_its_arguments)
+        # The demo shows ticket ids; here the id is a value no view may show.
+        tool = registry.tools["ticket_get"]
+        registry.tools["ticket_get"] = dataclasses.replace(tool, safe_argument_fields=())
+
+    read = script(("seat-1", 1, [ticket_call("ticket_get", SECRET_TICKET)]))
+    async with harness(
+        tmp_path, interceptors=temporal_interceptors(True), customize=customize
+    ) as h:
+        handle = await h.start(task_text="t", script=read, write_policy=AUTO)
+        await handle.result()
+    carried = [
+        (s.name, str(e.attributes))
+        for s in spans.get_finished_spans()
+        for e in s.events
+        if SECRET_TICKET in str(e.attributes)
+    ] + [
+        (s.name, str(s.attributes))
+        for s in spans.get_finished_spans()
+        if SECRET_TICKET in str(s.attributes)
+    ]
+    assert not carried, carried[0]
+
+
+async def test_codec_token_in_the_ui_path_never_reaches_a_span(tmp_path, spans) -> None:
+    """The Temporal UI's codec token travels in the path (/codec/t/<token>/);
+    the access log redacts it, and the codec endpoints are not traced at all,
+    so no span carries it to a collector."""
+    spans.clear()
+    url = f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}"
+    async with open_store(url) as store:
+        token, _ = await store.create_token(user_id="temporal-ui", role="codec")
+        app = create_app(Settings(database_url=url), store=store, tracing=True)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://api"
+            ) as http,
+        ):
+            answer = await http.post(f"/codec/t/{token}/decode", json={"payloads": []})
+            assert answer.status_code == 200, answer.text
+    recorded = [str(dict(s.attributes or {})) + s.name for s in spans.get_finished_spans()]
+    assert not [r for r in recorded if token in r]

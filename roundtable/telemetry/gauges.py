@@ -32,8 +32,11 @@ async def _recount_every(store: Store, metrics: Metrics, seconds: float) -> None
 
 
 @contextlib.asynccontextmanager
-async def recounting(store: Store, metrics: Metrics, seconds: float) -> AsyncIterator[None]:
-    """Recount every ``seconds`` (first at once) until the block ends."""
+async def recounting(store: Store, metrics: Metrics, seconds: float | None) -> AsyncIterator[None]:
+    """Recount every ``seconds`` (first at once) until the block ends; None: never."""
+    if seconds is None:
+        yield
+        return
     task = asyncio.create_task(_recount_every(store, metrics, seconds))
     try:
         yield

@@ -12,8 +12,11 @@ even with nobody listening.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
 from temporalio.client import Interceptor
 
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -60,7 +63,28 @@ def temporal_interceptors(tracing: bool) -> list[Interceptor]:
     return [TracingInterceptor()]
 
 
+# Never traced: the codec endpoints. The Temporal UI's token travels in their
+# path (/codec/t/<token>/decode), which a span would export with its URL, and
+# they decode payloads, which is nothing a trace needs.
+UNTRACED_URLS = "/codec/"
+
+
 def instrument_api(app: object) -> None:
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-    FastAPIInstrumentor.instrument_app(app)  # type: ignore[arg-type]
+    FastAPIInstrumentor.instrument_app(app, excluded_urls=UNTRACED_URLS)  # type: ignore[arg-type]
+
+
+@contextmanager
+def tool_span(tool: str, **ids: str) -> Iterator[Span]:
+    """A span around one tool call. An exception is recorded by its type
+    only: a tool's error message may quote its arguments."""
+    attributes = {f"roundtable.{k}": v for k, v in ids.items()}
+    with tracer.start_as_current_span(
+        f"tool {tool}", attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise

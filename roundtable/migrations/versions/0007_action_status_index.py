@@ -7,6 +7,12 @@ Create Date: 2026-12-01
 The metrics read how many actions are unknown every few seconds, from every
 worker and API process; without an index that count scans every action ever
 recorded.
+
+On PostgreSQL a plain CREATE INDEX blocks writes to ``actions`` while it
+builds, and migrations run in one transaction, where CONCURRENTLY cannot. On
+a large table, build it first without blocking, and this step does nothing:
+
+    CREATE INDEX CONCURRENTLY IF NOT EXISTS ix_actions_status ON actions (status);
 """
 
 from collections.abc import Sequence
@@ -20,7 +26,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.create_index("ix_actions_status", "actions", ["status"])
+    op.create_index("ix_actions_status", "actions", ["status"], if_not_exists=True)
 
 
 def downgrade() -> None:
