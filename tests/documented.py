@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from roundtable.ports import free_port
 
@@ -74,6 +75,21 @@ def sh(command: str, cwd: Path, env: dict[str, str], timeout: float = 60) -> str
     return done.stdout
 
 
+def shell(command: str, cwd: Path, env: dict[str, str], **options: Any) -> subprocess.Popen:  # type: ignore[type-arg]
+    """``command`` in bash, its output (both streams) read as text lines."""
+    return subprocess.Popen(  # noqa: S602 (our documentation's own commands)
+        command,
+        shell=True,
+        cwd=cwd,
+        env=env,
+        text=True,
+        executable="/bin/bash",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **options,
+    )
+
+
 @dataclass
 class Stack:
     """A `roundtable dev` started by a documented command, on ports of its own."""
@@ -101,17 +117,7 @@ def documented_stack(command: str, cwd: Path, env: dict[str, str]) -> Iterator[S
     added, until it serves its API; stop it with Ctrl-C at the end."""
     stack = Stack({name: free_port() for name in ("temporal", "ui", "api", "metrics")})
     flags = " ".join(f"--{name}-port {port}" for name, port in stack.ports.items())
-    process = subprocess.Popen(  # noqa: S602
-        command.strip() + " " + flags,
-        shell=True,
-        cwd=cwd,
-        env=env,
-        text=True,
-        executable="/bin/bash",
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    process = shell(command.strip() + " " + flags, cwd, env, start_new_session=True)
     reader = threading.Thread(target=lambda: stack.lines.extend(iter(process.stdout.readline, "")))
     reader.start()
     try:
@@ -131,16 +137,7 @@ class Waiting:
 
     def __init__(self, command: str, cwd: Path, env: dict[str, str], settle: str = "") -> None:
         self.lines: list[str] = []
-        self.process = subprocess.Popen(  # noqa: S602
-            command,
-            shell=True,
-            cwd=cwd,
-            env=env,
-            text=True,
-            executable="/bin/bash",
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        self.process = shell(command, cwd, env)
         self.cwd, self.env, self.settle = cwd, env, settle
         self.reader = threading.Thread(
             target=lambda: self.lines.extend(iter(self.process.stdout.readline, ""))
