@@ -112,17 +112,20 @@ def build_worker(
     hooks = WebhookActivities(
         store, webhooks.signing_key if webhooks else b"", urls=webhooks.urls if webhooks else []
     )
-    return Worker(
-        client,
-        task_queue=task_queue,
+    options: dict[str, Any] = {
         # When a worker dies, its runs' next workflow task waits this long on
         # the dead worker's sticky queue before any other worker may take it:
         # the SDK's 10 s default made "crash → unknown" heartbeat + ~10 s.
-        sticky_queue_schedule_to_start_timeout=STICKY_QUEUE_TIMEOUT,
+        "sticky_queue_schedule_to_start_timeout": STICKY_QUEUE_TIMEOUT,
         # On shutdown (a deploy, Ctrl-C), writes under way get this long to
         # finish before they are cancelled (and would then end unknown).
-        graceful_shutdown_timeout=SHUTDOWN_GRACE,
+        "graceful_shutdown_timeout": SHUTDOWN_GRACE,
         **worker_options,
+    }
+    return Worker(
+        client,
+        task_queue=task_queue,
+        **options,
         workflows=[RoundtableWorkflow, SweepWorkflow, ReconcileWorkflow],
         activities=[
             runs.ensure_run,
@@ -214,6 +217,23 @@ def _sweep_schedule(settings: Settings) -> Schedule:
     )
 
 
+def tuning(settings: Settings) -> dict[str, Any]:
+    """The worker's concurrency, cache and timing settings, as temporalio's
+    Worker takes them; a setting left unset keeps the SDK's default."""
+    chosen = {
+        "max_concurrent_activities": settings.worker_max_concurrent_activities,
+        "max_concurrent_local_activities": settings.worker_max_concurrent_local_activities,
+        "max_concurrent_workflow_tasks": settings.worker_max_concurrent_workflow_tasks,
+        "max_cached_workflows": settings.worker_max_cached_workflows,
+    }
+    options: dict[str, Any] = {k: v for k, v in chosen.items() if v is not None}
+    options["sticky_queue_schedule_to_start_timeout"] = timedelta(
+        seconds=settings.worker_sticky_queue_timeout_seconds
+    )
+    options["graceful_shutdown_timeout"] = timedelta(seconds=settings.shutdown_grace_seconds)
+    return options
+
+
 async def run_worker(settings: Settings | None = None, ready: asyncio.Event | None = None) -> None:
     settings = settings or load_settings()
     runtime = None
@@ -233,6 +253,7 @@ async def run_worker(settings: Settings | None = None, ready: asyncio.Event | No
             WebhookConfig.from_settings(settings),
             Authority.from_settings(settings),
             metrics,
+            **tuning(settings),
         )
         log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
         # The gauges are recounted only where they are served.

@@ -33,6 +33,17 @@ class Settings(BaseSettings):
     task_queue: str = "roundtable"
     sweep_enabled: bool = True
     sweep_interval_seconds: int = Field(default=60, ge=5)
+    # The worker's tuning (README, "Worker tuning"); unset: the SDK's default.
+    worker_max_concurrent_activities: int | None = Field(default=None, ge=1)
+    worker_max_concurrent_local_activities: int | None = Field(default=None, ge=1)
+    worker_max_concurrent_workflow_tasks: int | None = Field(default=None, ge=2)
+    worker_max_cached_workflows: int | None = Field(default=None, ge=0)
+    # How long a dead worker's runs wait on its sticky queue before another
+    # worker takes them (the SDK's 10 s lengthens crash → unknown by as much).
+    worker_sticky_queue_timeout_seconds: float = Field(default=1.0, gt=0)
+    # SIGTERM: writes under way get this long to finish before they are
+    # cancelled (then they end unknown, through the normal path).
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     # Where the worker serves Prometheus metrics (the Temporal SDK's and
     # ours); empty: none. Several workers on one host need one address each.
     worker_metrics_address: str = "127.0.0.1:9464"
