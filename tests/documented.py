@@ -4,10 +4,12 @@ the stack and `start --wait` print for the person to run next."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,8 @@ from typing import Any
 from roundtable.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+# The environment running these tests (a worktree may have none of its own).
+VENV = Path(sys.executable).parent.parent
 # What a person would have to fill in before a block runs.
 PLACEHOLDERS = ("…", "...")
 
@@ -49,7 +53,7 @@ def placeholders(block: Block) -> list[str]:
 def checkout_shape(directory: Path) -> None:
     """``directory`` looks like the repository's top to commands written for
     it (``.venv/bin/roundtable``, ``examples/…``), with state of its own."""
-    (directory / ".venv").symlink_to(ROOT / ".venv")
+    (directory / ".venv").symlink_to(VENV)
     (directory / "examples").symlink_to(ROOT / "examples")
 
 
@@ -124,7 +128,8 @@ def documented_stack(command: str, cwd: Path, env: dict[str, str]) -> Iterator[S
         stack.wait_for(rf"API: http://127\.0\.0\.1:{stack.ports['api']}/docs", process)
         yield stack
     finally:
-        os.killpg(process.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):  # it may have died on its own
+            os.killpg(process.pid, signal.SIGINT)
         process.wait(timeout=60)
         reader.join(timeout=10)
     assert "stack stopped" in "".join(stack.lines)

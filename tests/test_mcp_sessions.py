@@ -99,7 +99,10 @@ async def run_calls(h: Any, *calls: dict[str, Any]) -> Any:
         write_policy="auto_approve_up_to:R2",
         script=script(("seat-1", 1, list(calls))),
     )
-    assert (await handle.result()).status == "completed"
+    # Not time-skipping: a run of the test waiting for ever (on an unknown
+    # write) would be skipped to its 10-year execution timeout and closed.
+    with h.env.auto_time_skipping_disabled():
+        assert (await handle.result()).status == "completed"
     return handle
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from pathlib import Path
 
 from roundtable.models import ScriptDocument
@@ -27,7 +28,7 @@ from tests.fake_openai import fake_openai, message
 
 README = ROOT / "README.md"
 SNIPPET = ROOT / "tests" / "run_snippet.py"
-PYTHON = str(ROOT / ".venv" / "bin" / "python")
+PYTHON = sys.executable
 
 # Blocks not run here, by their first line, and why.
 NOT_RUN = {
