@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,103 @@ async def test_garbage_from_the_server_is_a_clear_error(tmp_path: Path) -> None:
             tmp_path, "runs", "--api", f"{base}/teapot", ROUNDTABLE_API_TOKEN=TOKEN
         )
         assert (code, error["code"]) == (1, "teapot") and "HTTP 418" in error["message"]
+
+
+# ------------------------------------------------------------ a hostile server
+# remote.py: whatever a server sends back has the token taken out before it
+# is used or shown.
+
+
+def _bearer(scope: dict) -> str:
+    return dict(scope["headers"]).get(b"authorization", b"").decode().removeprefix("Bearer ")
+
+
+def _run_view(run_id: str, user_id: str, status: str) -> dict[str, Any]:
+    at = "2026-01-01T00:00:00+00:00"
+    return {
+        "run_id": run_id,
+        "user_id": user_id,
+        "status": status,
+        "failure": None,
+        "usage": {"turns": 0, "prompt_tokens": 0, "completion_tokens": 0},
+        "created_at": at,
+        "updated_at": at,
+        "actions": [],
+        "approvals": [],
+    }
+
+
+async def _echoing(scope: dict, receive: Any, send: Any) -> None:
+    """An API that puts the caller's token back wherever the CLI prints: a
+    problem's code, an answer's fields and keys (plainly and JSON-escaped),
+    the event stream."""
+    if scope["type"] != "http":
+        return
+    token, path = _bearer(scope), scope["path"]
+    at = "2026-01-01T00:00:00+00:00"
+    if path.startswith("/code/"):
+        status, kind = 403, b"application/problem+json"
+        body = json.dumps(
+            {"type": "x", "title": "x", "status": 403, "code": token, "detail": "no"}
+        ).encode()
+    elif path.endswith("/events"):
+        status, kind = 200, b"text/event-stream"
+        event = {
+            "seq": 1,
+            "event_type": token,
+            "payload": {"said": f"you sent {token}", token: 1},
+            "created_at": at,
+            "hash": "h",
+        }
+        body = f"id: 1\ndata: {json.dumps(event)}\n\n".encode()
+    elif path.endswith("/r-1"):
+        status, kind = 200, b"application/json"
+        body = json.dumps(_run_view("r-1", token, "completed")).encode()
+    else:
+        status, kind = 200, b"application/json"
+        escaped = "".join(f"\\u{ord(c):04x}" for c in token)  # the token, not its bytes
+        row = {"run_id": "r-1", "user_id": "@", "status": "running"}
+        body = (
+            json.dumps(
+                {"items": [{**row, "created_at": at, "updated_at": at}], "next_cursor": None}
+            )
+            .replace('"@"', f'"{escaped}"')
+            .encode()
+        )
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _said(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTABLE_")}
+    return run_cli(*args, cwd=cwd, env={**base, "ROUNDTABLE_API_TOKEN": TOKEN})
+
+
+async def test_a_problem_code_echoing_the_token_is_not_printed(tmp_path: Path) -> None:
+    """Only a problem's detail was scrubbed: its code became the error's code."""
+    async with serving(_echoing) as port:
+        url = f"http://127.0.0.1:{port}/code"
+        code, error, _ = await acli(tmp_path, "runs", "--api", url, ROUNDTABLE_API_TOKEN=TOKEN)
+    assert (code, error["code"]) == (1, "forbidden"), error  # acli: the token nowhere
+
+
+async def test_answers_and_events_echoing_the_token_are_not_printed(tmp_path: Path) -> None:
+    """An answer's values and keys, however escaped, and the event stream's
+    data: printed with and without --json, the token is not in them."""
+    async with serving(_echoing) as port:
+        url = f"http://127.0.0.1:{port}"
+        for args in (
+            ["runs"],
+            ["runs", "--json"],
+            ["show", "r-1"],
+            ["show", "r-1", "--json"],
+            ["events", "r-1", "--follow"],
+            ["events", "r-1", "--follow", "--json"],
+        ):
+            done = await asyncio.to_thread(_said, tmp_path, *args, "--api", url)
+            said = done.stdout + done.stderr
+            assert done.returncode == 0, (args, said)
+            assert TOKEN not in said, (args, said)
+            assert "[token]" in done.stdout, (args, said)

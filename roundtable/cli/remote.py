@@ -4,13 +4,15 @@ database, no Temporal, only a URL and a token.
 Answers are held to the API's own schemas (api/schemas.py), and refusals
 (RFC 9457 problem documents) become the CLI's exit codes and error codes, so
 a command fails the same way whichever way it went. Whatever a server sends
-back is shown only after the token has been taken out of it.
+back (answers, refusals, events) has the token taken out of it before it is
+used or shown: a hostile server cannot make the CLI print the token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, NoReturn
@@ -50,6 +52,8 @@ STREAM_TIMEOUT = httpx.Timeout(10.0, read=60.0)
 PAGE = 200  # the API's largest page
 STREAM_RETRIES = 3  # a stream cut short is resumed (Last-Event-ID) this many times in a row
 MAX_DETAIL = 500  # characters of a server's message shown
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")  # a problem code, as the API makes them
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # not for a terminal
 
 
 class Remote:
@@ -188,8 +192,8 @@ class Remote:
             TypeAdapter(schema).validate_python(body)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
-            raise self._bad(f"a {_name(schema)} ({where}: {first['msg']})") from exc
+            where = _shown(".".join(str(p) for p in first["loc"]) or "body", self.endpoint)
+            raise self._bad(f"a {_name(schema)} ({where[:100]}: {first['msg']})") from exc
         return body
 
     def _refuse(self, response: httpx.Response) -> NoReturn:
@@ -199,7 +203,7 @@ class Remote:
         if isinstance(exc, httpx.TimeoutException):
             reason = "no answer in time"
         else:
-            reason = self._scrub(str(exc)) or type(exc).__name__
+            reason = _shown(str(exc), self.endpoint)[:MAX_DETAIL] or type(exc).__name__
         return CliError(f"cannot reach the API at {self.endpoint.shown}: {reason}", "unreachable")
 
     def _bad(self, expected: str) -> CliError:
@@ -209,16 +213,14 @@ class Remote:
             "bad_response",
         )
 
-    def _scrub(self, text: str) -> str:
-        return scrub(text, self.endpoint)
-
 
 def refusal(response: httpx.Response, endpoint: Endpoint) -> CliError:
     """An API refusal as the error the same refusal raises locally."""
     status, where = response.status_code, endpoint.shown
-    problem = _problem(response)
-    detail = scrub((problem or {}).get("detail", ""), endpoint)[:MAX_DETAIL]
-    code = (problem or {}).get("code", "")
+    problem = _problem(response, endpoint)
+    detail = _shown(str((problem or {}).get("detail", "")), endpoint)[:MAX_DETAIL]
+    code = str((problem or {}).get("code", ""))
+    code = code if _CODE.fullmatch(code) else ""  # the token, or garbage, is no code
     if status == 401:
         return CliError(
             f"the API at {where} refused the token ({detail or 'unauthorized'}): "
@@ -247,14 +249,35 @@ def refusal(response: httpx.Response, endpoint: Endpoint) -> CliError:
 
 def scrub(text: str, endpoint: Endpoint) -> str:
     """A server's words, without the token in them (a hostile server may echo it)."""
-    return text.replace(endpoint.token, "[token]") if endpoint.token else text
+    token = endpoint.token
+    for _ in range(3):
+        if not token or token not in text:
+            return text
+        text = text.replace(token, "[token]")
+    return "[withheld: it held the token]"  # a token built around the mark itself
 
 
-def _problem(response: httpx.Response) -> dict[str, Any] | None:
+def scrubbed(value: Any, endpoint: Endpoint) -> Any:
+    """A parsed JSON document with the token taken out of every string, keys too."""
+    if isinstance(value, str):
+        return scrub(value, endpoint)
+    if isinstance(value, list):
+        return [scrubbed(v, endpoint) for v in value]
+    if isinstance(value, dict):
+        return {scrub(k, endpoint): scrubbed(v, endpoint) for k, v in value.items()}
+    return value
+
+
+def _shown(text: str, endpoint: Endpoint) -> str:
+    """A server's words as a message prints them: scrubbed, no control characters."""
+    return _CONTROL.sub("?", scrub(text, endpoint))
+
+
+def _problem(response: httpx.Response, endpoint: Endpoint) -> dict[str, Any] | None:
     try:
-        body = response.json()
+        body = scrubbed(json.loads(response.content), endpoint)
         ProblemDocument.model_validate(body)
-    except (ValueError, ValidationError):
+    except (ValueError, RecursionError, ValidationError):
         return None
     return body
 
@@ -267,8 +290,9 @@ def _parsed(raw: str | bytes, remote: Remote, content_type: str = "application/j
     if "json" not in content_type:
         raise remote._bad("JSON")
     try:
-        return json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+        # JSON, with the token taken out of every string in it (keys too).
+        return scrubbed(json.loads(raw), remote.endpoint)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise remote._bad("JSON") from exc
 
 
