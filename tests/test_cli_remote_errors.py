@@ -8,12 +8,20 @@ import asyncio
 import json
 import os
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from api.app import create_app
+from roundtable.cli import remote as remote_module
+from roundtable.cli.endpoint import Endpoint
+from roundtable.cli.output import CliError
+from roundtable.cli.remote import MAX_ANSWER_BYTES, Remote
+from roundtable.cli.sse import TooLong, server_events, stream_lines
 from roundtable.config import Settings
 from roundtable.store import open_store
 from tests.api_server import serving
@@ -187,7 +195,7 @@ async def test_garbage_from_the_server_is_a_clear_error(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------ a hostile server
 # remote.py: whatever a server sends back has the token taken out before it
-# is used or shown.
+# is used or shown; no answer, line or event is read past a cap.
 
 
 def _bearer(scope: dict) -> str:
@@ -283,3 +291,137 @@ async def test_answers_and_events_echoing_the_token_are_not_printed(tmp_path: Pa
             assert done.returncode == 0, (args, said)
             assert TOKEN not in said, (args, said)
             assert "[token]" in done.stdout, (args, said)
+
+
+@asynccontextmanager
+async def _mocked(answer: Any) -> AsyncIterator[Remote]:
+    endpoint = Endpoint(url="http://api", token=TOKEN)
+    transport = httpx.MockTransport(answer)
+    async with httpx.AsyncClient(base_url=endpoint.url, transport=transport) as http:
+        yield Remote(endpoint, http)
+
+
+def _endless(counter: list[int], chunk: bytes, first: bytes = b"") -> Any:
+    """128 MiB and more stand for "without end"; ``counter`` counts what was taken."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        if first:
+            yield first
+        for _ in range((128 << 20) // len(chunk)):
+            counter[0] += len(chunk)
+            yield chunk
+
+    return chunks()
+
+
+async def test_an_endless_answer_is_not_read_to_the_end() -> None:
+    """The whole body went into memory: no cap (the 60 s timeout is per read)."""
+    sent, chunk = [0], b" " * (1 << 20)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        kind = {"content-type": "application/json"}
+        return httpx.Response(200, headers=kind, content=_endless(sent, chunk))
+
+    async with _mocked(answer) as remote:
+        with pytest.raises(CliError) as refused:
+            await remote.run("r-1")
+    assert sent[0] <= MAX_ANSWER_BYTES + len(chunk), f"read {sent[0] >> 20} MiB of one answer"
+    assert refused.value.code == "bad_response"
+    assert "an answer of more than 16 MiB" in str(refused.value)
+
+
+async def test_an_answer_declared_too_long_is_not_read() -> None:
+    sent = [0]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        headers = {"content-type": "application/json", "content-length": str(1 << 30)}
+        return httpx.Response(200, headers=headers, content=_endless(sent, b" " * 1024))
+
+    async with _mocked(answer) as remote:
+        with pytest.raises(CliError) as refused:
+            await remote.runs(None, None, 10)
+    assert (refused.value.code, sent[0]) == ("bad_response", 0)
+
+
+async def test_an_endless_event_stream_line_or_event_is_not_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream was read with httpx's aiter_lines, which holds a line
+    until it ends, however long. Now a line, or an event's data, past the
+    cap is refused (the cap made small here: it is the answer's, 16 MiB)."""
+    monkeypatch.setattr(remote_module, "MAX_ANSWER_BYTES", 1 << 20)
+    for opening, chunk in (
+        (b"data: ", b"x" * 4096),  # a line that never ends
+        (b"", b"data: x\n" * 512),  # an event that never ends
+    ):
+        sent = [0]
+
+        def answer(request: httpx.Request, opening=opening, chunk=chunk, sent=sent) -> Any:
+            kind = {"content-type": "text/event-stream"}
+            return httpx.Response(200, headers=kind, content=_endless(sent, chunk, opening))
+
+        async with _mocked(answer) as remote:
+            with pytest.raises(CliError) as refused:
+                async for _ in remote.follow("r-1"):
+                    pass
+        assert refused.value.code == "bad_response", refused.value
+        assert "an event-stream line or event of more than 1 MiB" in str(refused.value)
+        assert sent[0] <= (1 << 20) + 2 * len(chunk), sent[0] >> 10
+
+
+async def test_pages_without_end_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers every page with a new cursor was read forever."""
+    monkeypatch.setattr(remote_module, "MAX_PAGES", 5)
+    asked: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        at = "2026-01-01T00:00:00+00:00"
+        row = {"run_id": "r", "user_id": "u", "status": "running"}
+        page = {
+            "items": [{**row, "created_at": at, "updated_at": at}],
+            "next_cursor": f"c{len(asked)}",
+        }
+        return httpx.Response(200, json=page)
+
+    async with _mocked(answer) as remote:
+        with pytest.raises(CliError) as refused:
+            await remote.runs(None, None, 10**9)
+    assert refused.value.code == "bad_response"
+    assert "a listing of more than 5 pages" in str(refused.value)
+    assert len(asked) == 5
+    # Pages that move on, each within the cap, but more of them than a listing holds.
+    monkeypatch.setattr(remote_module, "MAX_PAGES", 1000)
+    monkeypatch.setattr(remote_module, "MAX_LISTING_BYTES", 2000)
+    asked.clear()
+    async with _mocked(answer) as remote:
+        with pytest.raises(CliError) as refused:
+            await remote.runs(None, None, 10**9)
+    assert refused.value.code == "bad_response" and len(asked) < 20, len(asked)
+
+
+async def test_event_stream_lines_end_as_the_format_says() -> None:
+    """The CLI's own line reader (httpx's held an endless line): CRLF, LF or
+    CR, a CRLF split between two reads, an unfinished last line dropped."""
+
+    async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    async def lines(*parts: bytes) -> list[str]:
+        return [line async for line in stream_lines(chunks(*parts), 16)]
+
+    assert await lines(b"a\r\nb\nc\rd\n") == ["a", "b", "c", "d"]
+    assert await lines(b"a\r", b"\nb\r", b"c\n", b"\n") == ["a", "b", "c", ""]
+    assert await lines(b"caf\xc3", b"\xa9\nunfinished") == ["café"]
+    with pytest.raises(TooLong):
+        await lines(b"x" * 10, b"x" * 10)
+    with pytest.raises(TooLong):
+        await lines(b"x" * 17 + b"\n")
+    events = [e async for e in server_events(chunks_of("id: 3", "data: a", "data: b", ""), 64)]
+    assert [(e.id, e.data) for e in events] == [("3", "a\nb")]
+
+
+async def chunks_of(*lines: str) -> AsyncIterator[str]:
+    for line in lines:
+        yield line
