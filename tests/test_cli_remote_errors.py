@@ -400,6 +400,28 @@ async def test_pages_without_end_are_refused(monkeypatch: pytest.MonkeyPatch) ->
     assert refused.value.code == "bad_response" and len(asked) < 20, len(asked)
 
 
+async def _gzip_garbage(scope: dict, receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    kind = b"text/event-stream" if scope["path"].endswith("/events") else b"application/json"
+    headers = [(b"content-type", kind), (b"content-encoding", b"gzip")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"not gzip at all"})
+
+
+async def test_a_garbled_encoding_is_a_bad_response(tmp_path: Path) -> None:
+    """httpx.DecodingError is no TransportError: it escaped as the catch-all
+    code "error" with zlib's words, on a call and on the event stream."""
+    async with serving(_gzip_garbage) as port:
+        url = f"http://127.0.0.1:{port}"
+        for command in (["runs"], ["events", "r-1", "--follow"]):
+            code, error, _ = await acli(
+                tmp_path, *command, "--api", url, ROUNDTABLE_API_TOKEN=TOKEN
+            )
+            assert (code, error["code"]) == (1, "bad_response"), (command, error)
+            assert "content-encoding does not decode" in error["message"]
+
+
 async def test_event_stream_lines_end_as_the_format_says() -> None:
     """The CLI's own line reader (httpx's held an endless line): CRLF, LF or
     CR, a CRLF split between two reads, an unfinished last line dropped."""

@@ -156,6 +156,8 @@ class Remote:
             except httpx.TransportError as exc:
                 if not connected or breaks >= STREAM_RETRIES:
                     raise self._unreachable(exc) from exc
+            except httpx.DecodingError as exc:
+                raise self._garbled() from exc
             except TooLong as exc:
                 what = f"an event-stream line or event of more than {_mib()}"
                 raise self._too_long(what) from exc
@@ -220,10 +222,13 @@ class Remote:
         if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
             raise self._too_long(f"an answer of more than {_mib()}")
         held = bytearray()
-        async for chunk in response.aiter_bytes():
-            held += chunk
-            if len(held) > MAX_ANSWER_BYTES:
-                raise self._too_long(f"an answer of more than {_mib()}")
+        try:
+            async for chunk in response.aiter_bytes():
+                held += chunk
+                if len(held) > MAX_ANSWER_BYTES:
+                    raise self._too_long(f"an answer of more than {_mib()}")
+        except httpx.DecodingError as exc:
+            raise self._garbled() from exc
         return bytes(held)
 
     def _answer(self, response: httpx.Response, raw: bytes, schema: Any) -> Any:
@@ -274,6 +279,13 @@ class Remote:
         return CliError(
             f"the API at {self.endpoint.shown} sent {what}, more than the CLI reads: "
             "is it a Roundtable API?",
+            "bad_response",
+        )
+
+    def _garbled(self) -> CliError:
+        return CliError(
+            f"the API at {self.endpoint.shown} sent an answer its content-encoding "
+            "does not decode: is it a Roundtable API?",
             "bad_response",
         )
 
