@@ -422,6 +422,34 @@ async def test_a_garbled_encoding_is_a_bad_response(tmp_path: Path) -> None:
             assert "content-encoding does not decode" in error["message"]
 
 
+async def _empty_page(scope: dict, receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    kind = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 200, "headers": kind})
+    await send({"type": "http.response.body", "body": b'{"items": [], "next_cursor": null}'})
+
+
+async def test_a_token_sent_in_the_clear_to_another_machine_is_warned_of(tmp_path: Path) -> None:
+    """http:// to a host that is not this one: a warning on stderr, once,
+    never on --json's stdout. 0.0.0.0 is no loopback address, yet Linux
+    connects it to this machine: the command still works."""
+    async with serving(_empty_page) as port:
+        anywhere = "0.0.0.0"  # noqa: S104 (a host to call, not to bind)
+        for host, warned in ((anywhere, True), ("127.0.0.1", False), ("localhost", False)):
+            done = await asyncio.to_thread(
+                _said, tmp_path, "runs", "--json", "--api", f"http://{host}:{port}"
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert json.loads(done.stdout) == []
+            assert done.stderr.count("unencrypted") == (1 if warned else 0), (host, done.stderr)
+    assert Endpoint(url="http://api.example.com", token=TOKEN).exposed
+    assert Endpoint(url="http://10.0.0.5:8000", token=TOKEN).exposed
+    assert not Endpoint(url="https://api.example.com", token=TOKEN).exposed
+    assert not Endpoint(url="http://[::1]:8000", token=TOKEN).exposed
+    assert not Endpoint(url="http://127.0.0.2:8000", token=TOKEN).exposed
+
+
 async def test_event_stream_lines_end_as_the_format_says() -> None:
     """The CLI's own line reader (httpx's held an endless line): CRLF, LF or
     CR, a CRLF split between two reads, an unfinished last line dropped."""

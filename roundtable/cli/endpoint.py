@@ -7,6 +7,7 @@ message, a ``repr`` or a command we print for people to run next.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,13 @@ class Endpoint:
         """The URL as messages print it (it holds no credentials: refused)."""
         return self.url
 
+    @property
+    def exposed(self) -> bool:
+        """Whether the token would cross a network in the clear: plain http://
+        to a host that is not this machine."""
+        url = httpx.URL(self.url)
+        return url.scheme == "http" and not _loopback(url.host)
+
     def options(self) -> list[str]:
         """Options that point another command at this API. A token given on
         the command line or in the environment is not repeated: the
@@ -65,6 +73,15 @@ class Endpoint:
         if self.token_file is not None:
             via += ["--token-file", str(self.token_file)]
         return via
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def named(api: str | None) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from urllib.parse import quote
 
 import httpx
+import typer
 from pydantic import TypeAdapter, ValidationError
 
 from api.schemas import (
@@ -69,6 +70,7 @@ class Remote:
     @classmethod
     @asynccontextmanager
     async def open(cls, endpoint: Endpoint) -> AsyncIterator[Remote]:
+        warn_if_exposed(endpoint)
         # Redirects are not followed: the token goes to the URL named, only.
         async with httpx.AsyncClient(
             base_url=endpoint.url,
@@ -292,6 +294,23 @@ class Remote:
 
 def _mib() -> str:
     return f"{MAX_ANSWER_BYTES >> 20} MiB"
+
+
+_exposed_warned = False
+
+
+def warn_if_exposed(endpoint: Endpoint) -> None:
+    """Once, on stderr (never in --json's stdout): a token sent in the clear
+    to another machine can be read on the way."""
+    global _exposed_warned
+    if _exposed_warned or not endpoint.exposed:
+        return
+    _exposed_warned = True
+    typer.echo(
+        f"warning: the API token goes to {endpoint.shown} unencrypted (http:// to another "
+        "machine): anyone on the way can read it and use it. Use https://.",
+        err=True,
+    )
 
 
 def refusal(status: int, raw: bytes, endpoint: Endpoint) -> CliError:
