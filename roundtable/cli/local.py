@@ -43,9 +43,15 @@ class Local:
             self._client = await temporal(self.config)
         return self._client
 
-    async def start(self, request: RunInput) -> dict[str, Any]:
+    async def start(self, request: RunInput, idempotency_key: str | None = None) -> dict[str, Any]:
         authority = Authority.from_settings(self.config)
         request = authority.admit("operator", request)  # refused before connecting
+        if idempotency_key is not None:
+            # The run id the API would give the same key: starting again
+            # with it starts nothing (operations.start_run), whatever became
+            # of the first start.
+            run_id = operations.idempotent_run_id(request.user_id, idempotency_key)
+            request = request.model_copy(update={"run_id": run_id})
         started, _ = await operations.start_run(
             await self.temporal(),
             self.store,

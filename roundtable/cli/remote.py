@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shlex
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, NoReturn
@@ -82,11 +84,42 @@ class Remote:
 
     # ------------------------------------------------------------ commands
 
-    async def start(self, request: RunInput) -> dict[str, Any]:
+    async def start(self, request: RunInput, idempotency_key: str | None = None) -> dict[str, Any]:
         # Only what was asked: the API makes the token's owner the run's owner
-        # unless a user was named (which only service tokens may do).
+        # unless a user was named (which only service tokens may do), and
+        # applies its default model unless one was named.
         body = request.model_dump(mode="json", exclude_unset=True)
-        return await self._call("POST", "/v1/runs", RunStarted, json=body)
+        # Always a key: a start whose answer is lost can be retried with it,
+        # and the API starts the run only if it has not started.
+        key = idempotency_key or new_idempotency_key()
+        given, status = idempotency_key is not None, 0
+        try:
+            response, raw = await self._exchange(
+                "POST", "/v1/runs", json=body, headers={"Idempotency-Key": key}
+            )
+            status = response.status_code
+            return self._answer(response, raw, RunStarted)
+        except httpx.TransportError as exc:
+            if isinstance(exc, NEVER_SENT):
+                raise self._unreachable(exc) from exc
+            reason = self._reason(exc)
+            raise CliError(
+                f"the API at {self.endpoint.shown} did not answer the start ({reason}): "
+                f"the run may have started. {_retry(key, given)}",
+                "start_unknown",
+                idempotency_key=key,
+            ) from exc
+        except CliError as exc:
+            if 300 <= status < 500:
+                raise  # refused: nothing started
+            # A server error, or an answer we cannot read: it may have started.
+            code = exc.code if exc.code == "unreachable" else "start_unknown"
+            raise CliError(
+                f"{exc}; the run may have started. {_retry(key, given)}",
+                code,
+                exc.exit_code,
+                idempotency_key=key,
+            ) from exc
 
     async def run(self, run_id: str) -> dict[str, Any]:
         return await self._call("GET", _path("/v1/runs", run_id), RunView)
@@ -290,6 +323,29 @@ class Remote:
             "does not decode: is it a Roundtable API?",
             "bad_response",
         )
+
+
+# Errors raised before the request went out: nothing reached the server.
+NEVER_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+)
+
+
+def new_idempotency_key() -> str:
+    return f"cli-{uuid.uuid4().hex}"
+
+
+def _retry(key: str, given: bool) -> str:
+    flag = f"--idempotency-key {shlex.quote(key)}"
+    if given:
+        return f"Retry the same command (with {flag}): it starts the run only if it did not start."
+    return (
+        f"Retry safely with the same command and {flag}: "
+        "it starts the run only if it did not start."
+    )
 
 
 def _mib() -> str:

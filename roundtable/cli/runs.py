@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,6 +34,16 @@ def build_request(*, manager: str = "manager", **fields: Any) -> RunInput:
             f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
         )
         raise usage_error(problems) from exc
+
+
+def checked_idempotency_key(key: str | None) -> str | None:
+    """A key as an HTTP header carries it, and the API takes it (255 characters)."""
+    if key is not None and not _KEY.fullmatch(key):
+        raise usage_error("--idempotency-key: 1 to 255 printable ASCII characters, without spaces")
+    return key
+
+
+_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 async def wait_for_end(ops: Operator, run_id: str, say: Callable[[str], None]) -> dict[str, Any]:
@@ -76,6 +87,16 @@ def start(
             "(on stderr with --json) with the command to decide it.",
         ),
     ] = False,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            metavar="KEY",
+            help="Start the run only if no start with KEY did (the same command again "
+            "answers with that run). Through the API every start carries one (a new one "
+            "unless given); a start whose answer was lost names it, to retry with.",
+        ),
+    ] = None,
     api: ApiUrl = None,
     token: ApiToken = None,
     token_file: ApiTokenFile = None,
@@ -83,6 +104,7 @@ def start(
 ) -> None:
     """Start a run."""
     try:
+        checked_idempotency_key(idempotency_key)
         request = build_request(
             task_text=task,
             manager=manager,
@@ -109,7 +131,7 @@ def start(
 
     async def go() -> dict[str, Any]:
         async with operator(api, token, token_file) as ops:
-            started = await ops.start(request)
+            started = await ops.start(request, idempotency_key)
             if not wait:
                 return started
             say(f"started run {started['run_id']}")
