@@ -1,5 +1,5 @@
-"""`roundtable start`: a start whose answer was lost can be retried without
-starting a second run (directly and through the API)."""
+"""`roundtable start`: what a start sends, and that a start whose answer was
+lost can be retried without starting a second run (directly and through the API)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from roundtable.cli.endpoint import Endpoint
 from roundtable.cli.output import CliError
 from roundtable.cli.remote import Remote
 from roundtable.cli.runs import build_request
+from roundtable.config import Settings
+from roundtable.models import ScriptDocument
+from roundtable.permissions import Authority
 from tests.api_server import serving
 from tests.dev_stack import run_cli
 from tests.test_cli_remote_errors import TOKEN, _run_view, acli
@@ -84,6 +87,43 @@ async def test_a_remote_start_carries_an_idempotency_key(tmp_path: Path) -> None
     keys = [headers.get(b"idempotency-key", b"").decode() for m, _, headers, _ in seen]
     assert all(re.fullmatch(r"cli-[0-9a-f]{32}", k) for k in keys[:2]), keys
     assert keys[0] != keys[1] and keys[2] == "order-42", keys
+
+
+async def test_a_remote_start_sends_only_what_was_asked(tmp_path: Path) -> None:
+    """--model defaulted to "scripted", so the API's ROUNDTABLE_DEFAULT_MODEL
+    never applied; and the script validation derives ({}) went along."""
+    seen: Seen = []
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"turns": [], "final": "done"}))
+    async with serving(_api(seen)) as port:
+        url = f"http://127.0.0.1:{port}"
+        assert (await _start(tmp_path, "--api", url, "--json"))[0] == 0
+        given = ["--model", "scripted", "--script", str(script), "--rounds", "2"]
+        assert (await _start(tmp_path, "--api", url, "--json", *given))[0] == 0
+    plain, chosen = (json.loads(body) for _, _, _, body in seen)
+    # The options' own defaults (seats, rounds, mode, policy, timeout) are the
+    # API's; the model and the owner are the server's to choose.
+    assert not {"model", "script", "user_id", "run_id"} & set(plain), plain
+    assert chosen["model"] == "scripted" and chosen["script"]["final"] == "done", chosen
+    assert chosen["max_rounds"] == 2
+
+
+def test_a_start_without_a_model_gets_the_default_model_directly_too() -> None:
+    """Directly (no API) the request goes through the same Authority.admit:
+    no --model means ROUNDTABLE_DEFAULT_MODEL if set, else scripted with an
+    empty script (README: the model of a run that names none)."""
+    request = build_request(task_text="t")
+    assert request.model_fields_set == {"task_text", "manager"}
+    assert request.model == "scripted" and request.script == ScriptDocument()
+    plain = Authority.from_settings(Settings()).admit("operator", request)
+    assert plain.model == "scripted" and plain.script == ScriptDocument()
+    chosen = Authority.from_settings(Settings(default_model="openai:m")).admit("operator", request)
+    assert chosen.model == "openai:m"
+    named = build_request(task_text="t", model="scripted")
+    assert "model" in named.model_fields_set
+    assert Authority.from_settings(Settings(default_model="openai:m")).admit(
+        "operator", named
+    ).model == ("scripted")
 
 
 async def test_a_malformed_idempotency_key_is_a_usage_error(tmp_path: Path) -> None:

@@ -24,16 +24,20 @@ WAIT_POLL_SECONDS = 0.5
 
 def build_request(*, manager: str = "manager", **fields: Any) -> RunInput:
     """A run request from options; an option left out (None) keeps the
-    model's default and stays unset, so the API applies its own (the owner).
-    The manager is always set: "none" means no manager, not the default one."""
+    model's default and stays unset, so the API applies its own (the owner,
+    the model). The manager is always set: "none" means no manager, not the
+    default one. Only what was given is set: validation fills in what it
+    derives (an empty script for the scripted model), and that stays unset,
+    so a request through the API carries only what was asked."""
     chosen = {k: v for k, v in fields.items() if v is not None}
     try:
-        return RunInput(manager=None if manager.lower() == "none" else manager, **chosen)
+        request = RunInput(manager=None if manager.lower() == "none" else manager, **chosen)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
         )
         raise usage_error(problems) from exc
+    return RunInput.model_construct(_fields_set={"manager", *chosen}, **dict(request))
 
 
 def checked_idempotency_key(key: str | None) -> str | None:
@@ -73,7 +77,13 @@ def start(
         str | None,
         typer.Option(help="The run's owner (default: local-user; through the API, the token's)."),
     ] = None,
-    model: Annotated[str, typer.Option(help="Model for every seat.")] = "scripted",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Model for every seat (default: the server's ROUNDTABLE_DEFAULT_MODEL, "
+            "else scripted)."
+        ),
+    ] = None,
     heartbeat_timeout: Annotated[
         int | None,
         typer.Option(help="Seconds without a heartbeat before a write is presumed lost."),
