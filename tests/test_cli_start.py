@@ -1,5 +1,6 @@
-"""`roundtable start`: what a start sends, and that a start whose answer was
-lost can be retried without starting a second run (directly and through the API)."""
+"""`roundtable start`: what a start sends, that a start whose answer was lost
+can be retried without starting a second run (directly and through the API),
+and that `--wait` never loses sight of the run it started."""
 
 from __future__ import annotations
 
@@ -296,3 +297,41 @@ async def test_a_local_start_with_the_same_key_starts_one_run(tmp_path: Path) ->
         assert sorted(r["id"] for r in runs) == sorted({first[1]["run_id"], other[1]["run_id"]}), (
             runs
         )
+
+
+# ------------------------------------------------------------ --wait keeps the run in sight
+
+BAD_GATEWAY = (502, b"text/html", b"<html>bad gateway</html>")
+
+
+async def test_start_wait_json_names_the_started_run_when_following_fails(tmp_path: Path) -> None:
+    """The run is started, then every poll of its view fails: stdout's one
+    document was an error without the run id, so a script could not tell
+    "not started" from "started, lost sight of it" (and started another)."""
+    seen: Seen = []
+    async with serving(_api(seen, [BAD_GATEWAY])) as port:
+        url = f"http://127.0.0.1:{port}"
+        code, error, _ = await acli(
+            tmp_path, "start", "--task", "t", "--wait", "--api", url, **_env()
+        )
+        assert (code, error["code"], error["run_id"]) == (1, "bad_response", "r-1"), error
+        assert error["message"].startswith("run r-1 was started, but waiting for it failed: ")
+        assert f"roundtable show r-1 --api {url}" in error["message"]
+        assert len([p for m, p, _, _ in seen if m == "GET"]) == 4  # three tries again
+        done = await asyncio.to_thread(
+            run_cli, "start", "--task", "t", "--wait", "--api", url, cwd=tmp_path, env=_env()
+        )
+    assert done.returncode == 1
+    assert "error: run r-1 was started, but waiting for it failed" in done.stderr, done.stderr
+
+
+async def test_start_wait_outlasts_a_passing_failure(tmp_path: Path) -> None:
+    """One poll answered by a proxy's 502 is tried again, not the end."""
+    seen: Seen = []
+    view = json.dumps(_run_view("r-1", "u", "completed")).encode()
+    polls = [BAD_GATEWAY, (200, b"application/json", view)]
+    async with serving(_api(seen, polls)) as port:
+        code, ended, _ = await _start(
+            tmp_path, "--wait", "--json", "--api", f"http://127.0.0.1:{port}"
+        )
+    assert (code, ended["run_id"], ended["status"]) == (0, "r-1", "completed"), ended

@@ -13,13 +13,25 @@ from pydantic import ValidationError
 
 from roundtable.agents.scripted import ScriptError, load_script
 from roundtable.cli.endpoint import ApiToken, ApiTokenFile, ApiUrl
-from roundtable.cli.hints import ended, news
+from roundtable.cli.hints import command, ended, news
 from roundtable.cli.operator import Operator, operator
-from roundtable.cli.output import emit, fail, run_or_fail, table, usage_error
+from roundtable.cli.output import (
+    EXIT_ERROR,
+    CliError,
+    as_cli_error,
+    emit,
+    fail,
+    run_or_fail,
+    table,
+    usage_error,
+)
 from roundtable.cli.shared import JsonFlag
 from roundtable.models import RunInput
 
 WAIT_POLL_SECONDS = 0.5
+WAIT_RETRIES = 3  # a poll of the run that fails is tried again this many times ...
+WAIT_RETRY_SECONDS = 1.0  # ... this long apart
+LASTING = {"unauthorized", "forbidden", "usage", "no_database", "schema_out_of_date"}
 
 
 def build_request(*, manager: str = "manager", **fields: Any) -> RunInput:
@@ -55,12 +67,41 @@ async def wait_for_end(ops: Operator, run_id: str, say: Callable[[str], None]) -
     it waits for with the command that decides it."""
     told: set[str] = set()
     while True:
-        view = await ops.run(run_id)
+        view = await _view(ops, run_id)
         for line in news(view, told, ops.via):
             say(line)
         if ended(view):
             return view
         await asyncio.sleep(WAIT_POLL_SECONDS)
+
+
+async def _view(ops: Operator, run_id: str) -> dict[str, Any]:
+    """The run's view; a failure that may pass (no answer, a server's error,
+    a proxy's bad gateway) is tried again a few times before it counts."""
+    for attempt in range(WAIT_RETRIES + 1):
+        try:
+            return await ops.run(run_id)
+        except Exception as exc:
+            problem = as_cli_error(exc)
+            lasting = problem.exit_code != EXIT_ERROR or problem.code in LASTING
+            if lasting or attempt == WAIT_RETRIES:
+                raise
+            await asyncio.sleep(WAIT_RETRY_SECONDS)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def lost_sight(error: Exception, run_id: str, ops: Operator) -> CliError:
+    """Following a started run failed: the error names the run (``run_id``
+    in --json's error document), so that it is not taken for one never started."""
+    problem = as_cli_error(error)
+    again = command("show", run_id, via=ops.via)
+    return CliError(
+        f"run {run_id} was started, but waiting for it failed: {problem} "
+        f"(the run goes on; see it with: {again})",
+        problem.code,
+        problem.exit_code,
+        **{**problem.fields, "run_id": run_id},
+    )
 
 
 def start(
@@ -144,11 +185,13 @@ def start(
             started = await ops.start(request, idempotency_key)
             if not wait:
                 return started
-            say(f"started run {started['run_id']}")
-            view = await wait_for_end(ops, started["run_id"], lambda text: say(f"\n{text}"))
-            answer = (
-                await ops.final_answer(started["run_id"]) if view["status"] == "completed" else None
-            )
+            run_id = started["run_id"]
+            say(f"started run {run_id}")
+            try:
+                view = await wait_for_end(ops, run_id, lambda text: say(f"\n{text}"))
+                answer = await ops.final_answer(run_id) if view["status"] == "completed" else None
+            except Exception as exc:
+                raise lost_sight(exc, run_id, ops) from exc
             return {**started, "status": view["status"], "final_answer": answer}
 
     started = run_or_fail(go(), as_json)
