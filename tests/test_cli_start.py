@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from roundtable.cli import remote as remote_module
-from roundtable.cli.endpoint import Endpoint
+from roundtable.cli.endpoint import Endpoint, resolve
 from roundtable.cli.output import CliError
 from roundtable.cli.remote import Remote
 from roundtable.cli.runs import build_request
@@ -264,6 +264,28 @@ async def test_which_failures_of_a_start_may_have_started_it(
         if code == "start_unknown":
             assert failed.value.fields == {"idempotency_key": "k-1"}
             assert "Retry the same command (with --idempotency-key k-1)" in str(failed.value)
+
+
+def test_printed_commands_say_where_their_token_comes_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token given with --token is never printed, so a printed command
+    reads $ROUNDTABLE_API_TOKEN: the note says to export it first."""
+    monkeypatch.delenv("ROUNDTABLE_API_URL", raising=False)
+    monkeypatch.setenv("ROUNDTABLE_API_TOKEN", TOKEN)
+    url = "http://127.0.0.1:9"
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    flag = resolve(url, TOKEN, None)
+    env = resolve(url, None, None)
+    in_file = resolve(url, None, token_file)
+    assert flag.options() == env.options() == ["--api", url]
+    assert "export ROUNDTABLE_API_TOKEN first" in flag.options_note()
+    assert "$ROUNDTABLE_API_TOKEN, as this one did" in env.options_note()
+    assert in_file.options() == ["--api", url, "--token-file", str(token_file.resolve())]
+    assert in_file.options_note() is None
+    for endpoint in (flag, env, in_file):
+        assert TOKEN not in " ".join(endpoint.options()) + (endpoint.options_note() or "")
 
 
 # ------------------------------------------------------------ directly: the key names the run

@@ -20,6 +20,8 @@ from roundtable.models import RunInput
 class Operator(Protocol):
     #: The options that send another command the same way (printed in hints).
     via: tuple[str, ...]
+    #: What a command printed with ``via`` needs besides, said once beside it.
+    via_note: str | None
 
     async def start(self, request: RunInput, idempotency_key: str | None = None) -> dict[str, Any]:
         """``{run_id, workflow_id, status}``; the run's owner is the request's

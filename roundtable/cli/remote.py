@@ -68,6 +68,7 @@ class Remote:
     def __init__(self, endpoint: Endpoint, http: httpx.AsyncClient) -> None:
         self.endpoint, self.http = endpoint, http
         self.via = tuple(endpoint.options())
+        self.via_note = endpoint.options_note()
 
     @classmethod
     @asynccontextmanager

@@ -64,11 +64,16 @@ _KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 async def wait_for_end(ops: Operator, run_id: str, say: Callable[[str], None]) -> dict[str, Any]:
     """Follow a run to its end, telling each approval (and unknown outcome)
-    it waits for with the command that decides it."""
+    it waits for with the command that decides it (and, once, what those
+    commands need to work: a token, a directory)."""
     told: set[str] = set()
+    note = ops.via_note
     while True:
         view = await _view(ops, run_id)
         for line in news(view, told, ops.via):
+            if note:
+                say(f"({note})")
+                note = None
             say(line)
         if ended(view):
             return view
@@ -95,9 +100,10 @@ def lost_sight(error: Exception, run_id: str, ops: Operator) -> CliError:
     in --json's error document), so that it is not taken for one never started."""
     problem = as_cli_error(error)
     again = command("show", run_id, via=ops.via)
+    note = f" ({ops.via_note})" if ops.via_note else ""
     return CliError(
         f"run {run_id} was started, but waiting for it failed: {problem} "
-        f"(the run goes on; see it with: {again})",
+        f"(the run goes on; see it with: {again}{note})",
         problem.code,
         problem.exit_code,
         **{**problem.fields, "run_id": run_id},
