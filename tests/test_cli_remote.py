@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.api_server import Api, serve_api
 from tests.dev_stack import CLI, free_port, run_cli
 from tests.test_api import ONE_WRITE, pending_approval, start
@@ -190,12 +192,16 @@ async def test_remote_reconcile_of_an_unknown_outcome(tmp_path: Path) -> None:
         assert (code, missing["error"]["code"]) == (4, "not_found")
 
 
+@pytest.mark.parametrize("given", ["token-file", "token"])
 async def test_remote_start_wait_tells_each_approval_with_a_command_that_works(
-    tmp_path: Path,
+    tmp_path: Path, given: str
 ) -> None:
     """`start --wait` prints the run id at once; while it waits, each
     approval with the command to decide it, and that command works as printed
-    from another directory (its token from a file, never on the line)."""
+    from another directory: its token from the same file, never on the line.
+    A token given with --token is not printed either: the command reads
+    $ROUNDTABLE_API_TOKEN, and a note says to export it (it failed with "no
+    API token" and no word why)."""
     async with harness(tmp_path) as h, serve_api(h) as api:
         token_file = tmp_path / "ops-token"
         token_file.write_text(api.tokens["ops"] + "\n")
@@ -204,10 +210,13 @@ async def test_remote_start_wait_tells_each_approval_with_a_command_that_works(
         url = str(api.http.base_url).rstrip("/")
         here = tmp_path / "here"
         here.mkdir()
+        token = ("--token-file", str(token_file))
+        if given == "token":
+            token = ("--token", api.tokens["ops"])
         waiting = subprocess.Popen(  # noqa: ASYNC220 (read by a thread below)
             [
                 *(CLI, "start", "--task", "t", "--script", str(run_script), "--wait", "--json"),
-                *("--api", url, "--token-file", str(token_file)),
+                *("--api", url, *token),
             ],
             cwd=here,
             env=anywhere_env(),
@@ -222,13 +231,21 @@ async def test_remote_start_wait_tells_each_approval_with_a_command_that_works(
             command = await _printed(told, "  approve: ")
             assert told[0].startswith("started run run-"), told
             assert api.tokens["ops"] not in "".join(told)
+            noted = [line for line in told if "ROUNDTABLE_API_TOKEN" in line]
+            if given == "token":
+                assert "--token" not in command, command
+                assert len(noted) == 1 and "export ROUNDTABLE_API_TOKEN first" in noted[0], told
+            else:
+                assert "--token-file" in command and not noted, told
             elsewhere = tmp_path / "elsewhere"
             elsewhere.mkdir()
+            # As the note says: the token exported (a file's is named on the line).
+            exported = {"ROUNDTABLE_API_TOKEN": api.tokens["ops"]} if given == "token" else {}
             decided = await asyncio.to_thread(
                 subprocess.run,
                 shlex.split(command),
                 cwd=elsewhere,
-                env=anywhere_env(),
+                env=anywhere_env(**exported),
                 capture_output=True,
                 text=True,
                 timeout=60,

@@ -46,6 +46,11 @@ async def test_start_wait_tells_each_approval_and_its_command_works(tmp_path: Pa
                 await asyncio.sleep(0.1)
             assert told, "".join(said) + waiting.stderr.read()
             assert said[0].startswith("started run run-"), said
+            # The commands act on the database and Temporal these settings
+            # name, some relative to this directory: said once, before them.
+            (noted,) = [line for line in said if "act on the database" in line]
+            assert said.index(noted) < said.index(next(s for s in said if "approve:" in s))
+            assert str(tmp_path) in noted and "same ROUNDTABLE_* settings" in noted, noted
             assert any(
                 line.startswith("waiting for approval: ticket_update by seat-1") for line in said
             )

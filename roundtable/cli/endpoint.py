@@ -7,10 +7,11 @@ message, a ``repr`` or a command we print for people to run next.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import httpx
 import typer
@@ -51,20 +52,50 @@ class Endpoint:
     url: str
     token: str = field(repr=False)
     token_file: Path | None = None  # where the token came from, if a file
+    # How the token was given: --token, $ROUNDTABLE_API_TOKEN or --token-file.
+    given_as: Literal["flag", "env", "file"] = "env"
 
     @property
     def shown(self) -> str:
         """The URL as messages print it (it holds no credentials: refused)."""
         return self.url
 
+    @property
+    def exposed(self) -> bool:
+        """Whether the token would cross a network in the clear: plain http://
+        to a host that is not this machine."""
+        url = httpx.URL(self.url)
+        return url.scheme == "http" and not _loopback(url.host)
+
     def options(self) -> list[str]:
         """Options that point another command at this API. A token given on
         the command line or in the environment is not repeated: the
-        environment still holds it, and a flag's value must not be printed."""
+        environment may hold it, and a flag's value must not be printed
+        (options_note says what such a command needs)."""
         via = ["--api", self.url]
         if self.token_file is not None:
             via += ["--token-file", str(self.token_file)]
         return via
+
+    def options_note(self) -> str | None:
+        """What a command printed with ``options()`` needs to work, if anything."""
+        if self.given_as == "flag":
+            return (
+                f"these commands read the API token from ${API_TOKEN_VAR} (a --token value "
+                f"is never printed): export {API_TOKEN_VAR} first, or add --token-file FILE"
+            )
+        if self.given_as == "env":
+            return f"these commands read the API token from ${API_TOKEN_VAR}, as this one did"
+        return None
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def named(api: str | None) -> bool:
@@ -87,14 +118,16 @@ def resolve(api: str | None, token: str | None, token_file: Path | None) -> Endp
         raise usage_error("give the token once: --token or --token-file, not both")
     if token_file is not None:
         secret, source = _read_token_file(token_file), token_file.expanduser().resolve()
+        kind = "file"
     else:
         secret, source = token if token is not None else os.environ.get(API_TOKEN_VAR), None
+        kind = "flag" if token is not None else "env"
     if secret is None or not secret.strip():
         raise usage_error(
             f"no API token for {url}: set ${API_TOKEN_VAR} or pass --token-file FILE "
             "(`roundtable tokens create --user ID --role operator` makes one)"
         )
-    return Endpoint(url=url, token=_checked_token(secret), token_file=source)
+    return Endpoint(url=url, token=_checked_token(secret), token_file=source, given_as=kind)
 
 
 def _checked_url(url: str) -> str:

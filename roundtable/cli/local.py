@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
@@ -24,11 +26,17 @@ POLL_SECONDS = 0.5  # as the API's event stream
 
 
 class Local:
-    via: tuple[str, ...] = ()  # the same defaults reach the same database
+    via: tuple[str, ...] = ()  # the same settings reach the same database
 
     def __init__(self, config: Settings, store: Store) -> None:
         self.config, self.store = config, store
         self._client: Client | None = None
+        # The settings (and the default database's path, and the dev stack's
+        # secret) are read from the environment and the directory.
+        self.via_note = (
+            "these commands act on the database and Temporal directly: run them in "
+            f"{shlex.quote(str(Path.cwd()))} with the same ROUNDTABLE_* settings as this one"
+        )
 
     @classmethod
     @asynccontextmanager
@@ -43,9 +51,15 @@ class Local:
             self._client = await temporal(self.config)
         return self._client
 
-    async def start(self, request: RunInput) -> dict[str, Any]:
+    async def start(self, request: RunInput, idempotency_key: str | None = None) -> dict[str, Any]:
         authority = Authority.from_settings(self.config)
         request = authority.admit("operator", request)  # refused before connecting
+        if idempotency_key is not None:
+            # The run id the API would give the same key: starting again
+            # with it starts nothing (operations.start_run), whatever became
+            # of the first start.
+            run_id = operations.idempotent_run_id(request.user_id, idempotency_key)
+            request = request.model_copy(update={"run_id": run_id})
         started, _ = await operations.start_run(
             await self.temporal(),
             self.store,

@@ -20,10 +20,15 @@ from roundtable.models import RunInput
 class Operator(Protocol):
     #: The options that send another command the same way (printed in hints).
     via: tuple[str, ...]
+    #: What a command printed with ``via`` needs besides, said once beside it.
+    via_note: str | None
 
-    async def start(self, request: RunInput) -> dict[str, Any]:
+    async def start(self, request: RunInput, idempotency_key: str | None = None) -> dict[str, Any]:
         """``{run_id, workflow_id, status}``; the run's owner is the request's
-        ``user_id`` if it was set, else (directly) local-user or (API) the token's."""
+        ``user_id`` if it was set, else (directly) local-user or (API) the token's.
+        The same ``idempotency_key`` (and owner) again starts nothing: it
+        answers with the run the first start made (a different request under
+        it is a conflict). Through the API a start always carries one."""
         ...
 
     async def run(self, run_id: str) -> dict[str, Any]:

@@ -30,10 +30,21 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
 
 class CliError(Exception):
-    def __init__(self, message: str, code: str = "error", exit_code: int = EXIT_ERROR) -> None:
+    """An error as the CLI reports it. ``fields`` go into the JSON error
+    document beside ``code`` and ``message`` (e.g. the ``run_id`` of a run
+    that was started before the command failed)."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str = "error",
+        exit_code: int = EXIT_ERROR,
+        **fields: Any,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.exit_code = exit_code
+        self.fields = fields
 
 
 def usage_error(message: str) -> CliError:
@@ -65,7 +76,8 @@ def as_cli_error(error: Exception) -> CliError:
 def fail(error: Exception, as_json: bool) -> NoReturn:
     problem = as_cli_error(error)
     if as_json:
-        typer.echo(json.dumps({"error": {"code": problem.code, "message": str(problem)}}))
+        document = {**problem.fields, "code": problem.code, "message": str(problem)}
+        typer.echo(json.dumps({"error": document}))
     else:
         typer.echo(f"error: {problem}", err=True)
     raise typer.Exit(problem.exit_code)

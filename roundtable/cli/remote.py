@@ -4,19 +4,26 @@ database, no Temporal, only a URL and a token.
 Answers are held to the API's own schemas (api/schemas.py), and refusals
 (RFC 9457 problem documents) become the CLI's exit codes and error codes, so
 a command fails the same way whichever way it went. Whatever a server sends
-back is shown only after the token has been taken out of it.
+back (answers, refusals, events) has the token taken out of it before it is
+used or shown, and no answer, event-stream line or event is read past
+MAX_ANSWER_BYTES: a hostile or broken server can neither make the CLI print
+the token nor fill its memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shlex
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 from urllib.parse import quote
 
 import httpx
+import typer
 from pydantic import TypeAdapter, ValidationError
 
 from api.schemas import (
@@ -39,7 +46,7 @@ from roundtable.cli.output import (
     CliError,
     usage_error,
 )
-from roundtable.cli.sse import server_events
+from roundtable.cli.sse import TooLong, server_events, stream_lines
 from roundtable.models import RunInput
 from roundtable.states import ApprovalStatus
 from roundtable.store import FINAL_RUN_STATUSES
@@ -50,16 +57,23 @@ STREAM_TIMEOUT = httpx.Timeout(10.0, read=60.0)
 PAGE = 200  # the API's largest page
 STREAM_RETRIES = 3  # a stream cut short is resumed (Last-Event-ID) this many times in a row
 MAX_DETAIL = 500  # characters of a server's message shown
+MAX_ANSWER_BYTES = 16 << 20  # an answer, an event-stream line or one event: more is refused
+MAX_PAGES = 1000  # pages of one listing (200 000 items) ...
+MAX_LISTING_BYTES = 128 << 20  # ... and bytes in all: a server that pages on forever is refused
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")  # a problem code, as the API makes them
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # not for a terminal
 
 
 class Remote:
     def __init__(self, endpoint: Endpoint, http: httpx.AsyncClient) -> None:
         self.endpoint, self.http = endpoint, http
         self.via = tuple(endpoint.options())
+        self.via_note = endpoint.options_note()
 
     @classmethod
     @asynccontextmanager
     async def open(cls, endpoint: Endpoint) -> AsyncIterator[Remote]:
+        warn_if_exposed(endpoint)
         # Redirects are not followed: the token goes to the URL named, only.
         async with httpx.AsyncClient(
             base_url=endpoint.url,
@@ -71,11 +85,42 @@ class Remote:
 
     # ------------------------------------------------------------ commands
 
-    async def start(self, request: RunInput) -> dict[str, Any]:
+    async def start(self, request: RunInput, idempotency_key: str | None = None) -> dict[str, Any]:
         # Only what was asked: the API makes the token's owner the run's owner
-        # unless a user was named (which only service tokens may do).
+        # unless a user was named (which only service tokens may do), and
+        # applies its default model unless one was named.
         body = request.model_dump(mode="json", exclude_unset=True)
-        return await self._call("POST", "/v1/runs", RunStarted, json=body)
+        # Always a key: a start whose answer is lost can be retried with it,
+        # and the API starts the run only if it has not started.
+        key = idempotency_key or new_idempotency_key()
+        given, status = idempotency_key is not None, 0
+        try:
+            response, raw = await self._exchange(
+                "POST", "/v1/runs", json=body, headers={"Idempotency-Key": key}
+            )
+            status = response.status_code
+            return self._answer(response, raw, RunStarted)
+        except httpx.TransportError as exc:
+            if isinstance(exc, NEVER_SENT):
+                raise self._unreachable(exc) from exc
+            reason = self._reason(exc)
+            raise CliError(
+                f"the API at {self.endpoint.shown} did not answer the start ({reason}): "
+                f"the run may have started. {_retry(key, given)}",
+                "start_unknown",
+                idempotency_key=key,
+            ) from exc
+        except CliError as exc:
+            if 300 <= status < 500:
+                raise  # refused: nothing started
+            # A server error, or an answer we cannot read: it may have started.
+            code = exc.code if exc.code == "unreachable" else "start_unknown"
+            raise CliError(
+                f"{exc}; the run may have started. {_retry(key, given)}",
+                code,
+                exc.exit_code,
+                idempotency_key=key,
+            ) from exc
 
     async def run(self, run_id: str) -> dict[str, Any]:
         return await self._call("GET", _path("/v1/runs", run_id), RunView)
@@ -134,12 +179,12 @@ class Remote:
                 ) as response:
                     connected = True
                     if response.status_code != 200:
-                        await response.aread()
-                        self._refuse(response)
+                        self._refuse(response, await self._body(response))
                     if not response.headers.get("content-type", "").startswith("text/event-stream"):
                         raise self._bad("an event stream")
-                    async for sent in server_events(response.aiter_lines()):
-                        event = self._valid(_parsed(sent.data, self), EventView)
+                    lines = stream_lines(response.aiter_bytes(), MAX_ANSWER_BYTES)
+                    async for sent in server_events(lines, MAX_ANSWER_BYTES):
+                        event = self._valid(self._parsed(sent.data), EventView)
                         if event["seq"] <= last:
                             continue  # sent again after a resumption
                         last, breaks = event["seq"], 0
@@ -147,6 +192,11 @@ class Remote:
             except httpx.TransportError as exc:
                 if not connected or breaks >= STREAM_RETRIES:
                     raise self._unreachable(exc) from exc
+            except httpx.DecodingError as exc:
+                raise self._garbled() from exc
+            except TooLong as exc:
+                what = f"an event-stream line or event of more than {_mib()}"
+                raise self._too_long(what) from exc
             else:
                 # The stream ends when the run has ended, or was cut short.
                 if (await self.run(run_id))["status"] in FINAL_RUN_STATUSES:
@@ -161,46 +211,98 @@ class Remote:
     async def _pages(
         self, path: str, schema: Any, params: dict[str, Any], limit: int | None = None
     ) -> list[dict[str, Any]]:
-        """Every item (or the first ``limit``), a page at a time."""
+        """Every item (or the first ``limit``), a page at a time, within
+        MAX_PAGES pages and MAX_LISTING_BYTES in all."""
         items: list[dict[str, Any]] = []
         query = {k: v for k, v in params.items() if v is not None}
-        while True:
+        read = 0
+        for _ in range(MAX_PAGES):
             want = PAGE if limit is None else min(PAGE, limit - len(items))
-            page = await self._call("GET", path, schema, params={**query, "limit": want})
+            response, raw = await self._request("GET", path, params={**query, "limit": want})
+            read += len(raw)
+            if read > MAX_LISTING_BYTES:
+                break
+            page = self._answer(response, raw, schema)
             items += page["items"]
             if page["next_cursor"] is None or (limit is not None and len(items) >= limit):
                 return items
             if not page["items"] or page["next_cursor"] == query.get("cursor"):
                 raise self._bad("pages that move on")  # or this would never end
             query["cursor"] = page["next_cursor"]
+        raise self._too_long(
+            f"a listing of more than {MAX_PAGES} pages or {MAX_LISTING_BYTES >> 20} MiB "
+            "(narrow it, e.g. with --status)"
+        )
 
     async def _call(self, method: str, path: str, schema: Any, **request: Any) -> Any:
+        return self._answer(*await self._request(method, path, **request), schema)
+
+    async def _request(
+        self, method: str, path: str, **request: Any
+    ) -> tuple[httpx.Response, bytes]:
         try:
-            response = await self.http.request(method, path, **request)
+            return await self._exchange(method, path, **request)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
+
+    async def _exchange(
+        self, method: str, path: str, **request: Any
+    ) -> tuple[httpx.Response, bytes]:
+        """The answer and its body (at most MAX_ANSWER_BYTES, decoded);
+        httpx.TransportError as it came, for the caller to name."""
+        async with self.http.stream(method, path, **request) as response:
+            return response, await self._body(response)
+
+    async def _body(self, response: httpx.Response) -> bytes:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+            raise self._too_long(f"an answer of more than {_mib()}")
+        held = bytearray()
+        try:
+            async for chunk in response.aiter_bytes():
+                held += chunk
+                if len(held) > MAX_ANSWER_BYTES:
+                    raise self._too_long(f"an answer of more than {_mib()}")
+        except httpx.DecodingError as exc:
+            raise self._garbled() from exc
+        return bytes(held)
+
+    def _answer(self, response: httpx.Response, raw: bytes, schema: Any) -> Any:
         if not response.is_success:
-            self._refuse(response)
-        return self._valid(_parsed_body(response, self), schema)
+            self._refuse(response, raw)
+        content_type = response.headers.get("content-type", "")
+        if "json" not in content_type:
+            raise self._bad("JSON")
+        return self._valid(self._parsed(raw), schema)
+
+    def _parsed(self, raw: str | bytes) -> Any:
+        """JSON, with the token taken out of every string in it (keys too)."""
+        try:
+            return scrubbed(json.loads(raw), self.endpoint)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise self._bad("JSON") from exc
 
     def _valid(self, body: Any, schema: Any) -> Any:
         try:
             TypeAdapter(schema).validate_python(body)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
-            raise self._bad(f"a {_name(schema)} ({where}: {first['msg']})") from exc
+            where = _shown(".".join(str(p) for p in first["loc"]) or "body", self.endpoint)
+            raise self._bad(f"a {_name(schema)} ({where[:100]}: {first['msg']})") from exc
         return body
 
-    def _refuse(self, response: httpx.Response) -> NoReturn:
-        raise refusal(response, self.endpoint)
+    def _refuse(self, response: httpx.Response, raw: bytes) -> NoReturn:
+        raise refusal(response.status_code, raw, self.endpoint)
+
+    def _reason(self, exc: httpx.TransportError) -> str:
+        if isinstance(exc, httpx.TimeoutException):
+            return "no answer in time"
+        return _shown(str(exc), self.endpoint)[:MAX_DETAIL] or type(exc).__name__
 
     def _unreachable(self, exc: httpx.TransportError) -> CliError:
-        if isinstance(exc, httpx.TimeoutException):
-            reason = "no answer in time"
-        else:
-            reason = self._scrub(str(exc)) or type(exc).__name__
-        return CliError(f"cannot reach the API at {self.endpoint.shown}: {reason}", "unreachable")
+        return CliError(
+            f"cannot reach the API at {self.endpoint.shown}: {self._reason(exc)}", "unreachable"
+        )
 
     def _bad(self, expected: str) -> CliError:
         return CliError(
@@ -209,16 +311,72 @@ class Remote:
             "bad_response",
         )
 
-    def _scrub(self, text: str) -> str:
-        return scrub(text, self.endpoint)
+    def _too_long(self, what: str) -> CliError:
+        return CliError(
+            f"the API at {self.endpoint.shown} sent {what}, more than the CLI reads: "
+            "is it a Roundtable API?",
+            "bad_response",
+        )
+
+    def _garbled(self) -> CliError:
+        return CliError(
+            f"the API at {self.endpoint.shown} sent an answer its content-encoding "
+            "does not decode: is it a Roundtable API?",
+            "bad_response",
+        )
 
 
-def refusal(response: httpx.Response, endpoint: Endpoint) -> CliError:
+# Errors raised before the request went out: nothing reached the server.
+NEVER_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+)
+
+
+def new_idempotency_key() -> str:
+    return f"cli-{uuid.uuid4().hex}"
+
+
+def _retry(key: str, given: bool) -> str:
+    flag = f"--idempotency-key {shlex.quote(key)}"
+    if given:
+        return f"Retry the same command (with {flag}): it starts the run only if it did not start."
+    return (
+        f"Retry safely with the same command and {flag}: "
+        "it starts the run only if it did not start."
+    )
+
+
+def _mib() -> str:
+    return f"{MAX_ANSWER_BYTES >> 20} MiB"
+
+
+_exposed_warned = False
+
+
+def warn_if_exposed(endpoint: Endpoint) -> None:
+    """Once, on stderr (never in --json's stdout): a token sent in the clear
+    to another machine can be read on the way."""
+    global _exposed_warned
+    if _exposed_warned or not endpoint.exposed:
+        return
+    _exposed_warned = True
+    typer.echo(
+        f"warning: the API token goes to {endpoint.shown} unencrypted (http:// to another "
+        "machine): anyone on the way can read it and use it. Use https://.",
+        err=True,
+    )
+
+
+def refusal(status: int, raw: bytes, endpoint: Endpoint) -> CliError:
     """An API refusal as the error the same refusal raises locally."""
-    status, where = response.status_code, endpoint.shown
-    problem = _problem(response)
-    detail = scrub((problem or {}).get("detail", ""), endpoint)[:MAX_DETAIL]
-    code = (problem or {}).get("code", "")
+    where = endpoint.shown
+    problem = _problem(raw, endpoint)
+    detail = _shown(str((problem or {}).get("detail", "")), endpoint)[:MAX_DETAIL]
+    code = str((problem or {}).get("code", ""))
+    code = code if _CODE.fullmatch(code) else ""  # the token, or garbage, is no code
     if status == 401:
         return CliError(
             f"the API at {where} refused the token ({detail or 'unauthorized'}): "
@@ -247,29 +405,37 @@ def refusal(response: httpx.Response, endpoint: Endpoint) -> CliError:
 
 def scrub(text: str, endpoint: Endpoint) -> str:
     """A server's words, without the token in them (a hostile server may echo it)."""
-    return text.replace(endpoint.token, "[token]") if endpoint.token else text
+    token = endpoint.token
+    for _ in range(3):
+        if not token or token not in text:
+            return text
+        text = text.replace(token, "[token]")
+    return "[withheld: it held the token]"  # a token built around the mark itself
 
 
-def _problem(response: httpx.Response) -> dict[str, Any] | None:
+def scrubbed(value: Any, endpoint: Endpoint) -> Any:
+    """A parsed JSON document with the token taken out of every string, keys too."""
+    if isinstance(value, str):
+        return scrub(value, endpoint)
+    if isinstance(value, list):
+        return [scrubbed(v, endpoint) for v in value]
+    if isinstance(value, dict):
+        return {scrub(k, endpoint): scrubbed(v, endpoint) for k, v in value.items()}
+    return value
+
+
+def _shown(text: str, endpoint: Endpoint) -> str:
+    """A server's words as a message prints them: scrubbed, no control characters."""
+    return _CONTROL.sub("?", scrub(text, endpoint))
+
+
+def _problem(raw: bytes, endpoint: Endpoint) -> dict[str, Any] | None:
     try:
-        body = response.json()
+        body = scrubbed(json.loads(raw), endpoint)
         ProblemDocument.model_validate(body)
-    except (ValueError, ValidationError):
+    except (ValueError, RecursionError, ValidationError):
         return None
     return body
-
-
-def _parsed_body(response: httpx.Response, remote: Remote) -> Any:
-    return _parsed(response.content, remote, response.headers.get("content-type", ""))
-
-
-def _parsed(raw: str | bytes, remote: Remote, content_type: str = "application/json") -> Any:
-    if "json" not in content_type:
-        raise remote._bad("JSON")
-    try:
-        return json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
-        raise remote._bad("JSON") from exc
 
 
 def _name(schema: Any) -> str:
