@@ -3,8 +3,10 @@ prints, stop it with Ctrl-C."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -28,6 +30,22 @@ def run_cli(
     return subprocess.run(
         [CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def run_printed(command: str, cwd: Path, env: dict[str, str]) -> dict:
+    """A command the CLI printed for a person, run as printed (plus --json):
+    its one JSON document. It must succeed."""
+    done = subprocess.run(
+        [*shlex.split(command), "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, (command, done.stdout + done.stderr)
+    return json.loads(done.stdout)
 
 
 def listening(port: int) -> bool:

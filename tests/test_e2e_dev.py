@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.dev_stack import CLI, dev_stack, free_port, listening, run_cli
+from tests.dev_stack import CLI, dev_stack, free_port, listening, run_cli, run_printed
 
 
 def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
@@ -37,29 +36,9 @@ def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
         anywhere = {k: v for k, v in stack.env.items() if not k.startswith("ROUNDTABLE_")}
         for command in stack.wait_for(r"approve: (.+ approve .+)", count=2):
             assert token not in command
-            done = subprocess.run(
-                [*shlex.split(command), "--json"],
-                cwd=elsewhere,
-                env=anywhere,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            assert done.returncode == 0, done.stdout + done.stderr
-            assert json.loads(done.stdout)["status"] == "approved"
+            assert run_printed(command, elsewhere, anywhere)["status"] == "approved"
         (show,) = stack.wait_for(r"run demo-\S+ completed: (.+ show .+?)   \(Ctrl-C")
-        shown = subprocess.run(
-            [*shlex.split(show), "--json"],
-            cwd=elsewhere,
-            env=anywhere,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert shown.returncode == 0, shown.stdout + shown.stderr
-        assert json.loads(shown.stdout)["status"] == "completed"
+        assert run_printed(show, elsewhere, anywhere)["status"] == "completed"
         assert not (elsewhere / ".roundtable").exists()
         assert (tmp_path / ".roundtable" / "dev-secret").stat().st_mode & 0o077 == 0
         # The worker's informational lines show (plain format, one a line).
