@@ -65,6 +65,14 @@ async def pending(h: Harness, run_id: str) -> tuple[str, dict[str, Any]]:
     return approval_id, await h.store.get_action(approval["action_id"])
 
 
+async def until_stored(h: Harness, run_id: str, status: str) -> None:
+    for _ in range(400):
+        if (await h.store.get_run(run_id))["status"] == status:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"run {run_id} never stored as {status}")
+
+
 async def decide(api: Api, who: str, approval_id: str, action: dict[str, Any], **body: Any) -> Any:
     return await api.http.post(
         f"/v1/approvals/{approval_id}/decision",
@@ -282,6 +290,8 @@ async def test_a_workflow_that_borrows_an_operator_runs_id_gets_no_grant(tmp_pat
         started = await start(api, "ops", calls, write_policy="auto_approve_up_to:R1")
         run_id = started.json()["run_id"]
         await pending(h, run_id)
+        # The store may show the wait a moment after the workflow does.
+        await until_stored(h, run_id, "waiting_input")
         evil = RunInput(
             run_id=run_id,
             user_id="ops",
