@@ -398,7 +398,7 @@ class WriteActivities:
                 raise asyncio.CancelledError()
             await recording
             if status != ActionStatus.UNKNOWN:  # the lease is released: wake who waits
-                await self._wake_waiters(inp.action_id)
+                await self._wake_waiters(action)
             # Report what the database says: recovery may have made it unknown first.
             return await self._action_now(inp.action_id, claim)
 
@@ -447,17 +447,17 @@ class WriteActivities:
             self.metrics.tool_call(tool.name, status, time.monotonic() - began)
         return status, result, over, interrupted
 
-    async def _wake_waiters(self, action_id: str) -> None:
+    async def _wake_waiters(self, action: dict[str, Any]) -> None:
         """Writes waiting for this action's target back off on timers that grow
         to minutes; a refresh signal makes them try again now. Best effort:
         the timers remain, and waking must never fail the write it follows."""
         if self.temporal is None:
             return
         try:
-            runs = await self.store.runs_waiting_on_target(action_id)
+            runs = await self.store.runs_waiting_on_target(action)
             await asyncio.gather(*(nudge(self.temporal, run_id) for run_id in runs))
         except Exception as exc:
-            log.warning("could not wake the writes waiting on %s's target: %s", action_id, exc)
+            log.warning("could not wake the writes waiting on %s's target: %s", action["id"], exc)
 
     async def _action_now(
         self, action_id: str, claim: ClaimOutcome | WriteEnd
@@ -539,7 +539,7 @@ class WriteActivities:
                 inp.action_id, inp.outcome, inp.decided_by, inp.note, fenced_below=fenced
             )
             conflict, retry_at = None, None
-            await self._wake_waiters(inp.action_id)  # the target is no longer blocked
+            await self._wake_waiters(action)  # the target is no longer blocked
         except ConflictError as exc:
             log_refusal("reconcile_action", CONFLICT, exc)
             action, conflict = await self.store.get_action(inp.action_id), str(exc)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from roundtable.cli.endpoint import ApiToken, ApiTokenFile, ApiUrl
-from roundtable.cli.operator import operator
+from roundtable.cli.operator import ask, operator
 from roundtable.cli.output import emit, run_or_fail
 from roundtable.cli.shared import JsonFlag
 
@@ -39,11 +39,7 @@ def events(
         run_or_fail(_follow(run_id, (api, token, token_file), as_json), as_json)
         return
 
-    async def read() -> list[dict[str, Any]]:
-        async with operator(api, token, token_file) as ops:
-            return await ops.events(run_id)
-
-    found = run_or_fail(read(), as_json)
+    found = ask((api, token, token_file), lambda ops: ops.events(run_id), as_json)
     emit(found, as_json, "\n".join(line(e) for e in found) or "(none)")
 
 

@@ -6,15 +6,18 @@ the same thing whichever way it went, and fails with the same exit code."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from roundtable.cli.endpoint import resolve
 from roundtable.cli.local import Local
+from roundtable.cli.output import run_or_fail
 from roundtable.cli.remote import Remote
 from roundtable.models import RunInput
+
+T = TypeVar("T")
 
 
 class Operator(Protocol):
@@ -68,3 +71,18 @@ async def operator(
     else:
         async with Remote.open(endpoint) as remote:
             yield remote
+
+
+def ask(
+    via: tuple[str | None, str | None, Path | None],
+    question: Callable[[Operator], Awaitable[T]],
+    as_json: bool,
+) -> T:
+    """One question for whichever operator ``via`` (api, token, token file)
+    names, answered or failed with the command's exit code."""
+
+    async def asked() -> T:
+        async with operator(*via) as ops:
+            return await question(ops)
+
+    return run_or_fail(asked(), as_json)

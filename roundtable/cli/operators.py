@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from roundtable.cli.endpoint import ApiToken, ApiTokenFile, ApiUrl, named
-from roundtable.cli.operator import operator
+from roundtable.cli.operator import ask, operator
 from roundtable.cli.output import emit, run_or_fail, table, usage_error
 from roundtable.cli.shared import Actor, JsonFlag, require_sqlite_file, settings
 from roundtable.tools.tickets import TicketSystem
@@ -32,11 +32,7 @@ def approvals(
 ) -> None:
     """List approvals with what each one would let run."""
 
-    async def listing() -> list[dict[str, Any]]:
-        async with operator(api, token, token_file) as ops:
-            return await ops.approvals(run, status)
-
-    rows = run_or_fail(listing(), as_json)
+    rows = ask((api, token, token_file), lambda ops: ops.approvals(run, status), as_json)
     emit(
         rows,
         as_json,

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from roundtable.agents.scripted import ScriptError, load_script
 from roundtable.cli.endpoint import ApiToken, ApiTokenFile, ApiUrl
 from roundtable.cli.hints import command, ended, news
-from roundtable.cli.operator import Operator, operator
+from roundtable.cli.operator import Operator, ask, operator
 from roundtable.cli.output import (
     EXIT_ERROR,
     CliError,
@@ -266,9 +266,5 @@ def list_runs(
 ) -> None:
     """List runs, oldest first."""
 
-    async def read() -> list[dict[str, Any]]:
-        async with operator(api, token, token_file) as ops:
-            return await ops.runs(status, user, limit)
-
-    rows = run_or_fail(read(), as_json)
+    rows = ask((api, token, token_file), lambda ops: ops.runs(status, user, limit), as_json)
     emit(rows, as_json, table(rows, ["run_id", "user_id", "status", "created_at", "updated_at"]))

@@ -18,8 +18,10 @@ The rules (docs/architecture.md, "Safety rules"):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import and_, delete, false, func, or_, select, update
@@ -35,7 +37,7 @@ from roundtable.states import (
     ClaimOutcome,
 )
 from roundtable.store import commit_notes
-from roundtable.store.database import Database, found, reload
+from roundtable.store.database import Database, reload
 from roundtable.store.engine import database_clock, database_now, insert_for, is_postgresql
 from roundtable.store.errors import ConflictError, InvalidInputError
 from roundtable.store.rows import require_aware, row_to_dict
@@ -113,25 +115,27 @@ class Leases:
                 secret.arguments_encrypted if secret is not None else None,
             )
 
-    async def waiting_on_target(self, action_id: str, limit: int = 3) -> list[str]:
-        """The runs with an approved write waiting for this action's target (or
+    async def waiting_on_target(self, action: Mapping[str, Any], limit: int = 3) -> list[str]:
+        """The runs with an approved write waiting for ``action``'s target (or
         one that may overlap it): whom to wake when it frees. The ``limit``
         longest waiting, so waiters go roughly in turn, and twenty waiters on
         a hot target do not all claim at every release (a few, in case one
         cannot act; the rest keep their timers). A superset is harmless: a
-        woken write that still finds the target taken waits again."""
+        woken write that still finds the target taken waits again. ``action``
+        is the caller's copy of the row (its target does not change): one
+        query, on the write path."""
+        target = SimpleNamespace(**action)
+        same_or_overlapping = or_(
+            ActionRow.target_key == target.target_key,
+            _overlaps(target, ActionRow.target_scope, ActionRow.target_namespace_wide),
+        )
         async with self.db.reader() as session:
-            action = await found(session, ActionRow, action_id)
-            same_or_overlapping = or_(
-                ActionRow.target_key == action.target_key,
-                _overlaps(action, ActionRow.target_scope, ActionRow.target_namespace_wide),
-            )
             runs = await session.execute(
                 select(ActionRow.run_id)
                 .where(
                     same_or_overlapping,
                     ActionRow.status == ActionStatus.APPROVED,
-                    ActionRow.id != action.id,
+                    ActionRow.id != target.id,
                 )
                 .group_by(ActionRow.run_id)
                 .order_by(func.min(ActionRow.created_at))
@@ -411,7 +415,7 @@ async def lease_of(session: AsyncSession, action_id: str) -> ActionLeaseRow | No
     ).scalar_one_or_none()
 
 
-def _overlaps(action: ActionRow, scope_column: Any, wide_column: Any) -> Any:
+def _overlaps(action: Any, scope_column: Any, wide_column: Any) -> Any:
     """SQL condition: a row of ``action``'s scope whose target may overlap it
     (one of the two is namespace-wide)."""
     if action.target_scope is None:
