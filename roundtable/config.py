@@ -33,6 +33,14 @@ class Settings(BaseSettings):
     task_queue: str = "roundtable"
     sweep_enabled: bool = True
     sweep_interval_seconds: int = Field(default=60, ge=5)
+    # What a worker process does (README, "Worker roles"): "all" (one worker
+    # does everything), "workflows" (runs and bookkeeping, no tool code and
+    # no tool credentials) or "tools" (tool calls only).
+    worker_role: Literal["all", "workflows", "tools"] = "all"
+    # A tool worker serving only these tools (comma-separated); empty: all.
+    worker_tools: str = ""
+    # The task queue tool workers poll; unset: the main task_queue.
+    tool_task_queue: str | None = None
     # The worker's tuning (README, "Worker tuning"); unset: the SDK's default.
     worker_max_concurrent_activities: int | None = Field(default=None, ge=1)
     worker_max_concurrent_local_activities: int | None = Field(default=None, ge=1)
@@ -95,6 +103,14 @@ class Settings(BaseSettings):
     # never past this long after the approval was created (refused with 409).
     max_approval_extensions: int = Field(default=3, ge=0)
     max_approval_total_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+
+    def tool_queue(self) -> str:
+        """The task queue tool calls go to when tool workers serve them."""
+        return self.tool_task_queue or self.task_queue
+
+    def served_tools(self) -> list[str]:
+        """The tools a tool worker is limited to (``worker_tools``); empty: all."""
+        return [name.strip() for name in self.worker_tools.split(",") if name.strip()]
 
     def tickets_url(self) -> str:
         """The demo ticket system's database (see demo_tickets_url)."""

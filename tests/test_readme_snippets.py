@@ -40,6 +40,11 @@ NOT_RUN = {
         "Docker does not run on these machines; tests/test_deploy.py validates the file "
         "with docker-compose and runs each of its commands outside Docker"
     ),
+    "# Runs and the store's bookkeeping: no tool code, no tool credentials.": (
+        "long-running workers: tests/test_scale_out.py runs a workflows worker and two "
+        "tool workers under load; tests/test_worker_roles.py runs each role and the "
+        "worker command's refusals"
+    ),
     "ROUNDTABLE_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres \\": (
         "this is what `make test` does, on the throwaway cluster tests/conftest.py starts"
     ),
