@@ -159,6 +159,7 @@ def build_worker(
         writes.approval_status,
         writes.settle_write,
         writes.withdraw_write,
+        writes.withdraw_call,
         writes.action_status,
         writes.signal_sender,
         sweep.sweep_store,
@@ -186,6 +187,14 @@ def tool_queues(settings: Settings, registry: ToolRegistry) -> dict[str, list[st
     queue for all of them, or, limited to some tools, a queue of each tool's
     own (another worker on the shared queue may lack a tool a run calls)."""
     named = settings.served_tools()
+    if settings.worker_tools.strip() and not named:
+        raise ValueError(f"ROUNDTABLE_WORKER_TOOLS={settings.worker_tools!r} names no tool")
+    if not named and settings.tool_queue() == settings.task_queue:
+        raise ValueError(
+            f"a tools worker needs a task queue of its own: set ROUNDTABLE_TOOL_TASK_QUEUE "
+            f"(say roundtable-tools) to another queue than {settings.task_queue!r}, where "
+            "workflows workers would take its calls and refuse them"
+        )
     unknown = sorted(set(named) - set(registry.tools))
     if unknown:
         raise ValueError(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -50,6 +52,8 @@ from roundtable.tools.registry import (
 )
 from roundtable.webhooks import receiver_label
 
+log = logging.getLogger("roundtable.activities")
+
 # A read tool failed; Temporal retries the read (its own error is redacted).
 TOOL_READ_FAILED = "ToolReadFailed"
 
@@ -85,8 +89,15 @@ class RunActivities:
         routes: dict[str, str] = {}
         if self.catalog:
             for name, (spec, queue) in (await self.store.published_tools()).items():
-                if name not in specs:
+                if name in specs:
+                    continue
+                if queue == activity.info().task_queue:  # nobody here serves tools
+                    log.warning("tool %s is published on the workflows queue: ignored", name)
+                    continue
+                try:
                     specs[name], routes[name] = ToolSpec.model_validate(spec), queue
+                except ValidationError as exc:  # a newer worker's, say: one tool lost, not all
+                    log.warning("tool %s is published in a form not understood: %s", name, exc)
         try:
             snapshot = snapshot_of(specs, inp.seats, inp.tools, inp.seat_tools)
         except ValueError as exc:
@@ -208,7 +219,7 @@ class RunActivities:
                 check_tenant(tenants, tenant if tool.tenant_field else None, f"run {inp.run_id}")
             except TenantNotAllowedError as exc:
                 return _error(inp.call.id, inp.call.name, exc.code, str(exc))
-        if not tool.retry_safe and activity.info().attempt > 1:
+        if not tool.retry_safe and (activity.info().attempt > 1 or inp.prior_attempt):
             return _error(
                 inp.call.id,
                 inp.call.name,

@@ -27,6 +27,7 @@ from activities.run_activities import pinned_snapshot, require_own_run
 from roundtable.models import (
     ActionRef,
     ApprovalRef,
+    CallRef,
     DecisionRecorded,
     ExecuteWriteInput,
     ExecuteWriteOutput,
@@ -503,6 +504,18 @@ class WriteActivities:
             result=await self._bounded(action, action["result"]),
         )
 
+    @activity.defn(name="withdraw_call")
+    @typed_store_errors
+    async def withdraw_call(self, ref: CallRef) -> str | None:
+        """The run is ending while its write's intercept could not finish (no
+        tool worker took it): if an earlier attempt recorded the write, it
+        will not run. The action's status, or None when none was recorded."""
+        action = await self.store.find_action_by_idempotency_key(ref.idempotency_key)
+        if action is None or action["run_id"] != ref.run_id:
+            return None
+        bind(action_id=action["id"])
+        return (await self.store.withdraw_action(action["id"], RUN_ENDED_REASON))["status"]
+
     @activity.defn(name="action_status")
     @typed_store_errors
     async def action_status(self, ref: ActionRef) -> ExecuteWriteOutput:
@@ -587,14 +600,17 @@ async def _fence_target(
     """Before "it failed" is written down, make the tool refuse the attempt's
     write should it land late (a worker frozen past its lease): its token and
     any older one are fenced off. None when the tool cannot be fenced. On a
-    worker without tools (``tools_here`` False) refused: only a tool worker
-    can tell whether the tool fences, and skipping it would be a guess."""
+    worker without the tool refused: only one holding it can tell whether
+    the tool fences, and skipping the fence would be a guess."""
     action = await store.check_reconcilable(action_id)
     tool = registry.get(action["tool_name"])
-    if tool is None and not tools_here:
+    if tool is None:
+        # Whether it fences, and how, only a worker holding it can tell:
+        # "failed" written unfenced here could be overtaken by a late write.
+        where = "it runs on tool workers" if not tools_here else "this worker does not have it"
         raise ConflictError(
-            f"{action['tool_name']} runs on tool workers: reconcile this action as failed "
-            "through one (the API and CLI route it there)"
+            f"{action['tool_name']} cannot be fenced here ({where}): reconcile this action "
+            "as failed through a worker that has the tool (the API and CLI route it there)"
         )
     if tool is None or tool.fence is None or action["fencing_token"] is None:
         return None

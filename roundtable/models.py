@@ -332,6 +332,9 @@ class ReadToolInput(Model):
     seat: str
     call: ToolCall
     snapshot: CapabilitySnapshot
+    # An earlier attempt of this call may have run (on a tool worker that
+    # failed): a read that may not run twice is not run again.
+    prior_attempt: bool = False
 
 
 class ToolOutcome(Model):
@@ -572,6 +575,13 @@ class ActionRef(Model):
     action_id: str
 
 
+class CallRef(Model):
+    """A write call by its idempotency key, whether or not it was recorded."""
+
+    run_id: str
+    idempotency_key: str
+
+
 class RunState(Model):
     """The workflow's own view, served by the ``state`` query and carried
     through continue-as-new."""
@@ -593,6 +603,8 @@ class RunState(Model):
     # Tools served by tool workers elsewhere (worker roles): the task queue
     # each one's calls go to. A tool not named here runs where the run does.
     tool_queues: dict[str, str] = Field(default_factory=dict)
+    # Calls waiting for a tool worker (worker roles): call → why.
+    unserved_calls: dict[str, str] = Field(default_factory=dict)
     # Whether a refresh signal makes this run re-read what it waits on from the
     # store (runs started before that rule ignore it: the sweep must not nudge
     # them over and over).

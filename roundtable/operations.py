@@ -36,6 +36,7 @@ from roundtable.names import (
     EXTEND_UPDATE,
     FORBIDDEN_PREFIX,
     INVALID_INPUT,
+    NO_TOOL_WORKER,
     NOT_TRACKED,
     RECONCILE_UPDATE,
     RECONCILE_WORKFLOW,
@@ -70,6 +71,10 @@ class NotTrackedError(ConflictError):
     """The run's workflow is open but is not waiting on this action."""
 
 
+class NoToolWorkerError(ConflictError):
+    """No tool worker took the step (worker roles): nothing was done."""
+
+
 def _typed(exc: WorkflowUpdateFailedError) -> Exception:
     """Bad input stays bad input (422); every other refusal is a conflict (409)."""
     cause = exc.cause
@@ -83,6 +88,8 @@ def _typed(exc: WorkflowUpdateFailedError) -> Exception:
         return forbidden(kind.removeprefix(FORBIDDEN_PREFIX), message)
     if kind == NOT_TRACKED:
         return NotTrackedError(message)
+    if kind == NO_TOOL_WORKER:
+        return NoToolWorkerError(message)
     if kind == ATTEMPT_MAY_BE_RUNNING and cause.details:
         return AttemptMayBeRunningError(
             "", datetime.fromisoformat(str(cause.details[0])), message=message
@@ -271,7 +278,9 @@ async def reconcile_request(
     the run's workflow, if open, is told to look."""
     try:
         return await send_update(client, run_id, RECONCILE_UPDATE, request), "workflow"
-    except (NotTrackedError, NoLiveWorkflowError):
+    except (NotTrackedError, NoLiveWorkflowError, NoToolWorkerError):
+        # The run's own route may point at a queue nobody serves any more
+        # (NoToolWorker): the store path takes the tool's queue as it is now.
         pass
     try:
         out = await client.execute_workflow(

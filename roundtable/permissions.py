@@ -53,6 +53,10 @@ class TenantNotAllowedError(ForbiddenError):
     code = "tenant_not_allowed"
 
 
+class AttestationExpiredError(ForbiddenError):
+    code = "attestation_expired"
+
+
 class ModelNotAllowedError(InvalidInputError):
     code = "model_not_allowed"
 
@@ -246,15 +250,23 @@ def attest(message: Attestable, decider: Decider, now: datetime) -> Attestable:
 
 
 def verified_decider(message: Decision | ReconcileInput | ExtendInput, now: datetime) -> Decider:
-    """Who sent it, as attested; without a valid, fresh attestation, nobody
-    vouched for the name it carries (role None)."""
+    """Who sent it, as attested; without a valid attestation, nobody vouched
+    for the name it carries (role None). One too old is refused
+    (AttestationExpiredError): what it limited would go unchecked."""
     stamp = message.attested_by
     subject = getattr(message, message.subject_field)
     nobody = Decider(user_id=subject, role=None)
     # A time without a zone cannot be compared (and no server writes one):
     # refused as no attestation, never an error the decision retries on.
-    if stamp is None or stamp.at.tzinfo is None or abs(now - stamp.at) > MAX_ATTESTATION_AGE:
+    if stamp is None or stamp.at.tzinfo is None:
         return nobody
+    if abs(now - stamp.at) > MAX_ATTESTATION_AGE:
+        # Refused, not taken as nobody's: whatever the attestation limited
+        # (tenants, say) would no longer be checked. A decision that waited
+        # this long (no worker took it) is made again.
+        raise AttestationExpiredError(
+            f"the server's word on who sent this is older than {MAX_ATTESTATION_AGE}: send it again"
+        )
     expected = _mac(message.attested_fields(), stamp.role, stamp.tenants, stamp.at)
     if not hmac.compare_digest(expected, stamp.mac):
         return nobody

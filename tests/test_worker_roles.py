@@ -109,14 +109,15 @@ async def test_a_tool_nobody_serves_waits_saying_so_then_runs_once_served(tmp_pa
         handle = await h.start(
             task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO, **WAIT
         )
-        state = await h.wait_for(handle, lambda s: s.blocked_reason is not None)
-        assert "ticket_comment waits: no tool worker serves it" in state.blocked_reason
-        assert "rt-test-nobody" in state.blocked_reason
+        state = await h.wait_for(handle, lambda s: bool(s.unserved_calls))
+        (why,) = state.unserved_calls.values()
+        assert "ticket_comment waits: no tool worker serves it" in why and "rt-test-nobody" in why
+        assert state.status == "waiting_input"
         assert await h.store.list_actions(handle.id) == []  # nothing was even recorded
         async with tool_worker(h, "rt-test-nobody"):
             assert (await handle.result()).status == "completed"
         done = await h.state(handle)
-        assert done.blocked_reason is None
+        assert done.unserved_calls == {}
     log = await h.tickets.write_log()
     assert [(w["ticket_id"], w["operation"], w["outcome"]) for w in log] == [
         ("T-1", "comment", "applied")
@@ -148,8 +149,8 @@ async def test_a_write_whose_worker_went_away_waits_and_runs_once(tmp_path) -> N
         # to look: it goes on to the write, with no tool worker to take it.
         await h.store.decide_approval(approval_id, "approved", "op-1")
         await handle.signal(REFRESH_SIGNAL)
-        state = await h.wait_for(handle, lambda s: s.blocked_reason is not None)
-        assert "no tool worker serves it" in state.blocked_reason
+        state = await h.wait_for(handle, lambda s: bool(s.unserved_calls))
+        assert "no tool worker serves it" in state.unserved_calls[action["id"]]
         (action,) = await h.store.list_actions(handle.id)
         assert action["status"] == "approved" and action["attempt_count"] == 0
         async with tool_worker(h):

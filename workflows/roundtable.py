@@ -22,12 +22,15 @@ with workflow.unsafe.imports_passed_through():
     from activities.write_activities import WriteActivities
     from roundtable.context_budget import fit_context
     from roundtable.models import (
+        ActionRef,
+        CallRef,
         ChatMessage,
         Decision,
         EnsureRunInput,
         ExtendInput,
         ExtendOutput,
         InterceptInput,
+        PendingWrite,
         ReadToolInput,
         ReconcileInput,
         RecordDecisionInput,
@@ -53,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         RUN_WORKFLOW,
         STATE_QUERY,
     )
+    from roundtable.states import REFUSED, ApprovalStatus
 
 # The run's helpers are deterministic by construction (only the workflow API),
 # so they are passed through: built once per worker, not once per run (CPU
@@ -60,7 +64,7 @@ with workflow.unsafe.imports_passed_through():
 # them for clocks, randomness and I/O, as the sandbox no longer does.
 with workflow.unsafe.imports_passed_through():
     from workflows.notifier import Notifier
-    from workflows.routing import ToolRoutes
+    from workflows.routing import GaveUp, ToolRoutes
     from workflows.status import StatusBoard
     from workflows.timeouts import BOOKKEEPING, MODEL_CALL, TOOL_CALL
     from workflows.write_path import SETTLED, Inbox, WritePath
@@ -281,26 +285,31 @@ class RoundtableWorkflow:
             and self.state.snapshot.granted(seat, call.name)
         ):
 
-            async def read(routed: dict) -> ToolOutcome:
-                if self._inbox.ending:  # waited for a tool worker until the run ended
-                    return _run_ended(call)
-                return await self._interruptible_activity(
+            def read(routed: dict, prior_attempt: bool):  # type: ignore[no-untyped-def]
+                return self._interruptible_activity(
                     RunActivities.run_read_tool,
                     ReadToolInput(
                         run_id=self.state.run_id,
                         seat=seat,
                         call=call,
                         snapshot=self.state.snapshot,
+                        prior_attempt=prior_attempt,
                     ),
                     start_to_close_timeout=TOOL_CALL,
                     summary=f"read {call.name} for {seat}",
                     **routed,
                 )
 
-            return await self._routes.until_served(call.name, read)
+            try:
+                key = f"{seat}:r{round_number}:{call.id}"
+                return await self._routes.until_served(
+                    call.name, key, read, lambda: bool(self._inbox.ending)
+                )
+            except GaveUp:  # waited for a tool worker until the run ended
+                return _run_ended(call)
         async with self._status.carrying():
             pending = await self._intercept(
-                call.name,
+                seat,
                 InterceptInput(
                     run_id=self.state.run_id,
                     session_id=self.state.session_id,
@@ -319,26 +328,57 @@ class RoundtableWorkflow:
             self._status.told(pending.run_status)
         return await self._writes.steer(pending)
 
-    async def _intercept(self, tool_name: str, inp: InterceptInput, summary: str):  # type: ignore[no-untyped-def]
+    async def _intercept(self, seat: str, inp: InterceptInput, summary: str) -> PendingWrite:
         """Record a write: a local activity, or on the tool's own worker when
-        tool workers serve it (only they hold its code)."""
-        if self._routes.queue(tool_name) is None:
+        tool workers serve it (only they hold its code). Waiting for one, the
+        approval's deadline is counted from each attempt, and a run that ends
+        meanwhile withdraws whatever an attempt may have recorded."""
+        call = inp.call
+        if self._routes.queue(call.name) is None:
             return await workflow.execute_local_activity_method(
                 WriteActivities.intercept_write,
                 inp,
                 start_to_close_timeout=BOOKKEEPING,
                 summary=summary,
             )
-        return await self._routes.until_served(
-            tool_name,
-            lambda routed: workflow.execute_activity_method(
+        timeout = timedelta(seconds=self.request.approval_timeout_seconds)
+
+        def attempt(routed: dict, _prior: bool):  # type: ignore[no-untyped-def]
+            # Idempotent (keyed by run, seat, round and call): may run again.
+            fresh = inp.model_copy(update={"approval_deadline": workflow.now() + timeout})
+            return self._interruptible_activity(
                 WriteActivities.intercept_write,
-                inp,
+                fresh,
                 start_to_close_timeout=BOOKKEEPING,
                 summary=summary,
                 **routed,
-            ),
-        )
+            )
+
+        key = f"{inp.run_id}:{seat}:r{inp.round}:{call.id}"
+        try:
+            return await self._routes.until_served(
+                call.name, key, attempt, lambda: bool(self._inbox.ending)
+            )
+        except (GaveUp, ActivityError) as exc:
+            if not self._inbox.ending:
+                raise
+            # The run is ending: an attempt may have recorded the write before
+            # its worker was lost; it will not run.
+            await workflow.execute_local_activity_method(
+                WriteActivities.withdraw_call,
+                CallRef(run_id=inp.run_id, idempotency_key=key),
+                start_to_close_timeout=BOOKKEEPING,
+                summary="withdraw write: the run is ending",
+            )
+            workflow.logger.info("intercept of %s given up: %s", call.name, exc)
+            return PendingWrite(
+                action_id="",
+                call_id=call.id,
+                seat=seat,
+                tool_name=call.name,
+                status=REFUSED,
+                rejection=_run_ended(call),
+            )
 
     # ================================================================= ending
 
@@ -454,18 +494,33 @@ class RoundtableWorkflow:
         refusal = self._decision_refusal(decision.approval_id)
         if refusal:
             raise ApplicationError(refusal, type=CONFLICT)
+        pending = self.state.pending_approvals[decision.approval_id]
         async with self._status.carrying():
-            out = await self._handler_activity(
-                WriteActivities.decide_approval,
-                RecordDecisionInput(
-                    decision=decision,
-                    snapshot=self.state.snapshot,
-                    write_policy=self.request.write_policy,
-                    run_status=self._status.once_decided(decision.approval_id),
-                ),
-                f"record {decision.decision}",
-                tool=self.state.pending_approvals[decision.approval_id].tool_name,
-            )
+            try:
+                out = await self._handler_activity(
+                    WriteActivities.decide_approval,
+                    RecordDecisionInput(
+                        decision=decision,
+                        snapshot=self.state.snapshot,
+                        write_policy=self.request.write_policy,
+                        run_status=self._status.once_decided(decision.approval_id),
+                    ),
+                    f"record {decision.decision}",
+                    tool=pending.tool_name,
+                )
+            except ApplicationError as exc:
+                if self._routes.queue(pending.tool_name) is None:
+                    raise
+                # On a tool worker that failed, the decision may have been
+                # recorded all the same: follow the store, and answer with it.
+                now = await self._writes.check_approval(pending)
+                if now == decision.decision:  # what was asked is what stands
+                    return now
+                if now == ApprovalStatus.PENDING:
+                    raise
+                raise ApplicationError(
+                    f"approval {decision.approval_id!r} is {now} ({exc})", type=CONFLICT
+                ) from exc
             self._status.told(out.run_status)
         if out.edits:
             self._inbox.edits[out.approval_id] = out.edits
@@ -529,12 +584,26 @@ class RoundtableWorkflow:
         refusal = self._reconcile_refusal(request.action_id)
         if refusal:
             raise refusal
-        out = await self._handler_activity(
-            WriteActivities.reconcile_action,
-            request,
-            f"reconcile as {request.outcome}",
-            tool=self.state.unknown_actions[request.action_id].tool_name,
-        )
+        tool = self.state.unknown_actions[request.action_id].tool_name
+        try:
+            out = await self._handler_activity(
+                WriteActivities.reconcile_action, request, f"reconcile as {request.outcome}", tool
+            )
+        except ApplicationError:
+            if self._routes.queue(tool) is not None:
+                # A tool worker that failed may have reconciled it all the
+                # same: follow the store, then answer.
+                now = await workflow.execute_local_activity_method(
+                    WriteActivities.action_status,
+                    ActionRef(action_id=request.action_id),
+                    start_to_close_timeout=BOOKKEEPING,
+                    summary="check reconciliation",
+                )
+                if now.status in SETTLED:
+                    self._inbox.after_reconcile.setdefault(request.action_id, now.status)
+                    if now.status == request.outcome:  # what was asked is what stands
+                        return now.status
+            raise
         if out.status in SETTLED:
             self._inbox.after_reconcile.setdefault(out.action_id, out.status)
         if out.retry_at is not None:

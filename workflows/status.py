@@ -59,7 +59,12 @@ class StatusBoard:
         if self.state.status in FINAL:
             return self.state.status
         pending = [a for a in self._waiting_on() if a != deciding]
-        if pending or self.state.unknown_actions or self.state.blocked_reason:
+        if (
+            pending
+            or self.state.unknown_actions
+            or self.state.blocked_reason
+            or self.state.unserved_calls
+        ):
             return "waiting_input"
         return "running"
 
@@ -108,7 +113,12 @@ class StatusBoard:
         """Mirror the status to the store, search attributes and UI details."""
         async with self._lock:
             status = self.wanted()
-            shown = (status, len(self._waiting_on()), len(self.state.unknown_actions))
+            shown = (
+                status,
+                len(self._waiting_on()),
+                len(self.state.unknown_actions),
+                *sorted(self.state.unserved_calls.values()),  # worker roles; none before
+            )
             if shown == self._published and not force:
                 self._told = None  # a word about the store is good for one publish
                 return
@@ -164,4 +174,5 @@ class StatusBoard:
             )
         if self.state.blocked_reason:
             lines.append(f"- {self.state.blocked_reason}")
+        lines.extend(f"- {why}" for why in sorted(set(self.state.unserved_calls.values())))
         return "\n".join(lines)

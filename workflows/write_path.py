@@ -40,6 +40,7 @@ from workflows.timeouts import (
     RETRY_BUSY_FIRST,
     RETRY_BUSY_MAX,
     TOOL_CALL,
+    TOOL_WORKER_WAIT_MAX,
 )
 
 SETTLED = (ActionStatus.SUCCEEDED, ActionStatus.FAILED)
@@ -73,8 +74,10 @@ class WritePath:
     ) -> None:
         self.state, self.request, self.inbox = state, request, inbox
         self.status, self.notifier, self.routes = status, notifier, routes
-        # Writes whose last attempt no tool worker took: why they wait.
-        self._unserved: dict[str, str] = {}
+        # Worker roles: writes whose last attempt no tool worker took, and
+        # how long the next attempt waits for one (doubling up to a cap).
+        self._unserved: set[str] = set()
+        self._wait_for_worker: dict[str, timedelta] = {}
 
     async def steer(self, write: PendingWrite) -> ToolOutcome:
         """Steer a write from wherever the store says it stands to its end.
@@ -142,7 +145,7 @@ class WritePath:
                 and self.inbox.refreshes != seen_refreshes
             ):
                 seen_refreshes = self.inbox.refreshes  # the sweep or an extension: look again
-                await self._check_approval(write)
+                await self.check_approval(write)
         if approval_id not in self.inbox.after_decision:  # the run is ending: nobody will decide
             withdrawn = await workflow.execute_local_activity_method(
                 WriteActivities.withdraw_write,
@@ -170,7 +173,8 @@ class WritePath:
         )
         self.follow(write, expired, answered=True)
 
-    async def _check_approval(self, write: PendingWrite) -> None:
+    async def check_approval(self, write: PendingWrite) -> str:
+        """Follow the store's word on the approval; returns its status."""
         seen = await workflow.execute_local_activity_method(
             WriteActivities.approval_status,
             ApprovalRef(approval_id=write.approval_id),
@@ -178,6 +182,7 @@ class WritePath:
             summary="check approval",
         )
         self.follow(write, seen)
+        return seen.approval_status
 
     def follow(self, write: PendingWrite, seen, answered: bool = False) -> None:  # type: ignore[no-untyped-def]
         """Take the database's word on an approval: decided only once it is no
@@ -212,6 +217,11 @@ class WritePath:
                 )
             else:
                 done = await self._attempt(write)
+            if self.routes.queue(write.tool_name) is not None:  # worker roles
+                unserved = write.action_id in self._unserved
+                self._unserved.discard(write.action_id)
+                reason = no_worker(write.tool_name, self.routes.queue(write.tool_name))
+                await self.routes.unserved(write.action_id, reason if unserved else None)
             if done.status in SETTLED:
                 self.state.blocked_reason = None
                 await self.status.publish()
@@ -228,7 +238,7 @@ class WritePath:
                 f"{write.tool_name} for {write.seat} waits: another action on its target "
                 "is unknown and must be reconciled"
                 if blocked
-                else self._unserved.pop(write.action_id, None)
+                else None
             )
             await self.status.publish()
             ending = bool(self.inbox.ending)
@@ -251,7 +261,7 @@ class WritePath:
         """One execution. Never interrupted by the run ending: a write under
         way always reaches a recorded outcome."""
         heartbeat = timedelta(seconds=self.request.heartbeat_timeout_seconds)
-        routed = self.routes.options(write.tool_name)  # empty: this worker runs it
+        routed = self.routes.options(write.tool_name, self._wait_for_worker.get(write.action_id))
         try:
             return await workflow.execute_activity_method(
                 WriteActivities.execute_write,
@@ -263,13 +273,14 @@ class WritePath:
                 ),
                 start_to_close_timeout=TOOL_CALL,
                 heartbeat_timeout=heartbeat,
-                retry_policy=ONCE,
                 summary=f"execute {write.tool_name} for {write.seat}",
-                **routed,
+                **{"retry_policy": ONCE, **routed},
             )
         except ActivityError as exc:
             if routed and never_started(exc):  # nothing ran: it waits, and says why
-                self._unserved[write.action_id] = no_worker(write.tool_name, routed["task_queue"])
+                waited = routed["schedule_to_start_timeout"]
+                self._wait_for_worker[write.action_id] = min(waited * 2, TOOL_WORKER_WAIT_MAX)
+                self._unserved.add(write.action_id)
             return await workflow.execute_local_activity_method(
                 WriteActivities.settle_write,
                 ActionRef(action_id=write.action_id),

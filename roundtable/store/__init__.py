@@ -124,6 +124,7 @@ class Store:
     list_actions = _on("actions", Actions.list)
     get_action_arguments = _on("actions", Actions.arguments)
     withdraw_action = _on("actions", Actions.withdraw)
+    find_action_by_idempotency_key = _on("actions", Actions.find_by_idempotency_key)
     check_reconcilable = _on("actions", Actions.check_reconcilable)
     reconcile_action = _on("actions", Actions.reconcile)
 

@@ -170,14 +170,14 @@ class Actions:
         ``run_status`` (as that transaction left them). An action found again
         carries neither: its caller reads what it needs."""
         data = _validated_action_fields(fields)
-        existing = await self._find_by_idempotency_key(data["idempotency_key"])
+        existing = await self.find_by_idempotency_key(data["idempotency_key"])
         if existing is not None:
             return self._same_action_or_conflict(existing, data)
         try:
             return await self._insert_action(data, run_status)
         except IntegrityError:
             # Lost a race with an identical insert: answer as if we came second.
-            existing = await self._find_by_idempotency_key(data["idempotency_key"])
+            existing = await self.find_by_idempotency_key(data["idempotency_key"])
             if existing is None:
                 raise
             return self._same_action_or_conflict(existing, data)
@@ -188,7 +188,8 @@ class Actions:
             return existing
         raise ConflictError("idempotency key already belongs to a different action")
 
-    async def _find_by_idempotency_key(self, key: str) -> dict[str, Any] | None:
+    async def find_by_idempotency_key(self, key: str) -> dict[str, Any] | None:
+        """The action recorded for this write call, if any."""
         async with self.db.reader() as session:
             row = (
                 await session.execute(select(ActionRow).where(ActionRow.idempotency_key == key))

@@ -1,0 +1,473 @@
+"""Worker roles when things go wrong: tool workers dying mid-call, missing,
+moved or misconfigured; runs ending while calls wait for one; decisions
+waiting for one. Written by an adversarial review of the first version (each
+failed on it). Real time-skipping server (the real dev server where the
+time-skipping one hands a retry to a worker that is shutting down), real
+workers, real SQLite store and demo ticket system."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from temporalio.client import WorkflowFailureError
+
+from roundtable import operations
+from roundtable.config import Settings
+from roundtable.models import Decision
+from roundtable.names import DECIDE_UPDATE
+from roundtable.permissions import MAX_ATTESTATION_AGE, Decider, attest
+from roundtable.store import ConflictError
+from roundtable.tools.registry import ToolContext, ToolDefinition, ToolRegistry
+from roundtable.tools.tickets import TicketUpdateArgs
+from tests.test_edits import decide
+from tests.test_worker_roles import (
+    AUTO,
+    AUTO_R1,
+    TOOLS_QUEUE,
+    WAIT,
+    lost_before_acting,
+    publish,
+    tool_worker,
+    workflows_only,
+)
+from tests.test_workflow_execution import reconcile, wrap_tool
+from tests.workflow_harness import TRUSTING, Harness, harness, script, ticket_call
+from worker import build_worker, tool_queues
+
+
+async def _ended_within(h: Harness, handle: Any, seconds: float) -> bool:
+    """Whether the workflow closed within ``seconds`` of real time."""
+    with h.env.auto_time_skipping_disabled():
+        try:
+            await asyncio.wait_for(handle.result(), timeout=seconds)
+        except WorkflowFailureError:
+            return True
+        except TimeoutError:
+            return False
+    return True
+
+
+# --------------------------------------------------------------- 1. liveness
+
+
+async def test_a_run_cancelled_while_its_write_waits_for_a_tool_worker_ends(tmp_path) -> None:
+    """A write's intercept waits for a tool worker (until_served loops for
+    ever); the run is cancelled. _end_early waits for every tool-call task,
+    and the intercept loop never looks at the run ending (the read's loop
+    does): the cancelled run never ends while no tool worker comes."""
+    calls = [ticket_call("ticket_comment", "T-1")]
+    async with harness(tmp_path, worker_factory=workflows_only) as h:
+        await publish(h, "rt-review-nobody")  # its tool worker is gone
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO, **WAIT
+        )
+        await h.wait_for(handle, lambda s: bool(s.unserved_calls))
+        await handle.cancel()
+        ended = await _ended_within(h, handle, 20)
+        run = await h.store.get_run(handle.id)
+        if not ended:
+            await handle.terminate(reason="review test cleanup")
+    assert ended, "the cancelled run is still waiting for a tool worker to intercept its write"
+    assert run["status"] == "cancelled"
+
+
+# --------------------------------------------------------------- 2. a read run twice
+
+
+class _Ref(BaseModel):
+    record_id: str
+
+
+def untrusted_read(calls: list[str], entered: asyncio.Event):  # type: ignore[no-untyped-def]
+    """An MCP-like read whose read-only hint is not trusted (retry_safe=False):
+    it must run at most once. Its first call hangs (the worker will die)."""
+
+    def customize(registry: ToolRegistry, _tickets: Any) -> None:
+        async def handler(args: _Ref, ctx: ToolContext) -> dict:
+            calls.append(args.record_id)
+            if len(calls) == 1:
+                entered.set()
+                await asyncio.Event().wait()  # the worker dies meanwhile
+            return {"record_id": args.record_id}
+
+        registry.register(
+            ToolDefinition(
+                name="records_lookup",
+                description="Look a record up (its server says read-only).",
+                side_effect="read",
+                risk_level="R0",
+                handler=handler,
+                args_model=_Ref,
+                retry_safe=False,
+            )
+        )
+
+    return customize
+
+
+async def test_an_untrusted_read_is_not_run_again_after_its_worker_died(tmp_path) -> None:
+    """run_read_tool keeps Temporal's default retry policy. Its first attempt
+    reached the tool, then the tool worker died: Temporal retries (attempt 2).
+    Without routing, attempt 2 runs on a worker and answers not_retried. With
+    routing, attempt 2 waits for a tool worker, times out schedule-to-start,
+    and until_served takes that for "never started" and schedules a brand-new
+    activity (attempt 1 again): the untrusted read runs a second time."""
+    calls: list[str] = []
+    entered = asyncio.Event()
+    read = {"name": "records_lookup", "args": {"record_id": "r-1"}}
+    # The real dev server: the time-skipping one hands the retry to the
+    # worker that is shutting down, which the real server does not.
+    async with harness(
+        tmp_path,
+        worker_factory=workflows_only,
+        customize=untrusted_read(calls, entered),
+        dev_server=True,
+    ) as h:
+        await publish(h)
+        first = build_worker(
+            h.client,
+            TOOLS_QUEUE,
+            h.store,
+            h.registry,
+            authority=TRUSTING,
+            role="tools",
+            graceful_shutdown_timeout=timedelta(0),
+        )
+        running = asyncio.create_task(first.run())
+        handle = await h.start(task_text="t", script=script(("seat-1", 1, [read])), **WAIT)
+        await asyncio.wait_for(entered.wait(), 20)
+        await first.shutdown()  # the tool worker dies mid-call
+        await running
+        # The retry finds no tool worker; the run says it waits for one.
+        await h.wait_for(handle, lambda s: bool(s.unserved_calls), within=30)
+        async with tool_worker(h):
+            assert (await handle.result()).status == "completed"
+    assert calls == ["r-1"], f"the untrusted read ran {len(calls)} times"
+
+
+# --------------------------------------------------------------- 3. fence skipped
+
+
+async def test_a_tool_worker_lacking_the_tool_never_records_failed_unfenced(tmp_path) -> None:
+    """Tool workers on the shared tool queue need not all have the same tools
+    (MCP configs differ by host, a server lists other tools after an upgrade);
+    the catalog keeps one queue per tool, the last publisher's. A `failed`
+    reconciliation that lands on a tool worker lacking the tool skips the
+    fence (tools_here is True on every tools worker), so the frozen attempt's
+    late write lands after the operator's "failed"."""
+    async with harness(tmp_path, worker_factory=workflows_only) as h:
+        original = h.registry.tools["ticket_update"].handler
+        wrap_tool(h.registry, "ticket_update", lost_before_acting)
+        await publish(h)
+        async with tool_worker(h):
+            run = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
+            handle = await h.start(task_text="t", script=run, write_policy=AUTO)
+            state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+            (action_id,) = state.unknown_actions
+        # Another tool worker on the same queue, without the ticket tools.
+        other = ToolRegistry(
+            tools={k: v for k, v in h.registry.tools.items() if not k.startswith("ticket_")}
+        )
+        lacking = build_worker(
+            h.client, TOOLS_QUEUE, h.store, other, authority=TRUSTING, role="tools"
+        )
+        async with lacking:
+            try:
+                outcome = await reconcile(handle, action_id, "failed")
+            except Exception as exc:  # refused: what a workflows worker does
+                outcome = f"refused: {exc}"
+            await handle.terminate(reason="review test cleanup")
+        action = await h.store.get_action(action_id)
+        # The attempt frozen past its lease writes late, with its own token.
+        late: Any = "not tried"
+        if action["status"] == "failed":
+            try:
+                late = await original(
+                    TicketUpdateArgs(tenant_id="acme", ticket_id="T-1", fields={"p": "late"}),
+                    ToolContext(
+                        run_id=handle.id,
+                        seat="seat-1",
+                        action_id=action_id,
+                        idempotency_key=action["idempotency_key"],
+                        fencing_token=action["fencing_token"],
+                    ),
+                )
+            except Exception as exc:  # refused as stale: what the fence is for
+                late = exc
+        log = await h.tickets.write_log()
+    applied_late = [w for w in log if w["outcome"] == "applied"]
+    assert not applied_late, (
+        f"reconciled {outcome!r} without a fence (result {action['result']}); "
+        f"then the late write landed: {applied_late} ({late!r})"
+    )
+
+
+# --------------------------------------------------------------- 4. the main queue
+
+
+def test_a_tool_worker_does_not_share_the_main_task_queue_by_default() -> None:
+    """ROUNDTABLE_TOOL_TASK_QUEUE defaults to ROUNDTABLE_TASK_QUEUE: a
+    `--role tools` worker started without it polls the workflows workers'
+    queue and publishes it in the catalog. Every routed call may then be taken
+    by a workflows worker (see the next test). It should be refused at start
+    (or default to a queue of its own)."""
+    registry = ToolRegistry()
+    registry.tools = {"ticket_update": None}  # type: ignore[dict-item]
+    settings = Settings(worker_role="tools", task_queue="roundtable")
+    try:
+        queues = tool_queues(settings, registry)
+    except ValueError:
+        return  # refused: fine
+    assert settings.task_queue not in queues, queues
+
+
+async def test_a_write_routed_to_the_main_queue_is_not_refused_by_a_workflows_worker(
+    tmp_path,
+) -> None:
+    """The catalog names the main task queue (a tool worker started with the
+    default tool queue, restarting just now). The routed intercept is taken by
+    the workflows worker, whose registry is empty: the write is refused for
+    good as invalid_arguments ("not available on this worker") instead of
+    waiting for a tool worker. (A run_read_tool or execute_write taken there
+    fails as not registered and is retried with no word in the details.)"""
+    calls = [ticket_call("ticket_comment", "T-1")]
+    async with harness(tmp_path, worker_factory=workflows_only) as h:
+        await publish(h, h.task_queue)
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO, **WAIT
+        )
+        try:  # refused at once (the defect), or still waiting for a tool worker
+            state = await h.wait_for(handle, lambda s: s.status == "completed", within=10)
+        except AssertionError:
+            state = await h.state(handle)
+            await handle.terminate(reason="review test cleanup")
+    said = repr(state.threads.get("seat-1"))
+    assert "not available on this worker" not in said, said
+
+
+# --------------------------------------------------------------- 5. stale route
+
+
+async def test_an_unknown_is_reconcilable_once_its_tool_moved_to_another_queue(tmp_path) -> None:
+    """The run pinned ticket_update to one queue; the tool workers now serve
+    it on another (ROUNDTABLE_TOOL_TASK_QUEUE changed, or --tools added), and
+    the catalog says so. operations.reconcile (API, CLI) goes through the open
+    workflow, whose pinned route has no worker: NoToolWorker (a conflict), and
+    no fallback to the reconciliation workflow that reads the catalog. The
+    unknown, and with it its target for every run, stays blocked until the
+    run is terminated or a worker polls the old queue again."""
+    async with harness(tmp_path, worker_factory=workflows_only) as h:
+        wrap_tool(h.registry, "ticket_update", lost_before_acting)
+        await publish(h)
+        async with tool_worker(h):
+            run = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
+            handle = await h.start(task_text="t", script=run, write_policy=AUTO, **WAIT)
+            state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+            (action_id,) = state.unknown_actions
+        await publish(h, "rt-review-moved")
+        async with tool_worker(h, "rt-review-moved"):
+            with h.env.auto_time_skipping_disabled():
+                try:
+                    done = await operations.reconcile(
+                        h.client, h.store, action_id, "failed", "op-1", "checked", h.task_queue
+                    )
+                except ConflictError as exc:
+                    done = {"status": f"refused: {exc}"}
+            await handle.terminate(reason="review test cleanup")
+    assert done["status"] == "failed", done
+
+
+# --------------------------------------------------------------- 6. --tools " , "
+
+
+def test_a_tools_list_of_nothing_is_not_every_tool() -> None:
+    """`--tools ","` (or a templated ROUNDTABLE_WORKER_TOOLS that came out
+    empty of names) limits the worker to nothing, yet it serves every tool on
+    the shared queue: the limit silently widens to all."""
+    registry = ToolRegistry()
+    registry.tools = {"ticket_get": None, "ticket_update": None}  # type: ignore[dict-item]
+    with pytest.raises(ValueError):
+        tool_queues(Settings(tool_task_queue="tq", worker_tools=" , "), registry)
+
+
+# --------------------------------------------------------------- 7. one bad catalog row
+
+
+async def test_one_unreadable_catalog_row_does_not_stop_every_run(tmp_path) -> None:
+    """ensure_run validates every catalog row (ToolSpec forbids unknown
+    fields) before it builds the snapshot, outside any typed error: a row
+    published by a newer tool worker (a spec field this worker does not know)
+    makes every new run's ensure_run fail and retry for ever, even a run that
+    names only other tools."""
+    calls = [ticket_call("ticket_get", "T-1")]
+    async with harness(tmp_path, worker_factory=workflows_only) as h:
+        await publish(h)
+        future = {**h.registry.tools["ticket_get"].spec().model_dump(mode="json")}
+        future.update(name="records_search", idempotent_hint=True)  # a field from later code
+        await h.store.publish_tools([future], TOOLS_QUEUE, "a-newer-tool-worker")
+        async with tool_worker(h):
+            handle = await h.start(
+                task_text="t", script=script(("seat-1", 1, calls)), tools=["ticket_get"]
+            )
+            try:
+                await h.wait_for(handle, lambda s: s.status == "completed", within=20)
+                opened = True
+            except AssertionError:
+                opened = False
+                await handle.terminate(reason="review test cleanup")
+    assert opened, "the run never opened: ensure_run fails on a catalog row it does not need"
+
+
+# --------------------------------------------------------------- 8. attestation outlived
+
+
+async def test_a_decision_queued_past_its_attestation_keeps_the_tenant_check(tmp_path) -> None:
+    """A routed decision waits in the tool queue for up to the run's
+    tool_worker_wait_seconds (the API allows 3600) and is retried past that.
+    An attestation is good for MAX_ATTESTATION_AGE (10 min); one that has
+    aged in the queue reads as "nobody vouched" (role None, tenants None),
+    and then decide_approval skips the tenant check altogether. A
+    globex-only approver's approval of an acme write, refused when fresh,
+    is recorded as approved once it waited long enough for a tool worker.
+    (The wait of more than ten minutes is stood in for by an attestation
+    made 10 min - 3 s before the decision is sent; the decision then waits
+    8 s for the tool worker.)"""
+    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]  # tenant acme
+    async with harness(tmp_path, worker_factory=workflows_only) as h:
+        await publish(h)
+        async with tool_worker(h):
+            handle = await h.start(
+                task_text="t",
+                script=script(("seat-1", 1, calls)),
+                write_policy=AUTO_R1,
+                tool_worker_wait_seconds=900,
+            )
+            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        gina = Decider(user_id="gina", role="user", tenants=("globex",))
+        decision = attest(
+            Decision(approval_id=approval_id, decision="approved", decided_by="gina"),
+            gina,
+            datetime.now(UTC) - MAX_ATTESTATION_AGE + timedelta(seconds=3),
+        )
+        with h.env.auto_time_skipping_disabled():
+            update = asyncio.create_task(
+                handle.execute_update(DECIDE_UPDATE, decision, result_type=str)
+            )
+            await asyncio.sleep(8)  # no tool worker: the decision waits in its queue
+            async with tool_worker(h):
+                try:
+                    outcome: Any = await asyncio.wait_for(update, 30)
+                except Exception as exc:
+                    outcome = f"refused: {exc!r} {getattr(exc, 'cause', '')}"
+                approval = await h.store.get_approval(approval_id)
+            await handle.terminate(reason="review test cleanup")
+    assert approval["status"] == "pending", (
+        f"a globex-only approver's decision on an acme write was recorded: {outcome!r}, "
+        f"decided by {approval.get('decided_by')!r}"
+    )
+
+
+# --------------------------------------------------------------- 10. "changes nothing"
+
+
+class _DiesAfterDeciding:
+    """The tool worker's store: the decision commits, then the worker dies
+    before it can report it (stands in for a crash right after the commit)."""
+
+    def __init__(self, store: Any, committed: asyncio.Event) -> None:
+        self._store, self._committed = store, committed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def decide_approval(self, *args: Any, **kwargs: Any) -> Any:
+        await self._store.decide_approval(*args, **kwargs)
+        self._committed.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_decision_refused_with_no_tool_worker_changed_nothing(tmp_path) -> None:
+    """README: a decision that needs a missing tool worker "is refused
+    (NoToolWorker, HTTP 409) and changes nothing". The routed decide_approval
+    keeps the default retry policy: attempt 1 committed the decision and its
+    worker died; attempt 2 found no tool worker, timed out schedule-to-start,
+    and ToolRoutes.once reported NoToolWorker. The approver is told nothing
+    was done, the store says approved, and the run still waits on it."""
+    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
+    committed = asyncio.Event()
+    async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
+        await publish(h)
+        async with tool_worker(h):
+            handle = await h.start(
+                task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO_R1, **WAIT
+            )
+            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        dying = build_worker(
+            h.client,
+            TOOLS_QUEUE,
+            _DiesAfterDeciding(h.store, committed),
+            h.registry,
+            authority=TRUSTING,
+            role="tools",
+            graceful_shutdown_timeout=timedelta(0),
+        )
+        running = asyncio.create_task(dying.run())
+        update = asyncio.create_task(decide(handle, approval_id))
+        await asyncio.wait_for(committed.wait(), 20)
+        await dying.shutdown()
+        await running
+        try:
+            outcome: Any = await asyncio.wait_for(update, 30)
+        except Exception as exc:
+            outcome = f"refused: {getattr(exc, 'cause', exc)}"
+        approval = await h.store.get_approval(approval_id)
+        await handle.terminate(reason="review test cleanup")
+    assert not (str(outcome).startswith("refused") and approval["status"] != "pending"), (
+        f"told {outcome!r}, while the store says the approval is {approval['status']}"
+    )
+
+
+# --------------------------------------------------------------- 11. an outage fails the run
+
+
+async def test_a_tool_worker_outage_longer_than_the_approval_timeout_does_not_fail_the_run(
+    tmp_path,
+) -> None:
+    """The approval's deadline is computed (workflow.now() +
+    approval_timeout_seconds) before the intercept, and the intercept now
+    waits for a tool worker for as long as it takes. After a tool-worker
+    outage longer than the approval timeout (1 h by default) the intercept
+    finally runs with a deadline in the past: the store refuses it
+    ("expires_at must be in the future", InvalidInput, not retried) and the
+    whole run FAILS. An ordinary outage fails every run that was about to ask
+    for an approval."""
+    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
+    async with harness(tmp_path, worker_factory=workflows_only) as h:
+        await publish(h)
+        handle = await h.start(
+            task_text="t",
+            script=script(("seat-1", 1, calls)),
+            write_policy=AUTO_R1,
+            approval_timeout_seconds=5,
+            **WAIT,
+        )
+        await h.wait_for(handle, lambda s: bool(s.unserved_calls))
+        with h.env.auto_time_skipping_disabled():
+            await asyncio.sleep(7)  # the outage outlasts the approval timeout
+            async with tool_worker(h):
+                for _ in range(100):  # until the write is recorded or the run ended
+                    actions = await h.store.list_actions(handle.id)
+                    run = await h.store.get_run(handle.id)
+                    if actions or run["status"] in ("failed", "completed", "cancelled"):
+                        break
+                    await asyncio.sleep(0.1)
+                if run["status"] not in ("failed", "completed", "cancelled"):
+                    await handle.terminate(reason="review test cleanup")
+    assert run["status"] != "failed", f"the run failed: {run['failure']}"
+    assert actions and actions[0]["status"] == "waiting_approval", actions
