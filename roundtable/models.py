@@ -597,7 +597,9 @@ class RunState(Model):
     unknown_actions: dict[str, PendingWrite] = Field(default_factory=dict)
     final_answer: str | None = None
     usage: TokenUsage = Field(default_factory=TokenUsage)
-    blocked_reason: str | None = None
+    blocked_reason: str | None = None  # runs from before per-write reasons
+    # Writes waiting for another action's reconciliation: action → why.
+    blocked_writes: dict[str, str] = Field(default_factory=dict)
     webhook_urls: list[str] = Field(default_factory=list)
     expiring_lead_seconds: int = 300
     # Tools served by tool workers elsewhere (worker roles): the task queue

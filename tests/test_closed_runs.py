@@ -102,7 +102,7 @@ async def test_an_unknown_of_a_closed_run_is_reconciled_and_unblocks_its_target(
     ):
         run_id, action_id = await unknown_then_closed(h, how)
         waiting = await h.start(task_text="t", script=update(owner="b"), write_policy=AUTO)
-        await h.wait_for(waiting, lambda s: s.blocked_reason is not None)
+        await h.wait_for(waiting, lambda s: bool(s.blocked_writes))
 
         assert await reconcile_via(via, h, api, tmp_path, run_id, action_id) == "succeeded"
         settled = await h.store.get_action(action_id)

@@ -82,7 +82,7 @@ async def test_a_refused_renewal_cancels_the_tool_before_it_writes(tmp_path) -> 
         second = await h.start(
             task_text="t", script=SECOND_UPDATE, write_policy=AUTO, heartbeat_timeout_seconds=3
         )
-        await h.wait_for(second, lambda s: s.blocked_reason is not None)
+        await h.wait_for(second, lambda s: bool(s.blocked_writes))
         assert [a["status"] for a in await h.store.list_actions(second.id)] == ["approved"]
 
         assert list(state.unknown_actions) == [action["id"]]

@@ -28,7 +28,9 @@ from workflows.sweep import SweepWorkflow
 # once a write's intercept and decision carried the run's status; in
 # recorded-with-waking-writes/, once a refresh woke a write waiting for its
 # target (the timer it waited on cancelled); in recorded-with-worker-roles/,
-# runs whose tool calls went to a tool worker's queue. A new command order
+# runs whose tool calls went to a tool worker's queue; in
+# recorded-with-per-write-blocked/, runs that keep one blocked reason a write.
+# A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {
     f"{path.parent.name}/{path.stem}": path.read_text()

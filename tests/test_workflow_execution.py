@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 from datetime import datetime
@@ -13,6 +14,7 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from roundtable.models import ReconcileInput
 from roundtable.security import derive_target
+from roundtable.store import NotFoundError
 from roundtable.tools.registry import ToolRegistry
 from tests.workflow_harness import Harness, as_operator, harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
@@ -217,7 +219,7 @@ async def test_target_blocked_by_unknown_waits_for_reconciliation(tmp_path) -> N
             script=script(("seat-1", 1, [ticket_call("ticket_update")])),
             write_policy=AUTO,
         )
-        state = await h.wait_for(handle, lambda s: s.blocked_reason is not None)
+        state = await h.wait_for(handle, lambda s: bool(s.blocked_writes))
         assert state.status == "waiting_input"
         assert (await h.store.get_run(handle.id))["status"] == "waiting_input"
         await h.store.reconcile_action(holder, "failed", "op", "did not happen")
@@ -297,3 +299,36 @@ async def test_a_write_whose_arguments_cannot_be_opened_fails_and_never_runs(tmp
         assert action["status"] == "failed"
         assert action["result"]["error_code"] == "arguments_unreadable"
         assert await h.tickets.write_log() == []
+
+
+async def test_one_writes_end_does_not_erase_anothers_blocked_reason(tmp_path) -> None:
+    """Two seats write at once: one to a ticket an unknown action blocks, one
+    to a free ticket. When the free one's write ends, the run still shows
+    that it waits for a reconciliation (one shared line once made it say
+    `running`, found by the scale-out load test)."""
+    both = script(
+        ("seat-1", 1, [ticket_call("ticket_update", "T-1")]),
+        ("seat-2", 1, [ticket_call("ticket_update", "T-2")]),
+    )
+    async with harness(tmp_path) as h:
+        holder = await hold_target(h, "T-1")
+        await h.store.record_action_terminal_result(
+            holder, "unknown", {"error_code": "x"}, attempt_over=True
+        )
+        handle = await h.start(task_text="t", script=both, mode="parallel", write_policy=AUTO)
+        for _ in range(200):  # until the free ticket's write has ended
+            with contextlib.suppress(NotFoundError):  # the run is not recorded yet
+                actions = await h.store.list_actions(handle.id)
+                if any(a["status"] == "succeeded" for a in actions):
+                    break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the free ticket's write never ended")
+        state = await h.wait_for(handle, lambda s: bool(s.blocked_writes))
+        (why,) = state.blocked_writes.values()
+        assert "seat-1 waits: another action on its target is unknown" in why
+        assert state.status == "waiting_input"
+        assert (await h.store.get_run(handle.id))["status"] == "waiting_input"
+        await h.store.reconcile_action(holder, "failed", "op", "did not happen")
+        done = await h.wait_for(handle, lambda s: s.status == "completed")
+        assert done.blocked_writes == {}

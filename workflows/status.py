@@ -63,6 +63,7 @@ class StatusBoard:
             pending
             or self.state.unknown_actions
             or self.state.blocked_reason
+            or self.state.blocked_writes
             or self.state.unserved_calls
         ):
             return "waiting_input"
@@ -117,7 +118,9 @@ class StatusBoard:
                 status,
                 len(self._waiting_on()),
                 len(self.state.unknown_actions),
-                *sorted(self.state.unserved_calls.values()),  # worker roles; none before
+                # Lines added since (worker roles, per-write reasons): none before.
+                *sorted(self.state.unserved_calls.values()),
+                *sorted(self.state.blocked_writes.values()),
             )
             if shown == self._published and not force:
                 self._told = None  # a word about the store is good for one publish
@@ -174,5 +177,6 @@ class StatusBoard:
             )
         if self.state.blocked_reason:
             lines.append(f"- {self.state.blocked_reason}")
+        lines.extend(f"- {why}" for why in sorted(set(self.state.blocked_writes.values())))
         lines.extend(f"- {why}" for why in sorted(set(self.state.unserved_calls.values())))
         return "\n".join(lines)

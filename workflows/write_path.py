@@ -44,6 +44,9 @@ from workflows.timeouts import (
 )
 
 SETTLED = (ActionStatus.SUCCEEDED, ActionStatus.FAILED)
+# Runs that reach a blocked target after this change keep one reason per
+# write (RunState.blocked_writes) instead of one line for the whole run.
+PER_WRITE_BLOCKED_PATCH = "per-write-blocked-reasons"
 
 
 @dataclass
@@ -223,22 +226,26 @@ class WritePath:
                 reason = no_worker(write.tool_name, self.routes.queue(write.tool_name))
                 await self.routes.unserved(write.action_id, reason if unserved else None)
             if done.status in SETTLED:
-                self.state.blocked_reason = None
+                self._blocked(write, None, always=True)
                 await self.status.publish()
                 return _outcome(write, done.status, done.result or {})
             if done.status == ActionStatus.UNKNOWN:
+                self._blocked(write, None)
                 return await self._await_reconciliation(write, done.result, seen_refreshes)
             if done.status == ActionStatus.REJECTED and self.inbox.new_rules:  # withdrawn
+                self._blocked(write, None)
                 return _outcome(write, done.status, done.result or {"error_code": "not_approved"})
             # Still approved (or executing under another attempt's live lease):
             # the target is busy or blocked, or the attempt failed before it
             # claimed. Wait on a durable timer and try again.
             blocked = done.claim == ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
-            self.state.blocked_reason = (
+            self._blocked(
+                write,
                 f"{write.tool_name} for {write.seat} waits: another action on its target "
                 "is unknown and must be reconciled"
                 if blocked
-                else None
+                else None,
+                always=True,
             )
             await self.status.publish()
             ending = bool(self.inbox.ending)
@@ -256,6 +263,27 @@ class WritePath:
                     timeout_summary=f"target busy, retry {write.tool_name}",
                 )
             wait = min(wait * 2, RETRY_BLOCKED_MAX if blocked else RETRY_BUSY_MAX)
+
+    def _blocked(self, write: PendingWrite, reason: str | None, always: bool = False) -> None:
+        """Say (or, with None, stop saying) that ``write`` waits for another
+        action's reconciliation. Each write has its own line (patch
+        per-write-blocked-reasons): one write's end no longer erases another's
+        reason. Older runs keep the one shared line, which only the settled
+        and retry paths (``always``) ever wrote."""
+        mine = write.action_id in self.state.blocked_writes
+        if reason is None and not mine and self.state.blocked_reason is None:
+            return  # nothing to take back: no marker, no change
+        if not workflow.patched(PER_WRITE_BLOCKED_PATCH):
+            if always:
+                self.state.blocked_reason = reason
+            return
+        # A run from before the patch may still show the shared line: the
+        # write it was about says again if it still waits.
+        self.state.blocked_reason = None
+        if reason is None:
+            self.state.blocked_writes.pop(write.action_id, None)
+        else:
+            self.state.blocked_writes[write.action_id] = reason
 
     async def _attempt(self, write: PendingWrite) -> ExecuteWriteOutput:
         """One execution. Never interrupted by the run ending: a write under
