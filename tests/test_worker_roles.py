@@ -47,6 +47,15 @@ def lost_before_acting(handler):  # type: ignore[no-untyped-def]
     return handle
 
 
+async def unknown_write(h: Harness) -> tuple[WorkflowHandle, str]:
+    """A run whose write to T-1 is unknown (its call lost before it acted)."""
+    run = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
+    handle = await h.start(task_text="t", script=run, write_policy=AUTO)
+    state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+    (action_id,) = state.unknown_actions
+    return handle, action_id
+
+
 def workflows_only(client: Client, queue: str, store, _registry, **options: Any) -> Worker:  # type: ignore[no-untyped-def]
     """The harness's worker as a workflows worker: no tools at all."""
     return build_worker(client, queue, store, ToolRegistry(), role="workflows", **options)
@@ -166,10 +175,7 @@ async def test_an_unknown_write_is_reconciled_and_fenced_on_the_tool_worker(tmp_
         wrap_tool(h.registry, "ticket_update", lost_before_acting)
         await publish(h)
         async with tool_worker(h):
-            run = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
-            handle = await h.start(task_text="t", script=run, write_policy=AUTO)
-            state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
-            (action_id,) = state.unknown_actions
+            handle, action_id = await unknown_write(h)
             assert await reconcile(handle, action_id, "failed") == "failed"
             await handle.result()
             scheduled = await where_scheduled(handle)
@@ -187,10 +193,7 @@ async def test_a_closed_runs_unknown_is_reconciled_through_the_tool_worker(tmp_p
         wrap_tool(h.registry, "ticket_update", lost_before_acting)
         await publish(h)
         async with tool_worker(h):
-            run = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
-            handle = await h.start(task_text="t", script=run, write_policy=AUTO)
-            state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
-            (action_id,) = state.unknown_actions
+            handle, action_id = await unknown_write(h)
             await handle.terminate(reason="gone")
             with h.env.auto_time_skipping_disabled():
                 with pytest.raises(ConflictError, match="runs on tool workers"):

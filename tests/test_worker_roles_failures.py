@@ -32,6 +32,7 @@ from tests.test_worker_roles import (
     lost_before_acting,
     publish,
     tool_worker,
+    unknown_write,
     workflows_only,
 )
 from tests.test_workflow_execution import reconcile, wrap_tool
@@ -164,10 +165,7 @@ async def test_a_tool_worker_lacking_the_tool_never_records_failed_unfenced(tmp_
         wrap_tool(h.registry, "ticket_update", lost_before_acting)
         await publish(h)
         async with tool_worker(h):
-            run = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
-            handle = await h.start(task_text="t", script=run, write_policy=AUTO)
-            state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
-            (action_id,) = state.unknown_actions
+            handle, action_id = await unknown_write(h)
         # Another tool worker on the same queue, without the ticket tools.
         other = ToolRegistry(
             tools={k: v for k, v in h.registry.tools.items() if not k.startswith("ticket_")}

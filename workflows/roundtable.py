@@ -22,7 +22,6 @@ with workflow.unsafe.imports_passed_through():
     from activities.write_activities import WriteActivities
     from roundtable.context_budget import fit_context
     from roundtable.models import (
-        ActionRef,
         CallRef,
         ChatMessage,
         Decision,
@@ -592,17 +591,10 @@ class RoundtableWorkflow:
         except ApplicationError:
             if self._routes.queue(tool) is not None:
                 # A tool worker that failed may have reconciled it all the
-                # same: follow the store, then answer.
-                now = await workflow.execute_local_activity_method(
-                    WriteActivities.action_status,
-                    ActionRef(action_id=request.action_id),
-                    start_to_close_timeout=BOOKKEEPING,
-                    summary="check reconciliation",
-                )
-                if now.status in SETTLED:
-                    self._inbox.after_reconcile.setdefault(request.action_id, now.status)
-                    if now.status == request.outcome:  # what was asked is what stands
-                        return now.status
+                # same: follow the store, and answer with it.
+                now = await self._writes.check_reconciled(request.action_id)
+                if now == request.outcome:  # what was asked is what stands
+                    return now
             raise
         if out.status in SETTLED:
             self._inbox.after_reconcile.setdefault(out.action_id, out.status)

@@ -316,6 +316,19 @@ class WritePath:
                 summary="settle interrupted write",
             )
 
+    async def check_reconciled(self, action_id: str) -> str:
+        """Take the store's word on an unknown action: once settled, it is
+        reconciled here too. Returns its status."""
+        now = await workflow.execute_local_activity_method(
+            WriteActivities.action_status,
+            ActionRef(action_id=action_id),
+            start_to_close_timeout=BOOKKEEPING,
+            summary="check reconciliation",
+        )
+        if now.status in SETTLED:
+            self.inbox.after_reconcile.setdefault(action_id, now.status)
+        return now.status
+
     async def _await_reconciliation(
         self, write: PendingWrite, result: dict | None, seen_refreshes: int
     ) -> ToolOutcome:
@@ -345,14 +358,7 @@ class WritePath:
                 and self.inbox.new_rules
                 and write.action_id not in self.inbox.after_reconcile
             ):
-                now = await workflow.execute_local_activity_method(
-                    WriteActivities.action_status,
-                    ActionRef(action_id=write.action_id),
-                    start_to_close_timeout=BOOKKEEPING,
-                    summary="check reconciliation",
-                )
-                if now.status in SETTLED:
-                    self.inbox.after_reconcile.setdefault(write.action_id, now.status)
+                await self.check_reconciled(write.action_id)
         self.state.unknown_actions.pop(write.action_id, None)
         await self.status.publish()
         status = self.inbox.after_reconcile.get(write.action_id, ActionStatus.UNKNOWN)
