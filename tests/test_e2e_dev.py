@@ -94,8 +94,19 @@ def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_decodes_without_one(
     """Once the UI's codec endpoint carried the operator token: readable at the
     UI's /api/v1/settings, in the temporal process's command line and in the
     API's access log, and never revoked. Now the UI decodes through the
-    loopback endpoint, which takes no token, so no token is on any command line."""
-    with dev_stack(tmp_path) as stack:
+    loopback endpoint, which takes no token, so no token is on any command line.
+    A Temporal API key left in the shell for a real cluster is dropped, unshown:
+    dev runs its own plain server."""
+    api_key = "tmprl-key-from-the-shell-Qx7"
+    with dev_stack(
+        tmp_path,
+        ROUNDTABLE_TEMPORAL_API_KEY=api_key,
+        ROUNDTABLE_TEMPORAL_TLS_SERVER_NAME="temporal.example",
+    ) as stack:
+        stack.wait_for(
+            r"ignoring ROUNDTABLE_TEMPORAL_TLS_SERVER_NAME, ROUNDTABLE_TEMPORAL_API_KEY: "
+            r"roundtable dev runs its own Temporal server"
+        )
         (token_file,) = stack.wait_for(r"operator token: in (\S+) \(readable only by you")
         operator = (tmp_path / token_file).read_text().strip()
         ui = f"http://127.0.0.1:{stack.ui_port}"
@@ -118,8 +129,9 @@ def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_decodes_without_one(
         assert in_path.status_code == 403
         lines = _command_lines()
         assert not any(operator in line or re.search(r"\brt_[\w-]{16}", line) for line in lines)
+        assert not any(api_key in line for line in lines)
         stack.wait_for(r"waiting for approval")
-    assert operator not in stack.output
+    assert operator not in stack.output and api_key not in stack.output
     assert not (tmp_path / token_file).exists()
     assert (tmp_path / ".roundtable" / "roundtable.db").stat().st_mode & 0o077 == 0
     assert (tmp_path / ".roundtable" / "temporal.db").stat().st_mode & 0o077 == 0
