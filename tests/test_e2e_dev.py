@@ -128,8 +128,12 @@ def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_decodes_without_one(
         in_path = httpx.post(f"{api}/codec/t/{operator}/decode", json={"payloads": []})
         assert in_path.status_code == 403
         lines = _command_lines()
-        assert not any(operator in line or re.search(r"\brt_[\w-]{16}", line) for line in lines)
-        assert not any(api_key in line for line in lines)
+        leaked = [
+            line
+            for line in lines
+            if operator in line or api_key in line or re.search(r"\brt_[\w-]{16}", line)
+        ]
+        assert leaked == []
         stack.wait_for(r"waiting for approval")
     assert operator not in stack.output and api_key not in stack.output
     assert not (tmp_path / token_file).exists()
