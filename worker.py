@@ -1,13 +1,23 @@
 """The Roundtable worker: wires the store, tools and activities to Temporal.
 
-Run it as ``roundtable worker`` (or ``python worker.py``). It registers the
-workflows and activities on the task queue and makes sure the sweep schedule
-exists when the sweep is enabled.
+Run it as ``roundtable worker`` (or ``python worker.py``). By role
+(``ROUNDTABLE_WORKER_ROLE``, README "Worker roles"):
+
+- ``all``: workflows and every activity on the task queue, tools included;
+- ``workflows``: workflows and the store's bookkeeping on the task queue; no
+  tool code, no tool credentials; runs route tool calls to tool workers;
+- ``tools``: only the activities that need a tool, on the tool task queue
+  (or, limited to some tools, on a queue of each tool's own), publishing the
+  tools it serves in the store's catalog.
+
+A worker running workflows also makes sure the sweep schedule exists when the
+sweep is enabled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -42,10 +52,7 @@ from roundtable.telemetry.metrics import Metrics
 from roundtable.telemetry.runtime import metrics_runtime
 from roundtable.telemetry.tracing import start_tracing
 from roundtable.temporal import connect
-from roundtable.tools.mcp import load_config, register_mcp_tools
-from roundtable.tools.mcp_sessions import MCPSessions
 from roundtable.tools.registry import ToolRegistry
-from roundtable.tools.tickets import TicketSystem, register_ticket_tools
 from roundtable.webhooks import signing_key
 from workflows.reconcile import ReconcileWorkflow
 from workflows.roundtable import RoundtableWorkflow
@@ -60,7 +67,7 @@ SHUTDOWN_GRACE = timedelta(seconds=30)
 class WorkerParts:
     store: Store
     registry: ToolRegistry
-    tickets: TicketSystem
+    tickets: Any  # the demo TicketSystem; None on a workflows worker
 
 
 @dataclass
@@ -89,9 +96,11 @@ def build_worker(
     webhooks: WebhookConfig | None = None,
     authority: Authority | None = None,
     metrics: Metrics | None = None,
+    role: str = "all",
     **worker_options: Any,
 ) -> Worker:
-    """The worker for these parts; ``worker_options`` go to temporalio's Worker.
+    """The worker for these parts, in ``role`` (all, workflows or tools) on
+    ``task_queue``; ``worker_options`` go to temporalio's Worker.
     ``authority``: who may ask for what (default: from the environment);
     ``metrics``: where to record ours (default: nowhere)."""
     authority = authority or Authority.from_settings(load_settings())
@@ -105,13 +114,25 @@ def build_worker(
         webhooks.expiring_lead_seconds if webhooks else 300,
         authority=authority,
         metrics=metrics,
+        catalog=role == "workflows",
     )
-    writes = WriteActivities(store, registry, client, authority=authority, metrics=metrics)
-    sweep = SweepActivities(store)
-    # Without receivers no run ever asks for a delivery, so no key is needed.
-    hooks = WebhookActivities(
-        store, webhooks.signing_key if webhooks else b"", urls=webhooks.urls if webhooks else []
+    writes = WriteActivities(
+        store,
+        registry,
+        client,
+        authority=authority,
+        metrics=metrics,
+        tools_here=role != "workflows",
     )
+    # What needs a tool's code: on a tool worker, and on a worker doing all.
+    tool_activities = [
+        runs.run_read_tool,
+        writes.intercept_write,
+        writes.execute_write,
+        writes.decide_approval,
+        writes.reconcile_action,
+        writes.reconcile_for_run,
+    ]
     options: dict[str, Any] = {
         # When a worker dies, its runs' next workflow task waits this long on
         # the dead worker's sticky queue before any other worker may take it:
@@ -122,39 +143,78 @@ def build_worker(
         "graceful_shutdown_timeout": SHUTDOWN_GRACE,
         **worker_options,
     }
+    if role == "tools":
+        return Worker(client, task_queue=task_queue, **options, activities=tool_activities)
+    sweep = SweepActivities(store)
+    # Without receivers no run ever asks for a delivery, so no key is needed.
+    hooks = WebhookActivities(
+        store, webhooks.signing_key if webhooks else b"", urls=webhooks.urls if webhooks else []
+    )
+    bookkeeping = [
+        runs.ensure_run,
+        runs.take_turn,
+        runs.set_run_status,
+        writes.extend_approval,
+        writes.expire_approval,
+        writes.approval_status,
+        writes.settle_write,
+        writes.withdraw_write,
+        writes.action_status,
+        writes.signal_sender,
+        sweep.sweep_store,
+        hooks.deliver_webhook,
+    ]
+    if role == "workflows":
+        # The intercept, a decision and a reconciliation stay registered as
+        # local activities of runs whose tools are here (none on this worker:
+        # they refuse rather than guess); reads and writes never run here.
+        here = [writes.intercept_write, writes.decide_approval, writes.reconcile_action]
+        here.append(writes.reconcile_for_run)
+    else:
+        here = tool_activities
     return Worker(
         client,
         task_queue=task_queue,
         **options,
         workflows=[RoundtableWorkflow, SweepWorkflow, ReconcileWorkflow],
-        activities=[
-            runs.ensure_run,
-            runs.take_turn,
-            runs.run_read_tool,
-            runs.set_run_status,
-            writes.intercept_write,
-            writes.decide_approval,
-            writes.extend_approval,
-            writes.expire_approval,
-            writes.approval_status,
-            writes.execute_write,
-            writes.settle_write,
-            writes.reconcile_action,
-            writes.reconcile_for_run,
-            writes.withdraw_write,
-            writes.action_status,
-            writes.signal_sender,
-            sweep.sweep_store,
-            hooks.deliver_webhook,
-        ],
+        activities=[*bookkeeping, *here],
     )
+
+
+def tool_queues(settings: Settings, registry: ToolRegistry) -> dict[str, list[str]]:
+    """A tool worker's task queues and the tools each serves: the tool task
+    queue for all of them, or, limited to some tools, a queue of each tool's
+    own (another worker on the shared queue may lack a tool a run calls)."""
+    named = settings.served_tools()
+    unknown = sorted(set(named) - set(registry.tools))
+    if unknown:
+        raise ValueError(
+            f"ROUNDTABLE_WORKER_TOOLS names tools this worker does not have: {', '.join(unknown)}"
+            f" (it has: {', '.join(sorted(registry.tools)) or 'none'})"
+        )
+    if not named:
+        return {settings.tool_queue(): sorted(registry.tools)}
+    return {own_queue(settings, name): [name] for name in named}
+
+
+def own_queue(settings: Settings, tool_name: str) -> str:
+    """The task queue of a tool served by workers limited to some tools."""
+    return f"{settings.tool_queue()}/{tool_name}"
 
 
 @asynccontextmanager
 async def worker_parts(settings: Settings) -> AsyncIterator[WorkerParts]:
     """The store, the demo ticket system and a registry holding its tools and
-    those of the MCP servers, whose sessions stay open until these parts close."""
+    those of the MCP servers, whose sessions stay open until these parts close.
+    A workflows worker gets the store alone: no tool code is even imported."""
     async with open_store(settings.database_url) as store:
+        if settings.worker_role == "workflows":
+            yield WorkerParts(store=store, registry=ToolRegistry(), tickets=None)
+            return
+        from roundtable.tools.mcp import load_config, register_mcp_tools
+        from roundtable.tools.mcp_sessions import MCPSessions
+        from roundtable.tools.tickets import TicketSystem, register_ticket_tools
+
         tickets = await TicketSystem.open(
             settings.tickets_url(),
             settings.demo_ticket_write_delay_seconds,
@@ -243,22 +303,47 @@ async def run_worker(settings: Settings | None = None, ready: asyncio.Event | No
     tracing = start_tracing("roundtable-worker")
     client = await connect(settings, runtime=runtime, tracing=tracing)
     metrics = Metrics(runtime.metric_meter if runtime is not None else None)
-    async with worker_parts(settings) as parts:
-        log.info("sweep schedule: %s", await ensure_sweep_schedule(client, settings))
-        worker = build_worker(
-            client,
-            settings.task_queue,
-            parts.store,
-            parts.registry,
-            WebhookConfig.from_settings(settings),
-            Authority.from_settings(settings),
-            metrics,
-            **tuning(settings),
+    role = settings.worker_role
+    async with worker_parts(settings) as parts, contextlib.AsyncExitStack() as running:
+        if role == "tools":
+            queues = tool_queues(settings, parts.registry)
+        else:
+            log.info("sweep schedule: %s", await ensure_sweep_schedule(client, settings))
+            queues = {settings.task_queue: sorted(parts.registry.tools)}
+        workers: list[Worker] = []
+        for queue, tools in queues.items():
+            worker = build_worker(
+                client,
+                queue,
+                parts.store,
+                parts.registry,
+                WebhookConfig.from_settings(settings),
+                Authority.from_settings(settings),
+                metrics,
+                role=role,
+                **tuning(settings),
+            )
+            workers.append(await running.enter_async_context(worker))
+            if role == "tools":  # runs learn from the catalog where to send these
+                specs = [
+                    parts.registry.tools[name].spec().model_dump(mode="json") for name in tools
+                ]
+                await parts.store.publish_tools(specs, queue, client.identity)
+            log.info(
+                "%s worker polling %s on %s%s",
+                role,
+                queue,
+                settings.temporal_address,
+                f" for {', '.join(tools)}" if role == "tools" else "",
+            )
+        # Stopped all at once (LIFO: before each one's own exit): each gets
+        # the whole grace period for its writes, not a share of it.
+        running.push_async_callback(
+            lambda: asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
         )
-        log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
         # The gauges are recounted only where they are served.
         every = settings.metrics_refresh_seconds if runtime is not None else None
-        async with worker, recounting(parts.store, metrics, every):
+        async with recounting(parts.store, metrics, every):
             if ready is not None:
                 ready.set()
             await asyncio.Event().wait()  # until cancelled (Ctrl-C)

@@ -25,6 +25,7 @@ from roundtable.models import (
     TakeTurnInput,
     TakeTurnOutput,
     ToolOutcome,
+    ToolSpec,
     TurnRequest,
     canonical_digest,
 )
@@ -45,6 +46,7 @@ from roundtable.tools.registry import (
     ToolContext,
     ToolDefinition,
     ToolRegistry,
+    snapshot_of,
 )
 from roundtable.webhooks import receiver_label
 
@@ -62,9 +64,13 @@ class RunActivities:
         *,
         authority: Authority,
         metrics: Metrics | None = None,
+        catalog: bool = False,
     ) -> None:
         self.store = store
         self.registry = registry
+        # A workflows worker (no tools of its own): runs take their tools from
+        # the catalog tool workers publish, and route their calls to them.
+        self.catalog = catalog
         self.authority = authority
         self.metrics = metrics or Metrics()
         self.webhook_urls = list(webhook_urls or [])
@@ -74,11 +80,17 @@ class RunActivities:
     @typed_store_errors
     async def ensure_run(self, inp: EnsureRunInput) -> EnsureRunOutput:
         """Create the run's rows (once) and pin its capability snapshot."""
+        require_own_run(inp.run_id)
+        specs = {name: tool.spec() for name, tool in self.registry.tools.items()}
+        routes: dict[str, str] = {}
+        if self.catalog:
+            for name, (spec, queue) in (await self.store.published_tools()).items():
+                if name not in specs:
+                    specs[name], routes[name] = ToolSpec.model_validate(spec), queue
         try:
-            snapshot = self.registry.snapshot(inp.seats, inp.tools, inp.seat_tools)
+            snapshot = snapshot_of(specs, inp.seats, inp.tools, inp.seat_tools)
         except ValueError as exc:
             raise ApplicationError(str(exc), type=INVALID_INPUT, non_retryable=True) from exc
-        require_own_run(inp.run_id)
         run = await self.store.ensure_run(
             run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
         )
@@ -91,6 +103,7 @@ class RunActivities:
             # Labels, not URLs: a receiver's URL may carry its own secret.
             webhook_urls=[receiver_label(url) for url in self.webhook_urls],
             expiring_lead_seconds=self.expiring_lead_seconds,
+            tool_queues={t.name: routes[t.name] for t in snapshot.tools if t.name in routes},
         )
 
     def _check_granted(self, run: dict, inp: EnsureRunInput) -> None:

@@ -94,9 +94,13 @@ class WriteActivities:
         *,
         authority: Authority,
         metrics: Metrics | None = None,
+        tools_here: bool = True,
     ) -> None:
         self.store = store
         self.registry = registry
+        # False on a workflows worker: its registry is empty by design, so a
+        # tool missing from it says nothing about the tool (it is elsewhere).
+        self.tools_here = tools_here
         self.temporal = temporal  # to read who sent a signal, from the history
         self.authority = authority
         self.metrics = metrics or Metrics()
@@ -239,7 +243,12 @@ class WriteActivities:
             may_decide(run["user_id"], action["risk_level"])
             # A tenant-limited approver decides only writes for their tenants.
             tool = self.registry.get(action["tool_name"])
-            if decider.tenants is not None and tool is not None:
+            if decider.tenants is not None:
+                if tool is None:  # whose write it is cannot be told here: refuse
+                    raise TenantNotAllowedError(
+                        f"{action['tool_name']} is not on this worker: the tenant of its "
+                        f"write cannot be checked for {decider.user_id}"
+                    )
                 arguments = await self.store.get_action_arguments(action["id"])
                 check_tenant(decider.tenants, _tenant_of(tool, arguments), decider.user_id)
             if inp.arguments is not None:
@@ -534,7 +543,9 @@ class WriteActivities:
         try:
             fenced = None
             if inp.outcome == "failed":
-                fenced = await _fence_target(self.store, self.registry, inp.action_id)
+                fenced = await _fence_target(
+                    self.store, self.registry, inp.action_id, self.tools_here
+                )
             action = await self.store.reconcile_action(
                 inp.action_id, inp.outcome, inp.decided_by, inp.note, fenced_below=fenced
             )
@@ -570,12 +581,21 @@ def _refused_write(inp: InterceptInput, code: str, message: str) -> PendingWrite
     )
 
 
-async def _fence_target(store: Store, registry: ToolRegistry, action_id: str) -> int | None:
+async def _fence_target(
+    store: Store, registry: ToolRegistry, action_id: str, tools_here: bool = True
+) -> int | None:
     """Before "it failed" is written down, make the tool refuse the attempt's
     write should it land late (a worker frozen past its lease): its token and
-    any older one are fenced off. None when the tool cannot be fenced."""
+    any older one are fenced off. None when the tool cannot be fenced. On a
+    worker without tools (``tools_here`` False) refused: only a tool worker
+    can tell whether the tool fences, and skipping it would be a guess."""
     action = await store.check_reconcilable(action_id)
     tool = registry.get(action["tool_name"])
+    if tool is None and not tools_here:
+        raise ConflictError(
+            f"{action['tool_name']} runs on tool workers: reconcile this action as failed "
+            "through one (the API and CLI route it there)"
+        )
     if tool is None or tool.fence is None or action["fencing_token"] is None:
         return None
     arguments = await store.get_action_arguments(action_id)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STATE_DIR = Path(".roundtable")
@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     task_queue: str = "roundtable"
     sweep_enabled: bool = True
     sweep_interval_seconds: int = Field(default=60, ge=5)
+    # What a worker process does (README, "Worker roles"): "all" (one worker
+    # does everything), "workflows" (runs and bookkeeping, no tool code and
+    # no tool credentials) or "tools" (tool calls only).
+    worker_role: Literal["all", "workflows", "tools"] = "all"
+    # A tool worker serving only these tools (comma-separated); empty: all.
+    worker_tools: str = ""
+    # The task queue tool workers poll; unset: the main task_queue.
+    tool_task_queue: str | None = None
     # The worker's tuning (README, "Worker tuning"); unset: the SDK's default.
     worker_max_concurrent_activities: int | None = Field(default=None, ge=1)
     worker_max_concurrent_local_activities: int | None = Field(default=None, ge=1)
@@ -68,6 +76,12 @@ class Settings(BaseSettings):
     # How long a dead worker's runs wait on its sticky queue before another
     # worker takes them (the SDK's 10 s lengthens crash → unknown by as much).
     worker_sticky_queue_timeout_seconds: float = Field(default=1.0, gt=0)
+    # A run's target lease and heartbeat timeout when its request sets none
+    # (README, "Worker tuning"); unset: RunInput's 30 s and 20 s. Applied
+    # where runs are started (API, CLI), not to runs started straight
+    # through Temporal, which carry their own.
+    run_lease_seconds: int | None = Field(default=None, ge=2, le=3600)
+    run_heartbeat_timeout_seconds: int | None = Field(default=None, ge=1, le=3600)
     # SIGTERM: writes under way get this long to finish before they are
     # cancelled (then they end unknown, through the normal path).
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
@@ -122,6 +136,31 @@ class Settings(BaseSettings):
     # never past this long after the approval was created (refused with 409).
     max_approval_extensions: int = Field(default=3, ge=0)
     max_approval_total_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+
+    @model_validator(mode="after")
+    def _heartbeat_inside_lease(self) -> Settings:
+        from roundtable.models import RunInput  # the request's own defaults
+
+        fields = RunInput.model_fields
+        lease = self.run_lease_seconds or fields["lease_seconds"].default
+        heartbeat = (
+            self.run_heartbeat_timeout_seconds or fields["heartbeat_timeout_seconds"].default
+        )
+        if heartbeat >= lease:
+            raise ValueError(
+                f"ROUNDTABLE_RUN_HEARTBEAT_TIMEOUT_SECONDS ({heartbeat}) must be shorter than "
+                f"ROUNDTABLE_RUN_LEASE_SECONDS ({lease}): a lost worker is noticed by its "
+                "heartbeat before its lease runs out"
+            )
+        return self
+
+    def tool_queue(self) -> str:
+        """The task queue tool calls go to when tool workers serve them."""
+        return self.tool_task_queue or self.task_queue
+
+    def served_tools(self) -> list[str]:
+        """The tools a tool worker is limited to (``worker_tools``); empty: all."""
+        return [name.strip() for name in self.worker_tools.split(",") if name.strip()]
 
     def tickets_url(self) -> str:
         """The demo ticket system's database (see demo_tickets_url)."""

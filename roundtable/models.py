@@ -84,6 +84,9 @@ class ScriptDocument(Model):
 # ----------------------------------------------------------------- run input
 
 
+_LATER_KNOBS = ("tool_worker_wait_seconds",)
+
+
 class RunInput(Model):
     """What a caller asks for. Validated at the door, so a run never starts
     with input it cannot finish."""
@@ -114,6 +117,9 @@ class RunInput(Model):
     # Execution knobs; defaults suit production, tests shorten them.
     lease_seconds: int = Field(default=30, ge=2, le=3600)
     heartbeat_timeout_seconds: int = Field(default=20, ge=1, le=3600)
+    # How long a tool call waits for a tool worker to take it before the run
+    # says none serves the tool (worker roles); None: 60 s.
+    tool_worker_wait_seconds: int | None = Field(default=None, ge=1, le=3600)
 
     def models(self) -> set[str]:
         """Every model this run would call."""
@@ -122,7 +128,10 @@ class RunInput(Model):
     def fingerprint(self) -> str:
         """What this request asks for, whatever its run id: the grant the API
         recorded holds only for the request it checked."""
-        body = json.dumps(self.model_dump(mode="json", exclude={"run_id"}), sort_keys=True)
+        # Knobs added later count only when set: the fingerprint of a request
+        # made before them (a run in flight, its grant recorded) stays the same.
+        unset = {k for k in _LATER_KNOBS if getattr(self, k) is None}
+        body = json.dumps(self.model_dump(mode="json", exclude={"run_id", *unset}), sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()
 
     @field_validator("seats")
@@ -280,6 +289,9 @@ class EnsureRunOutput(Model):
     # long before an approval's deadline to warn that it is expiring.
     webhook_urls: list[str] = Field(default_factory=list)
     expiring_lead_seconds: int = 300
+    # Tools served by tool workers elsewhere (worker roles): the task queue
+    # each one's calls go to. A tool not named here runs where the run does.
+    tool_queues: dict[str, str] = Field(default_factory=dict)
 
 
 class WebhookEvent(Model):
@@ -526,6 +538,9 @@ class ReconcileRequest(Model):
 
     run_id: str
     reconcile: ReconcileInput
+    # The task queue of a tool worker serving the action's tool (worker
+    # roles): it alone can fence the target. None: the workflow's own queue.
+    tool_queue: str | None = None
 
 
 class ReconcileOutput(Model):
@@ -575,6 +590,9 @@ class RunState(Model):
     blocked_reason: str | None = None
     webhook_urls: list[str] = Field(default_factory=list)
     expiring_lead_seconds: int = 300
+    # Tools served by tool workers elsewhere (worker roles): the task queue
+    # each one's calls go to. A tool not named here runs where the run does.
+    tool_queues: dict[str, str] = Field(default_factory=dict)
     # Whether a refresh signal makes this run re-read what it waits on from the
     # store (runs started before that rule ignore it: the sweep must not nudge
     # them over and over).

@@ -34,6 +34,8 @@ FORBIDDEN_PREFIX = "Forbidden."  # + the permission's code, e.g. Forbidden.opera
 NOT_TRACKED = "NotTracked"
 ATTEMPT_MAY_BE_RUNNING = "AttemptMayBeRunning"  # details: [retry_at ISO 8601]
 WEBHOOK_REJECTED = "WebhookRejected"  # a receiver refused for good: not retried
+# No tool worker took a message handler's tool activity (worker roles): nothing done.
+NO_TOOL_WORKER = "NoToolWorker"
 
 # Custom search attributes, name → type as `temporal operator search-attribute
 # create` and `temporal server start-dev --search-attribute` spell it.

@@ -250,12 +250,19 @@ async def reconcile(
         Decider(user_id=decided_by, role="operator"),
         datetime.now(UTC),
     )
-    status, via = await reconcile_request(client, action["run_id"], request, task_queue)
+    # Tool workers elsewhere (worker roles): the one serving the tool fences it.
+    published = (await store.published_tools()).get(action["tool_name"])
+    tool_queue = published[1] if published and published[1] != task_queue else None
+    status, via = await reconcile_request(client, action["run_id"], request, task_queue, tool_queue)
     return {"action_id": action_id, "run_id": action["run_id"], "status": status, "via": via}
 
 
 async def reconcile_request(
-    client: Client, run_id: str, request: ReconcileInput, task_queue: str
+    client: Client,
+    run_id: str,
+    request: ReconcileInput,
+    task_queue: str,
+    tool_queue: str | None = None,
 ) -> tuple[str, str]:
     """``(status, via)``: through the run's workflow when it is open and
     waiting on the action ("workflow"); otherwise through a short
@@ -269,7 +276,7 @@ async def reconcile_request(
     try:
         out = await client.execute_workflow(
             RECONCILE_WORKFLOW,
-            ReconcileRequest(run_id=run_id, reconcile=request),
+            ReconcileRequest(run_id=run_id, reconcile=request, tool_queue=tool_queue),
             id=f"reconcile-{request.action_id}-{request.request_id}",
             task_queue=task_queue,
             result_type=ReconcileOutput,

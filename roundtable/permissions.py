@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -93,6 +93,9 @@ class Authority:
     max_extension_seconds: int = 7 * 24 * 3600
     max_extensions: int = 3
     max_total_seconds: int = 7 * 24 * 3600
+    # The lease and heartbeat of a run that sets none (README, "Worker
+    # tuning"); a field missing here keeps RunInput's own default.
+    run_defaults: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Authority:
@@ -118,6 +121,14 @@ class Authority:
             max_extension_seconds=settings.max_approval_extension_seconds,
             max_extensions=settings.max_approval_extensions,
             max_total_seconds=settings.max_approval_total_seconds,
+            run_defaults={
+                name: value
+                for name, value in (
+                    ("lease_seconds", settings.run_lease_seconds),
+                    ("heartbeat_timeout_seconds", settings.run_heartbeat_timeout_seconds),
+                )
+                if value is not None
+            },
         )
 
     def ceiling(self, role: str | None) -> str:
@@ -146,10 +157,19 @@ class Authority:
         return capped_policy(requested, self.ceiling("service"))
 
     def admit(self, role: str, request: RunInput) -> RunInput:
-        """The request as this role may make it (the server's default model
-        when it names none), or PolicyNotAllowedError / ModelNotAllowedError."""
+        """The request as this role may make it (the server's default model,
+        lease and heartbeat where it names none), or PolicyNotAllowedError /
+        ModelNotAllowedError / InvalidInputError."""
         if self.default_model and "model" not in request.model_fields_set:
             request = request.model_copy(update={"model": self.default_model})
+        unset = {k: v for k, v in self.run_defaults.items() if k not in request.model_fields_set}
+        if unset:
+            request = request.model_copy(update=unset)
+            if request.heartbeat_timeout_seconds >= request.lease_seconds:
+                raise InvalidInputError(
+                    f"heartbeat_timeout_seconds ({request.heartbeat_timeout_seconds}) must be "
+                    f"shorter than lease_seconds ({request.lease_seconds})"
+                )
         self.check_policy(role, request.write_policy)
         self.check_models(request.models())
         return request

@@ -50,6 +50,11 @@ NOT_RUN = {
         "CLI, the API and the client with these variables against a TLS terminator that "
         "demands the client certificate"
     ),
+    "# Runs and the store's bookkeeping: no tool code, no tool credentials.": (
+        "long-running workers: tests/test_scale_out.py runs a workflows worker and two "
+        "tool workers under load; tests/test_worker_roles.py runs each role and the "
+        "worker command's refusals"
+    ),
     "ROUNDTABLE_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres \\": (
         "this is what `make test` does, on the throwaway cluster tests/conftest.py starts"
     ),

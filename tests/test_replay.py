@@ -27,8 +27,9 @@ from workflows.sweep import SweepWorkflow
 # recorded-with-lean-status/,
 # once a write's intercept and decision carried the run's status; in
 # recorded-with-waking-writes/, once a refresh woke a write waiting for its
-# target (the timer it waited on cancelled). A new command order adds a new
-# directory; it never rewrites one.
+# target (the timer it waited on cancelled); in recorded-with-worker-roles/,
+# runs whose tool calls went to a tool worker's queue. A new command order
+# adds a new directory; it never rewrites one.
 HISTORIES = {
     f"{path.parent.name}/{path.stem}": path.read_text()
     for path in sorted((Path(__file__).parent / "histories").glob("**/*.json"))

@@ -28,6 +28,9 @@ class ReconcileWorkflow:
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=1),
             summary=f"reconcile {request.reconcile.action_id} in the store",
+            # On a tool worker serving the action's tool when tool workers do
+            # (only it can fence the target); else on this workflow's queue.
+            **({"task_queue": request.tool_queue} if request.tool_queue else {}),
         )
         if out.conflict is None:
             try:

@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
 # them for clocks, randomness and I/O, as the sandbox no longer does.
 with workflow.unsafe.imports_passed_through():
     from workflows.notifier import Notifier
+    from workflows.routing import ToolRoutes
     from workflows.status import StatusBoard
     from workflows.timeouts import BOOKKEEPING, MODEL_CALL, TOOL_CALL
     from workflows.write_path import SETTLED, Inbox, WritePath
@@ -94,8 +95,9 @@ class RoundtableWorkflow:
             self.state, self.request, decided=lambda a: a in self._inbox.after_decision
         )
         self._notifier = Notifier(self.state)
+        self._routes = ToolRoutes(self.state, self.request, self._status.publish)
         self._writes = WritePath(
-            self.state, self.request, self._inbox, self._status, self._notifier
+            self.state, self.request, self._inbox, self._status, self._notifier, self._routes
         )
         self._tasks: list[asyncio.Task] = []  # every seat turn and tool call
         self._interruptible: set = set()  # model turns and reads under way
@@ -169,6 +171,7 @@ class RoundtableWorkflow:
         self.state.session_id, self.state.snapshot = opened.session_id, opened.snapshot
         self.state.webhook_urls = opened.webhook_urls
         self.state.expiring_lead_seconds = opened.expiring_lead_seconds
+        self.state.tool_queues = opened.tool_queues
         self.state.threads = {seat: [] for seat in self.request.seats}
         self.state.status = "running"
 
@@ -263,12 +266,7 @@ class RoundtableWorkflow:
 
     async def _tool_call(self, seat: str, round_number: int, call: ToolCall) -> ToolOutcome:
         if self._inbox.ending:  # the run is winding down: start nothing new
-            return ToolOutcome(
-                call_id=call.id,
-                tool_name=call.name,
-                status="error",
-                content={"error_code": "run_ended", "message": "the run is ending"},
-            )
+            return _run_ended(call)
         if call.malformed:  # the model's call could not be read: tell it, run nothing
             return ToolOutcome(
                 call_id=call.id,
@@ -282,17 +280,27 @@ class RoundtableWorkflow:
             and spec.side_effect == "read"
             and self.state.snapshot.granted(seat, call.name)
         ):
-            return await self._interruptible_activity(
-                RunActivities.run_read_tool,
-                ReadToolInput(
-                    run_id=self.state.run_id, seat=seat, call=call, snapshot=self.state.snapshot
-                ),
-                start_to_close_timeout=TOOL_CALL,
-                summary=f"read {call.name} for {seat}",
-            )
+
+            async def read(routed: dict) -> ToolOutcome:
+                if self._inbox.ending:  # waited for a tool worker until the run ended
+                    return _run_ended(call)
+                return await self._interruptible_activity(
+                    RunActivities.run_read_tool,
+                    ReadToolInput(
+                        run_id=self.state.run_id,
+                        seat=seat,
+                        call=call,
+                        snapshot=self.state.snapshot,
+                    ),
+                    start_to_close_timeout=TOOL_CALL,
+                    summary=f"read {call.name} for {seat}",
+                    **routed,
+                )
+
+            return await self._routes.until_served(call.name, read)
         async with self._status.carrying():
-            pending = await workflow.execute_local_activity_method(
-                WriteActivities.intercept_write,
+            pending = await self._intercept(
+                call.name,
                 InterceptInput(
                     run_id=self.state.run_id,
                     session_id=self.state.session_id,
@@ -306,11 +314,31 @@ class RoundtableWorkflow:
                     request_fingerprint=self._fingerprint,
                     run_status_while_waiting=self._status.while_waiting(),
                 ),
-                start_to_close_timeout=BOOKKEEPING,
                 summary=f"intercept {call.name} from {seat}",
             )
             self._status.told(pending.run_status)
         return await self._writes.steer(pending)
+
+    async def _intercept(self, tool_name: str, inp: InterceptInput, summary: str):  # type: ignore[no-untyped-def]
+        """Record a write: a local activity, or on the tool's own worker when
+        tool workers serve it (only they hold its code)."""
+        if self._routes.queue(tool_name) is None:
+            return await workflow.execute_local_activity_method(
+                WriteActivities.intercept_write,
+                inp,
+                start_to_close_timeout=BOOKKEEPING,
+                summary=summary,
+            )
+        return await self._routes.until_served(
+            tool_name,
+            lambda routed: workflow.execute_activity_method(
+                WriteActivities.intercept_write,
+                inp,
+                start_to_close_timeout=BOOKKEEPING,
+                summary=summary,
+                **routed,
+            ),
+        )
 
     # ================================================================= ending
 
@@ -368,14 +396,26 @@ class RoundtableWorkflow:
 
     # ================================================================= messages
 
-    async def _handler_activity(self, activity, argument, summary: str):  # type: ignore[no-untyped-def]
-        """A local activity for a message handler; its failure always reaches the
-        handler as an ApplicationError of the activity's type (a local activity's
+    async def _handler_activity(self, activity, argument, summary: str, tool: str | None = None):  # type: ignore[no-untyped-def]
+        """A local activity for a message handler (on ``tool``'s own worker
+        when tool workers serve it); its failure always reaches the handler
+        as an ApplicationError of the activity's type (a local activity's
         failure may arrive as that error itself or wrapped in an ActivityError),
         so an update's caller sees why and a signal handler can log and go on."""
         try:
-            return await workflow.execute_local_activity_method(
-                activity, argument, start_to_close_timeout=BOOKKEEPING, summary=summary
+            if tool is None or self._routes.queue(tool) is None:
+                return await workflow.execute_local_activity_method(
+                    activity, argument, start_to_close_timeout=BOOKKEEPING, summary=summary
+                )
+            return await self._routes.once(
+                tool,
+                lambda routed: workflow.execute_activity_method(
+                    activity,
+                    argument,
+                    start_to_close_timeout=BOOKKEEPING,
+                    summary=summary,
+                    **routed,
+                ),
             )
         except ActivityError as exc:
             cause = exc.cause
@@ -424,6 +464,7 @@ class RoundtableWorkflow:
                     run_status=self._status.once_decided(decision.approval_id),
                 ),
                 f"record {decision.decision}",
+                tool=self.state.pending_approvals[decision.approval_id].tool_name,
             )
             self._status.told(out.run_status)
         if out.edits:
@@ -489,7 +530,10 @@ class RoundtableWorkflow:
         if refusal:
             raise refusal
         out = await self._handler_activity(
-            WriteActivities.reconcile_action, request, f"reconcile as {request.outcome}"
+            WriteActivities.reconcile_action,
+            request,
+            f"reconcile as {request.outcome}",
+            tool=self.state.unknown_actions[request.action_id].tool_name,
         )
         if out.status in SETTLED:
             self._inbox.after_reconcile.setdefault(out.action_id, out.status)
@@ -538,6 +582,15 @@ def _failure_of(exc: BaseException) -> dict[str, str]:
     else:
         code = type(cause).__name__
     return {"code": code[:64], "message": f"{where}{cause}"[:1000]}
+
+
+def _run_ended(call: ToolCall) -> ToolOutcome:
+    return ToolOutcome(
+        call_id=call.id,
+        tool_name=call.name,
+        status="error",
+        content={"error_code": "run_ended", "message": "the run is ending"},
+    )
 
 
 def _since_last_turn(transcript: list[ChatMessage], seat: str) -> list[ChatMessage]:

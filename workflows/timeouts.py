@@ -16,6 +16,9 @@ TOOL_CALL = timedelta(minutes=10)
 RETRY_BUSY_FIRST, RETRY_BUSY_MAX = timedelta(seconds=1), timedelta(minutes=1)
 RETRY_BLOCKED_MAX = timedelta(minutes=5)
 ONCE = RetryPolicy(maximum_attempts=1)  # writes: never run twice
+# How long a tool call waits for a tool worker to take it before the run
+# says that none serves the tool (and schedules it again: it never started).
+TOOL_WORKER_WAIT = timedelta(seconds=60)
 WEBHOOK_RETRIES = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.approval_clock import ApprovalClock, Wake
 from workflows.notifier import Notifier
+from workflows.routing import ToolRoutes, never_started, no_worker
 from workflows.status import StatusBoard
 from workflows.timeouts import (
     BOOKKEEPING,
@@ -68,9 +69,12 @@ class WritePath:
         inbox: Inbox,
         status: StatusBoard,
         notifier: Notifier,
+        routes: ToolRoutes,
     ) -> None:
         self.state, self.request, self.inbox = state, request, inbox
-        self.status, self.notifier = status, notifier
+        self.status, self.notifier, self.routes = status, notifier, routes
+        # Writes whose last attempt no tool worker took: why they wait.
+        self._unserved: dict[str, str] = {}
 
     async def steer(self, write: PendingWrite) -> ToolOutcome:
         """Steer a write from wherever the store says it stands to its end.
@@ -224,7 +228,7 @@ class WritePath:
                 f"{write.tool_name} for {write.seat} waits: another action on its target "
                 "is unknown and must be reconciled"
                 if blocked
-                else None
+                else self._unserved.pop(write.action_id, None)
             )
             await self.status.publish()
             ending = bool(self.inbox.ending)
@@ -247,6 +251,7 @@ class WritePath:
         """One execution. Never interrupted by the run ending: a write under
         way always reaches a recorded outcome."""
         heartbeat = timedelta(seconds=self.request.heartbeat_timeout_seconds)
+        routed = self.routes.options(write.tool_name)  # empty: this worker runs it
         try:
             return await workflow.execute_activity_method(
                 WriteActivities.execute_write,
@@ -260,8 +265,11 @@ class WritePath:
                 heartbeat_timeout=heartbeat,
                 retry_policy=ONCE,
                 summary=f"execute {write.tool_name} for {write.seat}",
+                **routed,
             )
-        except ActivityError:
+        except ActivityError as exc:
+            if routed and never_started(exc):  # nothing ran: it waits, and says why
+                self._unserved[write.action_id] = no_worker(write.tool_name, routed["task_queue"])
             return await workflow.execute_local_activity_method(
                 WriteActivities.settle_write,
                 ActionRef(action_id=write.action_id),

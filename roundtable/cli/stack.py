@@ -66,13 +66,40 @@ def _run_until_stopped(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(guarded())
 
 
-def worker() -> None:
-    """Run a worker: workflows, activities, and the sweep schedule."""
+def worker(
+    role: Annotated[
+        str | None,
+        typer.Option(
+            help="all: everything (the default); workflows: runs and bookkeeping, no tools; "
+            "tools: tool calls only. Default: ROUNDTABLE_WORKER_ROLE, else all."
+        ),
+    ] = None,
+    tools: Annotated[
+        str | None,
+        typer.Option(
+            help="A tool worker serving only these tools (comma-separated). "
+            "Default: ROUNDTABLE_WORKER_TOOLS, else every tool it has."
+        ),
+    ] = None,
+) -> None:
+    """Run a worker: workflows, activities, and the sweep schedule (by role)."""
+    from pydantic import ValidationError
+
     from worker import run_worker
 
+    chosen = {"worker_role": role, "worker_tools": tools}
+    try:
+        settings = load_settings().model_copy(
+            update={k: v for k, v in chosen.items() if v is not None}
+        )
+        settings = Settings.model_validate(settings.model_dump())  # the choices checked
+    except ValidationError as exc:
+        fail(CliError(f"worker: {exc.errors()[0]['msg']} (role: all, workflows or tools)"), False)
+    if settings.worker_tools and settings.worker_role != "tools":
+        fail(CliError("worker: --tools is for a tool worker (--role tools)"), False)
     try:
         configure_logging(logging.INFO)
-        _run_until_stopped(run_worker())
+        _run_until_stopped(run_worker(settings))
     except Exception as exc:
         fail(CliError(f"worker stopped: {exc}"), False)
 

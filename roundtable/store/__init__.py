@@ -22,6 +22,7 @@ from roundtable.states import (
 )
 from roundtable.store.actions import Actions
 from roundtable.store.approvals import Approvals
+from roundtable.store.catalog import ToolCatalog
 from roundtable.store.database import Database
 from roundtable.store.engine import create_engine_for
 from roundtable.store.errors import (
@@ -74,9 +75,9 @@ def _on(repository: str, method: Callable[..., Any]) -> Any:
 
 
 class Store:
-    """Sessions, runs, actions, approvals, leases, events, tokens, webhooks and
-    tool results: one repository each (``store.actions``, ``store.leases``, …),
-    each owning its rows and their transitions, over one :class:`Database`
+    """Sessions, runs, actions, approvals, leases, events, tokens, webhooks,
+    tool results and the tool catalog: one repository each (``store.actions``,
+    ``store.leases``, …), each owning its rows and their transitions, over one :class:`Database`
     (transactions, row locks, compare-and-set, the audit append). Every
     method is one or more atomic transactions and returns plain dicts or
     outcome strings.
@@ -101,6 +102,7 @@ class Store:
         self.webhooks = Webhooks(self.db)
         self.results = ToolResults(self.db)
         self.reads = Reads(self.db)
+        self.catalog = ToolCatalog(self.db)
 
     # The names the store has always answered to, each one repository's method.
     create_session = _on("sessions", Sessions.create)
@@ -164,6 +166,9 @@ class Store:
     approval_and_action = _on("reads", Reads.approval_and_action)
     decision_context = _on("reads", Reads.decision_context)
     open_work = _on("reads", Reads.open_work)
+
+    publish_tools = _on("catalog", ToolCatalog.publish)
+    published_tools = _on("catalog", ToolCatalog.published)
 
 
 @asynccontextmanager

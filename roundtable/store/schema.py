@@ -286,3 +286,17 @@ class WebhookDeliveryRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     delivered: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ToolCatalogRow(Base):
+    """A tool a tool worker serves, as it published it: the facts a run's
+    snapshot pins (no code) and the task queue its calls go to. Workflow
+    workers, which hold no tool code, build snapshots and routes from here."""
+
+    __tablename__ = "tool_catalog"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    task_queue: Mapped[str] = mapped_column(String(255))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONValue)
+    published_by: Mapped[str] = mapped_column(String(255))
+    published_at: Mapped[datetime] = mapped_column(UTCDateTime())

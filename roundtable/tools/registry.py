@@ -144,17 +144,28 @@ class ToolRegistry:
         tools: Iterable[str] | None = None,
         seat_tools: Mapping[str, Iterable[str]] | None = None,
     ) -> CapabilitySnapshot:
-        """Pin the run to today's tools. By default every seat may use every
-        tool; ``tools`` narrows the run's grant, ``seat_tools`` a seat's. Naming
-        a tool that does not exist is an error, not a silent omission."""
-        names = list(self.tools) if tools is None else list(tools)
-        per_seat = {seat: list(granted) for seat, granted in (seat_tools or {}).items()}
-        named = {*names, *(t for granted in per_seat.values() for t in granted)}
-        missing = sorted(n for n in named if n not in self.tools)
-        if missing:
-            raise ValueError(f"unknown tools: {', '.join(missing)}")
-        specs = [self.tools[n].spec() for n in self.tools if n in named]
-        return CapabilitySnapshot(
-            tools=specs,
-            agents=[SeatGrant(agent_id=seat, tools=per_seat.get(seat, names)) for seat in seats],
-        )
+        """Pin the run to today's tools (see :func:`snapshot_of`)."""
+        specs = {name: tool.spec() for name, tool in self.tools.items()}
+        return snapshot_of(specs, seats, tools, seat_tools)
+
+
+def snapshot_of(
+    specs: Mapping[str, ToolSpec],
+    seats: Iterable[str],
+    tools: Iterable[str] | None = None,
+    seat_tools: Mapping[str, Iterable[str]] | None = None,
+) -> CapabilitySnapshot:
+    """A run's snapshot of the tools ``specs`` describes (the worker's own, or
+    those tool workers published). By default every seat may use every tool;
+    ``tools`` narrows the run's grant, ``seat_tools`` a seat's. Naming a tool
+    that does not exist is an error, not a silent omission."""
+    names = list(specs) if tools is None else list(tools)
+    per_seat = {seat: list(granted) for seat, granted in (seat_tools or {}).items()}
+    named = {*names, *(t for granted in per_seat.values() for t in granted)}
+    missing = sorted(n for n in named if n not in specs)
+    if missing:
+        raise ValueError(f"unknown tools: {', '.join(missing)}")
+    return CapabilitySnapshot(
+        tools=[spec for name, spec in specs.items() if name in named],
+        agents=[SeatGrant(agent_id=seat, tools=per_seat.get(seat, names)) for seat in seats],
+    )
