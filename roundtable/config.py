@@ -21,7 +21,11 @@ DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///./{DEFAULT_STATE_DIR}/roundtable.db
 class Settings(BaseSettings):
     """Process-wide configuration. Build one at start-up with :func:`load_settings`."""
 
-    model_config = SettingsConfigDict(env_prefix="ROUNDTABLE_", extra="ignore")
+    # A rule across fields (a model validator) fails quoting every value read,
+    # the Temporal API key and the database password among them: never the input.
+    model_config = SettingsConfigDict(
+        env_prefix="ROUNDTABLE_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,

@@ -274,3 +274,18 @@ def test_every_connection_setting_is_one_dev_drops() -> None:
         "temporal_namespace",
     }
     assert {f"ROUNDTABLE_{n.upper()}" for n in connection_fields} == set(SECURITY_VARIABLES)
+
+
+def test_a_settings_error_quotes_no_value_read(load: Load, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule across fields fails with the whole input; pydantic would quote
+    it (the API key, the database password) in the message every entry point
+    prints."""
+    monkeypatch.setenv("ROUNDTABLE_DATABASE_URL", "postgresql+asyncpg://rt:db-pass-8Hq@db/rt")
+    monkeypatch.setenv("ROUNDTABLE_RUN_LEASE_SECONDS", "5")
+    monkeypatch.setenv("ROUNDTABLE_RUN_HEARTBEAT_TIMEOUT_SECONDS", "10")
+    with pytest.raises(ValidationError) as raised:
+        load(api_key=API_KEY)
+    message = str(raised.value)
+    assert "must be shorter than ROUNDTABLE_RUN_LEASE_SECONDS" in message
+    assert API_KEY[:6] not in message and "db-pass" not in message
+    assert "input_value" not in message
