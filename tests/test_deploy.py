@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
 from temporalio.testing import WorkflowEnvironment
 
@@ -111,11 +110,6 @@ def test_the_roundtable_commands_exist() -> None:
         subprocess.run(["sh", "-n", str(path)], check=True, timeout=10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`roundtable worker --role` lands with the worker-roles change (issue 14): "
-    "remove this mark when both are merged",
-)
 def test_every_option_compose_gives_the_worker_exists() -> None:
     done = subprocess.run(
         [CLI, "worker", "--help"], capture_output=True, text=True, timeout=60, check=True
