@@ -42,7 +42,7 @@ def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
         assert not (elsewhere / ".roundtable").exists()
         assert (tmp_path / ".roundtable" / "dev-secret").stat().st_mode & 0o077 == 0
         # The worker's informational lines show (plain format, one a line).
-        stack.wait_for(r"INFO roundtable\.worker worker polling")
+        stack.wait_for(r"INFO roundtable\.worker all worker polling")
         # The worker's metrics, where dev said: the SDK's and ours.
         (url,) = stack.wait_for(r"worker metrics: (http://\S+/metrics)")
         assert url == f"http://127.0.0.1:{stack.metrics_port}/metrics"
@@ -128,10 +128,12 @@ def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_decodes_without_one(
         in_path = httpx.post(f"{api}/codec/t/{operator}/decode", json={"payloads": []})
         assert in_path.status_code == 403
         lines = _command_lines()
+        # Any token's shape (rt_ and 43 url-safe characters), not a test
+        # database's (rt_ and 16 hex digits, a PostgreSQL backend's title).
         leaked = [
             line
             for line in lines
-            if operator in line or api_key in line or re.search(r"\brt_[\w-]{16}", line)
+            if operator in line or api_key in line or re.search(r"\brt_[\w-]{32}", line)
         ]
         assert leaked == []
         stack.wait_for(r"waiting for approval")
