@@ -310,7 +310,7 @@ async def run_worker(settings: Settings | None = None, ready: asyncio.Event | No
         runtime = metrics_runtime(settings.worker_metrics_address)
         log.info("serving metrics at http://%s/metrics", settings.worker_metrics_address)
     tracing = start_tracing("roundtable-worker")
-    client = await connect(settings.temporal_address, settings.temporal_namespace, runtime, tracing)
+    client = await connect(settings, runtime=runtime, tracing=tracing)
     metrics = Metrics(runtime.metric_meter if runtime is not None else None)
     role = settings.worker_role
     async with worker_parts(settings) as parts, contextlib.AsyncExitStack() as running:

@@ -21,6 +21,7 @@ from roundtable.codec import EncryptionCodec, keys_from_environment
 from roundtable.config import Settings, load_settings
 from roundtable.store import Store, open_store
 from roundtable.telemetry.tracing import instrument_api, start_tracing
+from roundtable.temporal import temporal_connection
 
 MAX_BODY_BYTES = 256 * 1024
 
@@ -106,6 +107,10 @@ def create_app(
     ``tracing``: spans for requests and Temporal calls (default: when the
     OpenTelemetry variables ask for it)."""
     settings = settings or load_settings()
+    if client is None:
+        # The client connects on first use; settings that cannot work stop
+        # the API now, by name, not at its first request.
+        temporal_connection(settings)
     traced = start_tracing("roundtable-api") if tracing is None else tracing
 
     @asynccontextmanager

@@ -12,7 +12,7 @@ from roundtable.config import Settings
 from roundtable.operations import TemporalUnavailableError
 from roundtable.permissions import Authority
 from roundtable.store import Store
-from roundtable.temporal import connect
+from roundtable.temporal import TemporalSettingsError, connect
 
 
 @dataclass
@@ -32,11 +32,9 @@ class ApiContext:
         async with self._connecting:
             if self.client is None:
                 try:
-                    self.client = await connect(
-                        self.settings.temporal_address,
-                        self.settings.temporal_namespace,
-                        tracing=self.tracing,
-                    )
+                    self.client = await connect(self.settings, tracing=self.tracing)
+                except TemporalSettingsError as exc:  # a certificate file gone since start-up
+                    raise TemporalUnavailableError(f"cannot connect to Temporal: {exc}") from None
                 except Exception as exc:
                     raise TemporalUnavailableError(
                         f"cannot reach Temporal at {self.settings.temporal_address}"

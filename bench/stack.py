@@ -23,7 +23,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from roundtable.config import SECRET_ENV_VAR
+from roundtable.config import SECRET_ENV_VAR, Settings
 from roundtable.ports import free_port
 from roundtable.store import Store, open_store
 from roundtable.temporal import connect, data_converter
@@ -150,7 +150,9 @@ async def stack(extra_env: dict[str, str] | None = None) -> AsyncIterator[Stack]
         )
         made.start_ours()
         made.start_bare()
-        made.ours_client = await connect(address, "default")
+        made.ours_client = await connect(
+            Settings(temporal_address=address, temporal_namespace="default")
+        )
         made.bare_client = await Client.connect(address)
         async with open_store(made.url, migrate=False) as store:
             made.store = store

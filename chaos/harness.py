@@ -23,6 +23,7 @@ from chaos.faults import KINDS, Faults, rounds_for, schedule
 from chaos.operator_bot import FINAL_RUNS, OperatorBot
 from chaos.stack import Stack
 from chaos.workload import Workload
+from roundtable.config import Settings
 from roundtable.evidence import gather, workflow_closed
 from roundtable.invariants import check, summary
 from roundtable.models import RunState
@@ -113,7 +114,9 @@ class Session:
         for _ in range(MIN_WORKERS):
             await asyncio.to_thread(stack.start_worker)
         await asyncio.to_thread(stack.start_api)
-        self._temporal = await connect(stack.address, "default")
+        self._temporal = await connect(
+            Settings(temporal_address=stack.address, temporal_namespace="default")
+        )
         say(self.t0, f"stack up in {self.workdir} (db={self.db}, seed={self.seed})")
 
         tickets = await TicketSystem.open(url)

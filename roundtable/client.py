@@ -106,11 +106,13 @@ class RoundtableClient:
         namespace: str | None = None,
         task_queue: str | None = None,
     ) -> RoundtableClient:
-        """Defaults come from ROUNDTABLE_TEMPORAL_ADDRESS, _NAMESPACE and _TASK_QUEUE."""
+        """Defaults come from ROUNDTABLE_TEMPORAL_ADDRESS, _NAMESPACE and _TASK_QUEUE;
+        TLS, the client certificate and the API key always from the settings
+        (README, "Production: connecting to a Temporal cluster")."""
         settings = load_settings()
-        temporal = await connect(
-            address or settings.temporal_address, namespace or settings.temporal_namespace
-        )
+        chosen = {"temporal_address": address, "temporal_namespace": namespace}
+        settings = settings.model_copy(update={k: v for k, v in chosen.items() if v})
+        temporal = await connect(settings)
         return cls(temporal, task_queue or settings.task_queue)
 
     async def start_run(self, request: RunInput) -> RunHandle:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STATE_DIR = Path(".roundtable")
@@ -21,7 +21,11 @@ DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///./{DEFAULT_STATE_DIR}/roundtable.db
 class Settings(BaseSettings):
     """Process-wide configuration. Build one at start-up with :func:`load_settings`."""
 
-    model_config = SettingsConfigDict(env_prefix="ROUNDTABLE_", extra="ignore")
+    # A rule across fields (a model validator) fails quoting every value read,
+    # the Temporal API key and the database password among them: never the input.
+    model_config = SettingsConfigDict(
+        env_prefix="ROUNDTABLE_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
@@ -30,6 +34,33 @@ class Settings(BaseSettings):
     max_approval_extension_seconds: int = Field(default=7 * 24 * 3600, gt=0)
     temporal_address: str = "localhost:7233"
     temporal_namespace: str = "default"
+    # A Temporal cluster that wants TLS (README, "Production: connecting to a
+    # Temporal cluster"); roundtable/temporal.py checks the combination and
+    # reads the files when connecting. Left unset: plain, as to the dev
+    # server. TLS is on when any of the others is set, unless turned off.
+    temporal_tls: bool | None = None
+    temporal_tls_client_cert_path: Path | None = None
+    temporal_tls_client_key_path: Path | None = None
+    temporal_tls_server_ca_cert_path: Path | None = None
+    temporal_tls_server_name: str | None = None
+    temporal_api_key: SecretStr | None = None  # never in a repr, a log or an error
+    temporal_api_key_file: Path | None = None
+
+    @field_validator(
+        "temporal_tls",
+        "temporal_tls_client_cert_path",
+        "temporal_tls_client_key_path",
+        "temporal_tls_server_ca_cert_path",
+        "temporal_tls_server_name",
+        "temporal_api_key",
+        "temporal_api_key_file",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """`VAR=` in an env file means unset (a path "" would be ".")."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     task_queue: str = "roundtable"
     sweep_enabled: bool = True
     sweep_interval_seconds: int = Field(default=60, ge=5)

@@ -81,10 +81,11 @@ class DevStack:
 
 
 @contextmanager
-def dev_stack(workdir: Path) -> Iterator[DevStack]:
+def dev_stack(workdir: Path, **extra_env: str) -> Iterator[DevStack]:
     ports = free_port(), free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTABLE_ACTION_SECRET_KEY"}
     env["ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS"] = "0.2"
+    env.update(extra_env)
     process = subprocess.Popen(
         [
             CLI,

@@ -35,7 +35,8 @@ def test_services_depend_on_what_can_satisfy_them() -> None:
         "temporal-init",
         "temporal-ui",
         "roundtable-db",
-        "worker",
+        "worker-workflows",
+        "worker-tools",
         "api",
         "prometheus",
         "grafana",
@@ -50,7 +51,7 @@ def test_services_depend_on_what_can_satisfy_them() -> None:
                 assert "healthcheck" in SERVICES[dependency], (name, dependency)
             if condition == "service_completed_successfully":
                 assert dependency in ONE_SHOT, (name, dependency)
-    for name in ("postgresql", "worker", "api"):
+    for name in ("postgresql", "worker-workflows", "worker-tools", "api"):
         assert "healthcheck" in SERVICES[name], name
     assert SERVICES["api"]["command"][:2] == ["roundtable", "api"]
     assert "codec" in SERVICES["temporal-ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"]
@@ -59,16 +60,44 @@ def test_services_depend_on_what_can_satisfy_them() -> None:
 def test_every_variable_is_documented_in_env_example() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
     used = set(re.findall(r"\$\{([A-Z0-9_]+)(?::-[^}]*)?\}", text))
-    documented = {
-        line.split("=", 1)[0]
-        for line in (ROOT / ".env.example").read_text().splitlines()
-        if line and not line.startswith("#")
+    assert used <= _variables(ROOT / ".env.example"), used - _variables(ROOT / ".env.example")
+
+
+def test_workers_split_by_role_and_only_tool_workers_hold_tool_credentials() -> None:
+    workflows, tools = SERVICES["worker-workflows"], SERVICES["worker-tools"]
+    assert workflows["command"] == ["roundtable", "worker", "--role", "workflows"]
+    assert tools["command"] == ["roundtable", "worker", "--role", "tools"]
+    # One tool queue, named alike wherever runs are started or served.
+    queues = {
+        name: SERVICES[name]["environment"].get("ROUNDTABLE_TOOL_TASK_QUEUE")
+        for name in ("worker-workflows", "worker-tools", "api")
     }
-    assert used <= documented, used - documented
+    assert set(queues.values()) == {"roundtable-tools"}, queues
+    # tools.env is read by the tool workers and no other service; every
+    # credential it may hold is emptied for the workflow workers, should
+    # someone put it in .env instead.
+    readers = {name for name, s in SERVICES.items() if "tools.env" in _env_files(s)}
+    assert readers == {"worker-tools"}
+    assert _env_files(tools)[-1] == "tools.env"  # its values win over .env's
+    credentials = _variables(ROOT / "tools.env.example")
+    assert credentials >= {"ROUNDTABLE_MCP_CONFIG", "ROUNDTABLE_DEMO_TICKETS_URL"}
+    for variable in credentials:
+        assert workflows["environment"].get(variable) == "", variable
+        assert variable not in tools["environment"], variable
+
+
+def _env_files(service: dict) -> list[str]:
+    files = service.get("env_file", [])
+    return [files] if isinstance(files, str) else files
+
+
+def _variables(env_file: Path) -> set[str]:
+    lines = env_file.read_text().splitlines()
+    return {line.split("=", 1)[0] for line in lines if line and not line.startswith("#")}
 
 
 def test_the_roundtable_commands_exist() -> None:
-    for name in ("roundtable-db", "worker", "api"):
+    for name in ("roundtable-db", "worker-workflows", "worker-tools", "api"):
         command = SERVICES[name]["command"]
         subcommand = command[1:3] if command[1] == "db" else command[1:2]
         done = subprocess.run(
@@ -81,6 +110,15 @@ def test_the_roundtable_commands_exist() -> None:
         subprocess.run(["sh", "-n", str(path)], check=True, timeout=10)
 
 
+def test_every_option_compose_gives_the_worker_exists() -> None:
+    done = subprocess.run(
+        [CLI, "worker", "--help"], capture_output=True, text=True, timeout=60, check=True
+    )
+    for name in ("worker-workflows", "worker-tools"):
+        for option in (a for a in SERVICES[name]["command"] if a.startswith("--")):
+            assert option in done.stdout, (name, option)
+
+
 def test_compose_config_validates_where_a_compose_client_exists(tmp_path) -> None:
     """Docker does not run here, but its compose client validates the file.
     CI installs Debian's docker-compose; elsewhere a missing client is a skip."""
@@ -89,6 +127,7 @@ def test_compose_config_validates_where_a_compose_client_exists(tmp_path) -> Non
         unavailable("docker-compose", "make test installs it")
     shutil.copy(ROOT / "docker-compose.yml", tmp_path)
     shutil.copy(ROOT / ".env.example", tmp_path / ".env")
+    shutil.copy(ROOT / "tools.env.example", tmp_path / "tools.env")
     done = subprocess.run(
         [*client, "config", "-q"],
         cwd=tmp_path,

@@ -42,7 +42,7 @@ def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
         assert not (elsewhere / ".roundtable").exists()
         assert (tmp_path / ".roundtable" / "dev-secret").stat().st_mode & 0o077 == 0
         # The worker's informational lines show (plain format, one a line).
-        stack.wait_for(r"INFO roundtable\.worker worker polling")
+        stack.wait_for(r"INFO roundtable\.worker all worker polling")
         # The worker's metrics, where dev said: the SDK's and ours.
         (url,) = stack.wait_for(r"worker metrics: (http://\S+/metrics)")
         assert url == f"http://127.0.0.1:{stack.metrics_port}/metrics"
@@ -94,8 +94,19 @@ def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_decodes_without_one(
     """Once the UI's codec endpoint carried the operator token: readable at the
     UI's /api/v1/settings, in the temporal process's command line and in the
     API's access log, and never revoked. Now the UI decodes through the
-    loopback endpoint, which takes no token, so no token is on any command line."""
-    with dev_stack(tmp_path) as stack:
+    loopback endpoint, which takes no token, so no token is on any command line.
+    A Temporal API key left in the shell for a real cluster is dropped, unshown:
+    dev runs its own plain server."""
+    api_key = "tmprl-key-from-the-shell-Qx7"
+    with dev_stack(
+        tmp_path,
+        ROUNDTABLE_TEMPORAL_API_KEY=api_key,
+        ROUNDTABLE_TEMPORAL_TLS_SERVER_NAME="temporal.example",
+    ) as stack:
+        stack.wait_for(
+            r"ignoring ROUNDTABLE_TEMPORAL_TLS_SERVER_NAME, ROUNDTABLE_TEMPORAL_API_KEY: "
+            r"roundtable dev runs its own Temporal server"
+        )
         (token_file,) = stack.wait_for(r"operator token: in (\S+) \(readable only by you")
         operator = (tmp_path / token_file).read_text().strip()
         ui = f"http://127.0.0.1:{stack.ui_port}"
@@ -117,9 +128,16 @@ def test_dev_stack_tokens_stay_off_command_lines_and_the_ui_decodes_without_one(
         in_path = httpx.post(f"{api}/codec/t/{operator}/decode", json={"payloads": []})
         assert in_path.status_code == 403
         lines = _command_lines()
-        assert not any(operator in line or re.search(r"\brt_[\w-]{16}", line) for line in lines)
+        # Any token's shape (rt_ and 43 url-safe characters), not a test
+        # database's (rt_ and 16 hex digits, a PostgreSQL backend's title).
+        leaked = [
+            line
+            for line in lines
+            if operator in line or api_key in line or re.search(r"\brt_[\w-]{32}", line)
+        ]
+        assert leaked == []
         stack.wait_for(r"waiting for approval")
-    assert operator not in stack.output
+    assert operator not in stack.output and api_key not in stack.output
     assert not (tmp_path / token_file).exists()
     assert (tmp_path / ".roundtable" / "roundtable.db").stat().st_mode & 0o077 == 0
     assert (tmp_path / ".roundtable" / "temporal.db").stat().st_mode & 0o077 == 0

@@ -37,7 +37,16 @@ def _mounts(service: str) -> dict[str, str]:
     return {inside: outside for outside, inside in pairs}
 
 
-def test_prometheus_scrapes_the_worker_and_the_api_where_they_listen() -> None:
+def worker_services() -> dict[str, dict]:
+    """Every service that runs `roundtable worker`, whatever its role."""
+    return {
+        name: service
+        for name, service in SERVICES.items()
+        if service.get("command", [])[:2] == ["roundtable", "worker"]
+    }
+
+
+def test_prometheus_scrapes_every_worker_replica_and_the_api_where_they_listen() -> None:
     mounts = _mounts("prometheus")
     config_dir = ROOT / mounts["/etc/prometheus"]
     config = yaml.safe_load((config_dir / "prometheus.yml").read_text())
@@ -45,18 +54,30 @@ def test_prometheus_scrapes_the_worker_and_the_api_where_they_listen() -> None:
     assert "--config.file=/etc/prometheus/prometheus.yml" in command
     for rule_file in config["rule_files"]:
         assert (config_dir / Path(rule_file).relative_to("/etc/prometheus")).is_file()
-    targets = {
-        job["job_name"]: target
-        for job in config["scrape_configs"]
-        for static in job["static_configs"]
-        for target in static["targets"]
-    }
-    worker_env = SERVICES["worker"]["environment"]
-    worker_port = worker_env["ROUNDTABLE_WORKER_METRICS_ADDRESS"].rpartition(":")[2]
-    assert targets["roundtable-worker"] == f"worker:{worker_port}"
-    assert worker_port in SERVICES["worker"]["expose"]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+
+    # Replicas share a service name and have no fixed address: Prometheus
+    # finds each by DNS (one A record per replica), for every worker
+    # service and nothing else.
+    workers = worker_services()
+    assert {"worker-workflows", "worker-tools"} <= set(workers)
+    assert "static_configs" not in jobs["roundtable-worker"]
+    (discovery,) = jobs["roundtable-worker"]["dns_sd_configs"]
+    assert discovery["type"] == "A"
+    assert sorted(discovery["names"]) == sorted(workers)
+    for name, service in workers.items():
+        assert service["deploy"]["replicas"] >= 2, name
+        host, _, port = service["environment"]["ROUNDTABLE_WORKER_METRICS_ADDRESS"].rpartition(":")
+        # Bound to every interface of its container: loopback would be
+        # unreachable from Prometheus's.
+        assert host == "0.0.0.0", name  # noqa: S104 (compared, nothing bound)
+        assert int(port) == discovery["port"] and port in service["expose"], name
+        assert "ports" not in service, name  # replicas would fight over a host port
+        assert name in SERVICES["prometheus"]["depends_on"], name
+
+    (static,) = jobs["roundtable-api"]["static_configs"]
     api_port = SERVICES["api"]["command"][SERVICES["api"]["command"].index("--port") + 1]
-    assert targets["roundtable-api"] == f"api:{api_port}"
+    assert static["targets"] == [f"api:{api_port}"]
     # Prometheus sends no token: the API must be told to serve /metrics without one.
     assert SERVICES["api"]["environment"]["ROUNDTABLE_API_METRICS_PUBLIC"] == "true"
 

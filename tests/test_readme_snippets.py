@@ -40,6 +40,16 @@ NOT_RUN = {
         "Docker does not run on these machines; tests/test_deploy.py validates the file "
         "with docker-compose and runs each of its commands outside Docker"
     ),
+    "export ROUNDTABLE_TEMPORAL_ADDRESS=us-east-1.aws.api.temporal.io:7233": (
+        "needs a Temporal Cloud namespace; tests/test_temporal_tls.py runs the worker, the "
+        "CLI, the API and the client with these variables over TLS, and "
+        "tests/test_temporal_settings.py checks the arguments an API key gives"
+    ),
+    "export ROUNDTABLE_TEMPORAL_ADDRESS=10.20.0.15:7233": (
+        "names a cluster that is not here; tests/test_temporal_tls.py runs the worker, the "
+        "CLI, the API and the client with these variables against a TLS terminator that "
+        "demands the client certificate"
+    ),
     "# Runs and the store's bookkeeping: no tool code, no tool credentials.": (
         "long-running workers: tests/test_scale_out.py runs a workflows worker and two "
         "tool workers under load; tests/test_worker_roles.py runs each role and the "
@@ -125,3 +135,14 @@ async def test_the_model_and_client_snippets_run_against_a_stack(tmp_path: Path)
     assert re.search(r"run \S+ completed\nfinal answer: T-7 needs an owner\.", started), started
     assert any(r["model"] == "llama3.1" for r in fake.requests)
     assert ran.strip() == "completed T-7 is now P1.", ran
+
+
+def test_the_temporal_cluster_examples_name_real_settings() -> None:
+    """Not run (no cluster here), but a misspelt variable would be ignored
+    silently by the process it was meant for."""
+    from roundtable.config import Settings
+
+    for first_line in (k for k in NOT_RUN if k.startswith("export ROUNDTABLE_TEMPORAL_")):
+        names = re.findall(r"^export ROUNDTABLE_(\w+)=", one(first_line).code, re.MULTILINE)
+        assert len(names) >= 3, first_line
+        assert {n.lower() for n in names} <= set(Settings.model_fields), names

@@ -15,7 +15,7 @@ from temporalio.client import Client
 from roundtable.cli.output import EXIT_NOT_FOUND, CliError
 from roundtable.config import Settings, load_settings
 from roundtable.store import SchemaOutOfDateError, Store, open_store
-from roundtable.temporal import connect
+from roundtable.temporal import TemporalSettingsError, connect
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 DatabaseUrl = Annotated[
@@ -61,7 +61,9 @@ async def store_from(settings: Settings) -> AsyncIterator[Store]:
 
 async def temporal(settings: Settings) -> Client:
     try:
-        return await connect(settings.temporal_address, settings.temporal_namespace)
+        return await connect(settings)
+    except TemporalSettingsError as exc:
+        raise CliError(str(exc), "bad_settings") from None
     except Exception as exc:
         raise CliError(
             f"cannot reach Temporal at {settings.temporal_address}: {exc}", "unreachable"

@@ -42,7 +42,7 @@ from roundtable.store import (
     open_store,
 )
 from roundtable.telemetry.logs import configure_logging
-from roundtable.temporal import connect
+from roundtable.temporal import SECURITY_VARIABLES, connect
 from roundtable.views import run_view
 
 
@@ -246,7 +246,7 @@ async def _start_server(  # type: ignore[no-untyped-def]
         if server.poll() is not None:
             raise CliError(f"temporal server exited ({server.returncode}); see {log_path}")
         try:
-            await connect(settings.temporal_address, settings.temporal_namespace)
+            await connect(settings)
             return server
         except Exception:
             if asyncio.get_running_loop().time() > deadline:
@@ -362,7 +362,7 @@ async def _dev(
         if settings.worker_metrics_address:
             typer.echo(f"worker metrics: http://{settings.worker_metrics_address}/metrics")
         if demo:
-            client = await connect(settings.temporal_address, settings.temporal_namespace)
+            client = await connect(settings)
             async with open_store(settings.database_url) as store:
                 started, _ = await operations.start_run(
                     client,
@@ -397,6 +397,19 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def _plain_temporal() -> None:
+    """The stack's own server speaks plain gRPC on loopback: a cluster's TLS
+    settings or API key left in the shell would only stop it connecting."""
+    dropped = [
+        name
+        for name in list(os.environ)
+        if name.upper() in SECURITY_VARIABLES and os.environ.pop(name).strip()
+    ]
+    dropped.sort(key=lambda name: SECURITY_VARIABLES.index(name.upper()))
+    if dropped:
+        typer.echo(f"ignoring {', '.join(dropped)}: roundtable dev runs its own Temporal server")
+
+
 def dev(
     demo: Annotated[bool, typer.Option("--demo", help="Start the demo run once up.")] = False,
     temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
@@ -415,6 +428,7 @@ def dev(
     state_dir.mkdir(parents=True, exist_ok=True)
     _dev_secret()
     os.environ["ROUNDTABLE_TEMPORAL_ADDRESS"] = f"127.0.0.1:{temporal_port}"
+    _plain_temporal()
     if metrics_port is not None:
         address = f"127.0.0.1:{metrics_port}" if metrics_port else ""
         os.environ["ROUNDTABLE_WORKER_METRICS_ADDRESS"] = address
