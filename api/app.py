@@ -14,6 +14,7 @@ from temporalio.client import Client
 from api import access_log, problems
 from api.context import ApiContext
 from api.docs import install_docs
+from api.inbox import router as inbox_router
 from api.metrics import ApiMetrics, CountRequests
 from api.openapi import install_openapi
 from api.routes import actions, approvals, codec, health, metrics, runs, webhooks
@@ -137,6 +138,8 @@ def create_app(
     install_openapi(app)
     for module in (runs, approvals, actions, health, codec, webhooks, metrics):
         app.include_router(module.router)
+    # The approvals inbox (issue 15): HTML pages, not part of the OpenAPI document.
+    app.include_router(inbox_router)
     app.state.metrics = ApiMetrics()
     app.state.codec = EncryptionCodec(keys_from_environment())
     # The Temporal UI calls the codec endpoints from the browser.

@@ -140,6 +140,10 @@ class Settings(BaseSettings):
     # never past this long after the approval was created (refused with 409).
     max_approval_extensions: int = Field(default=3, ge=0)
     max_approval_total_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+    # The approvals inbox (/inbox): how long a sign-in lasts, and whether its
+    # cookie is sent over HTTPS only (set it wherever the API is served over TLS).
+    inbox_session_seconds: int = Field(default=8 * 3600, gt=0)
+    inbox_cookie_secure: bool = False
 
     @model_validator(mode="after")
     def _heartbeat_inside_lease(self) -> Settings:

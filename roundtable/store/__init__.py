@@ -35,6 +35,7 @@ from roundtable.store.errors import (
     StoreError,
 )
 from roundtable.store.events import Events
+from roundtable.store.inbox_sessions import InboxSessions
 from roundtable.store.leases import Leases
 from roundtable.store.migrate import require_current_schema, upgrade_database
 from roundtable.store.reads import Reads
@@ -103,6 +104,7 @@ class Store:
         self.results = ToolResults(self.db)
         self.reads = Reads(self.db)
         self.catalog = ToolCatalog(self.db)
+        self.inbox_sessions = InboxSessions(self.db)
 
     # The names the store has always answered to, each one repository's method.
     create_session = _on("sessions", Sessions.create)
@@ -167,6 +169,11 @@ class Store:
     approval_and_action = _on("reads", Reads.approval_and_action)
     decision_context = _on("reads", Reads.decision_context)
     open_work = _on("reads", Reads.open_work)
+
+    open_inbox_session = _on("inbox_sessions", InboxSessions.open)
+    inbox_session = _on("inbox_sessions", InboxSessions.lookup)
+    revoke_inbox_session = _on("inbox_sessions", InboxSessions.revoke)
+    unknown_actions = _on("reads", Reads.unknown_actions)
 
     publish_tools = _on("catalog", ToolCatalog.publish)
     published_tools = _on("catalog", ToolCatalog.published)

@@ -134,3 +134,21 @@ class Reads:
                 await session.execute(select(pending.scalar_subquery(), unknown.scalar_subquery()))
             ).one()
         return int(counts[0]), int(counts[1])
+
+    async def unknown_actions(
+        self, *, user_id: str | None = None, limit: int = 200
+    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(action, its run) for every ``unknown`` action, oldest first;
+        ``user_id`` keeps that user's runs only (the inbox's list)."""
+        query = (
+            select(ActionRow, RunRow)
+            .join(RunRow, RunRow.id == ActionRow.run_id)
+            .where(ActionRow.status == ActionStatus.UNKNOWN)
+            .order_by(ActionRow.updated_at, ActionRow.id)
+            .limit(limit)
+        )
+        if user_id is not None:
+            query = query.where(RunRow.user_id == user_id)
+        async with self.db.snapshot() as session:
+            rows = (await session.execute(query)).all()
+            return [(row_to_dict(action), row_to_dict(run)) for action, run in rows]

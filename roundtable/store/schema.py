@@ -300,3 +300,18 @@ class ToolCatalogRow(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSONValue)
     published_by: Mapped[str] = mapped_column(String(255))
     published_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class InboxSessionRow(Base):
+    """A signed-in inbox page (issue 15). Only the session id's hash is kept;
+    the session acts with the API token it was opened with, so revoking that
+    token ends the session too."""
+
+    __tablename__ = "inbox_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    user_id: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
