@@ -180,9 +180,7 @@ async def test_visibility_roles_and_revoked_tokens(tmp_path) -> None:
             assert (await h.tickets.read("acme", "T-1"))["fields"] == {"p": "low"}, write
 
             # Revoking the API token ends the sessions opened with it.
-            record = next(
-                t for t in await h.store.list_tokens() if t["user_id"] == "ops"
-            )
+            record = next(t for t in await h.store.list_tokens() if t["user_id"] == "ops")
             await h.store.revoke_token(record["id"])
             assert (await ops.get("/inbox", follow_redirects=False)).status_code == 303
 
