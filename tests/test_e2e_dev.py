@@ -29,6 +29,14 @@ def test_dev_demo_runs_to_completion_and_stops_cleanly(tmp_path: Path) -> None:
             timeout=10,
         )
         assert runs.status_code == 200, runs.text
+        # The inbox, beside the operator token (tests/test_inbox_browser.py decides
+        # the demo's approvals there in Chromium).
+        (inbox, inbox_token_file) = stack.wait_for(
+            r"Inbox: (http://\S+/inbox) .* \(paste the contents of (\S+)\)"
+        )[0]
+        assert inbox == f"http://127.0.0.1:{stack.api_port}/inbox"
+        assert inbox_token_file == token_file
+        assert 'name="token"' in httpx.get(f"{inbox}/login", timeout=10).text
         # The printed commands work as printed, from any directory, with
         # nothing set: once they named a database relative to the stack's.
         elsewhere = tmp_path / "elsewhere"

@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from tests.api_server import Api, serve_api
 from tests.conftest import TEST_SECRET
+from tests.dev_stack import dev_stack
 from tests.test_api import finished, pending_approval, start
 from tests.test_browser_ui import ARTIFACTS, CHROMIUM, _require_browser
 from tests.workflow_harness import Harness, harness, script, ticket_call
@@ -334,3 +335,38 @@ async def test_readable_at_200_percent_zoom(stack: Stack) -> None:
         await page.screenshot(path=str(ARTIFACTS / "inbox-zoom-200.png"), full_page=True)
     finally:
         await context.close()
+
+
+async def test_the_demo_of_make_run_is_decided_from_the_inbox(stack: Stack, tmp_path: Path) -> None:
+    """`make run` (roundtable dev --demo): the inbox URL it prints, signed in
+    with the operator token it wrote, decides the demo's two approvals."""
+    with dev_stack(tmp_path) as dev:
+        ((inbox, token_file),) = await asyncio.to_thread(
+            dev.wait_for, r"Inbox: (http://\S+/inbox) .* \(paste the contents of (\S+)\)"
+        )
+        await asyncio.to_thread(dev.wait_for, r"waiting for approval", 2)
+        token = (tmp_path / token_file).read_text().strip()
+        context = await stack.browser.new_context(viewport={"width": 1280, "height": 1000})
+        try:
+            page = await context.new_page()
+            await page.goto(f"{inbox}/login")
+            await page.locator('input[name="token"]').fill(token)
+            await page.get_by_role("button", name="Sign in").click()
+            await page.wait_for_url(inbox, timeout=WAIT_MS)
+            entries = page.locator("article[data-approval-id]")
+            await page.wait_for_function(
+                "document.querySelectorAll('article[data-approval-id]').length === 2",
+                timeout=WAIT_MS,
+            )
+            assert "Triage ticket acme/T-100" in await entries.first.inner_text()
+            await page.screenshot(path=str(ARTIFACTS / "inbox-demo.png"), full_page=True)
+            for _ in range(2):
+                first = entry(page, await entries.first.get_attribute("data-approval-id"))
+                await first.locator('[data-action="approve"]').click()
+                await (
+                    first.locator(".outcome").filter(has_text="Approved").wait_for(timeout=WAIT_MS)
+                )
+                await first.wait_for(state="detached", timeout=WAIT_MS)
+            await asyncio.to_thread(dev.wait_for, r"run demo-\S+ completed", 1, 120)
+        finally:
+            await context.close()

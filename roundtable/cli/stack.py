@@ -357,7 +357,9 @@ async def _dev(
             f"Temporal UI: http://127.0.0.1:{ui_port}/namespaces/{settings.temporal_namespace}"
             f"/workflows   (server 127.0.0.1:{port}, worker on '{settings.task_queue}')\n"
             f"API: http://127.0.0.1:{api_port}/docs   operator token: in "
-            f"{token_file} (readable only by you; revoked when the stack stops)"
+            f"{token_file} (readable only by you; revoked when the stack stops)\n"
+            f"Inbox: http://127.0.0.1:{api_port}/inbox   decide approvals in a browser: "
+            f"sign in with the operator token (paste the contents of {token_file})"
         )
         if settings.worker_metrics_address:
             typer.echo(f"worker metrics: http://{settings.worker_metrics_address}/metrics")
