@@ -13,8 +13,9 @@ from sqlalchemy import text
 
 from roundtable.permissions import Authority
 from tests.api_server import Api, serve_api
+from tests.helpers import new_action, new_run, target_for
 from tests.test_api import finished, pending_approval, start
-from tests.workflow_harness import TRUSTING, harness
+from tests.workflow_harness import TRUSTING, harness, script, ticket_call
 
 CSRF = re.compile(r'<meta name="csrf-token" content="([0-9a-f]+)">')
 
@@ -194,12 +195,20 @@ async def test_separation_of_duties_holds_in_the_inbox(tmp_path) -> None:
     )
     async with (
         harness(tmp_path, authority=others) as h,
-        serve_api(h, approvers="others", operator_approval_risk="none") as api,
+        serve_api(
+            h, approvers="others", operator_approval_risk="none", inbox_cookie_secure=True
+        ) as api,
     ):
         started = await start(api, who="ops")  # an operator's own run
         approval = await pending_approval(api, started["run_id"], who="ops")
         async with browser(api) as ops:
-            csrf = await sign_in(ops, api.tokens["ops"])
+            # Behind HTTPS the cookie is Secure (this client, on plain HTTP, is
+            # handed it by hand).
+            answer = await ops.post("/inbox/login", data={"token": api.tokens["ops"]})
+            cookie = answer.headers["set-cookie"]
+            assert "secure" in {p.strip().lower() for p in cookie.split(";")}
+            ops.cookies.set("rt_inbox", cookie.split(";")[0].split("=", 1)[1], path="/inbox")
+            csrf = CSRF.search((await ops.get("/inbox")).text).group(1)
             own = await ops.post(
                 f"/inbox/approvals/{approval['id']}/decision",
                 json=decision(approval),
@@ -207,5 +216,65 @@ async def test_separation_of_duties_holds_in_the_inbox(tmp_path) -> None:
             )
             assert own.status_code == 403, own.text
             assert (await pending_approval(api, started["run_id"], who="ops"))["status"] == (
+                "pending"
+            )
+
+
+async def test_unknown_actions_page_and_a_reconcile_refused_while_the_attempt_may_run(
+    tmp_path,
+) -> None:
+    """An unknown write whose lease is still live (its worker may be frozen,
+    not dead): listed with what is known; reconciling it is refused with the
+    reason and the time to retry, and nothing changes."""
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        run = await new_run(h.store, user_id="alice")
+        action = await new_action(h.store, run, key="u1", target_key=target_for("task-u1"))
+        await h.store.claim_action_for_execution(action["id"], 600)
+        await h.store.record_action_terminal_result(
+            action["id"], "unknown", {"error": "connection reset by peer"}
+        )
+        async with browser(api) as ops, browser(api) as alice, browser(api) as bob:
+            ops_csrf = await sign_in(ops, api.tokens["ops"])
+            page = (await ops.get("/inbox/unknown")).text
+            assert f'data-action-id="{action["id"]}"' in page
+            assert "connection reset by peer" in page and 'value="succeeded"' in page
+            refused = await ops.post(
+                f"/inbox/actions/{action['id']}/reconcile",
+                json={"outcome": "failed", "note": "ticket unchanged"},
+                headers={"X-CSRF-Token": ops_csrf},
+            )
+            assert refused.status_code == 409, refused.text
+            assert refused.json()["code"] == "attempt_may_be_running"
+            assert refused.json()["retry_at"]
+            assert (await h.store.get_action(action["id"]))["status"] == "unknown"
+
+            await sign_in(alice, api.tokens["alice"])
+            mine = (await alice.get("/inbox/unknown")).text
+            assert action["id"] in mine and "Only operators reconcile" in mine
+            await sign_in(bob, api.tokens["bob"])
+            assert action["id"] not in (await bob.get("/inbox/unknown")).text
+
+
+async def test_tenants_hold_for_edits_made_in_the_inbox(tmp_path) -> None:
+    """Carol acts for initech only: an edit moving her write to acme is
+    refused by the same rule as through the API, and nothing changes."""
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        call = ticket_call("ticket_update", "T-9", tenant_id="initech")
+        started = await start(api, who="carol", script=script(("seat-1", 1, [call])))
+        approval = await pending_approval(api, started["run_id"], who="carol")
+        async with browser(api) as carol:
+            csrf = await sign_in(carol, api.tokens["carol"])
+            assert approval["id"] in (await carol.get("/inbox")).text
+            moved = await carol.post(
+                f"/inbox/approvals/{approval['id']}/decision",
+                json=decision(
+                    approval,
+                    arguments={"tenant_id": "acme", "ticket_id": "T-9", "fields": {"p": "1"}},
+                ),
+                headers={"X-CSRF-Token": csrf},
+            )
+            assert moved.status_code == 403, moved.text
+            assert moved.json()["code"] == "tenant_not_allowed"
+            assert (await pending_approval(api, started["run_id"], who="carol"))["status"] == (
                 "pending"
             )
