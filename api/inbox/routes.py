@@ -34,9 +34,9 @@ from api.routes import approvals as approval_routes
 from api.routes.runs import visible_run
 from roundtable.models import RunState
 from roundtable.names import STATE_QUERY
-from roundtable.security import REDACTED
+from roundtable.security import REDACTED, action_to_public_dict
 from roundtable.store import NotFoundError
-from roundtable.views import approval_pair_view, run_view
+from roundtable.views import approval_pair_view, event_view, run_view
 
 router = APIRouter(prefix="/inbox", include_in_schema=False)
 Ctx = Annotated[ApiContext, Depends(context)]
@@ -250,9 +250,8 @@ async def edit_form(approval_id: str, request: Request, ctx: Ctx) -> dict[str, A
     if signed is None:
         raise Problem(401, "unauthorized", "sign in at /inbox/login first")
     await approval_routes._decidable(ctx, signed.principal, approval_id, "decide")
-    approval, _ = await approval_routes._visible(ctx, signed.principal, approval_id)
     view = await approval_routes.get_approval(approval_id, signed.principal, ctx)
-    schema = await _tool_schema(ctx, approval["run_id"], view["tool_name"])
+    schema = await _tool_schema(ctx, view["run_id"], view["tool_name"])
     arguments = view["arguments"] or {}
     return {
         "tool_name": view["tool_name"],
@@ -310,8 +309,6 @@ async def unknown(request: Request, ctx: Ctx) -> Response:
         return _to_login()
     who: Principal = signed.principal
     pairs = await ctx.store.unknown_actions(user_id=None if who.sees_everything else who.user_id)
-    from roundtable.security import action_to_public_dict
-
     rows = []
     for action, _run in pairs:
         public = action_to_public_dict(action)
@@ -359,8 +356,6 @@ async def run_page(run_id: str, request: Request, ctx: Ctx) -> Response:
     except NotFoundError:
         task = None
     events = await ctx.store.list_events(run_id)
-    from roundtable.views import event_view
-
     body = render.run_page(
         view,
         task,
