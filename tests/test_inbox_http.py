@@ -4,6 +4,7 @@ sign-out, and the API's own rules on who sees and decides what."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -278,3 +279,34 @@ async def test_tenants_hold_for_edits_made_in_the_inbox(tmp_path) -> None:
             assert (await pending_approval(api, started["run_id"], who="carol"))["status"] == (
                 "pending"
             )
+
+
+async def test_no_page_shows_a_secret_argument(tmp_path) -> None:
+    """A comment's body is not a safe field: the inbox shows it redacted, and
+    the run page's transcript redacts it even where the seat quoted it."""
+    secret = "s3cret-body-value-4711"
+    call = ticket_call("ticket_comment", "T-3", body=secret)
+    said = {
+        "turns": [
+            {
+                "seat": "seat-1",
+                "round": 1,
+                "text": f"Posting {secret!r} now",
+                "tool_calls": [call],
+            }
+        ],
+        "final": "done",
+    }
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started = await start(api, script=said)
+        approval = await pending_approval(api, started["run_id"])
+        async with browser(api) as ops:
+            await sign_in(ops, api.tokens["ops"])
+            inbox = (await ops.get("/inbox")).text
+            assert approval["id"] in inbox and "[redacted]" in inbox
+            page = (await ops.get(f"/inbox/runs/{started['run_id']}")).text
+            assert "Posting" in page and "[redacted]" in page
+            form = (await ops.get(f"/inbox/approvals/{approval['id']}/edit")).json()
+            assert form["redacted"] == ["body"]
+            for text in (inbox, page, json.dumps(form)):
+                assert secret not in text

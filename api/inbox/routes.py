@@ -34,7 +34,7 @@ from api.routes import approvals as approval_routes
 from api.routes.runs import visible_run
 from roundtable.models import RunState
 from roundtable.names import STATE_QUERY
-from roundtable.security import REDACTED, action_to_public_dict
+from roundtable.security import REDACTED, action_to_public_dict, redact_text
 from roundtable.store import NotFoundError
 from roundtable.views import approval_pair_view, event_view, run_view
 
@@ -322,14 +322,25 @@ async def unknown(request: Request, ctx: Ctx) -> Response:
 
 
 def _transcript(state: RunState | None) -> list[dict[str, Any]] | None:
-    """What the seats said (tool calls by name only: their arguments are not
-    shown here, the actions table shows their public view)."""
+    """What the seats said. Tool calls by name only (the actions table shows
+    their arguments' public view), and every secret argument value any seat
+    passed a tool is redacted from the text, however escaped (``redact_text``,
+    the rule error messages follow; it also bounds each message)."""
     if state is None:
         return None
+    messages = [*state.transcript, *(m for thread in state.threads.values() for m in thread)]
+    secrets: dict[str, Any] = {}
+    for message in messages:
+        for call in message.tool_calls:
+            spec = state.snapshot.tool(call.name) if state.snapshot else None
+            safe = set(spec.safe_argument_fields) if spec else set()
+            for name, value in call.arguments.items():
+                if name not in safe:
+                    secrets[f"{call.id}:{name}"] = value
     return [
         {
             "speaker": m.name or m.role,
-            "text": m.content,
+            "text": redact_text(m.content, secrets),
             "calls": [c.name for c in m.tool_calls],
         }
         for m in state.transcript
