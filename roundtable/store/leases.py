@@ -20,12 +20,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import and_, delete, false, func, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    and_,
+    delete,
+    false,
+    func,
+    insert,
+    literal,
+    not_,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from roundtable import chaos_hook
 from roundtable.completion import complete_every_public_coroutine
@@ -37,14 +54,16 @@ from roundtable.states import (
     ClaimOutcome,
 )
 from roundtable.store import commit_notes
+from roundtable.store.audit import chained_event
 from roundtable.store.database import Database, reload
-from roundtable.store.engine import database_clock, database_now, insert_for, is_postgresql
-from roundtable.store.errors import ConflictError, InvalidInputError
+from roundtable.store.engine import database_clock, database_now, is_postgresql
+from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.rows import require_aware, row_to_dict
 from roundtable.store.schema import (
     ActionLeaseRow,
     ActionRow,
     ActionSecretRow,
+    AuditEventRow,
     RunRow,
     TargetFencingRow,
     TargetScopeRow,
@@ -87,33 +106,30 @@ class Leases:
         return await self._claim(action_id, lease_seconds, hand_over=True)
 
     async def _claim(self, action_id: str, lease_seconds: float, hand_over: bool) -> Claim:
+        """The claim in few statements (docs/architecture.md, "The claim"):
+        the locks, one read of every fact the decision needs, the writes.
+        PostgreSQL: two statements, the locks (run, scope, target counter)
+        and one data-modifying CTE that checks and writes. SQLite (BEGIN
+        IMMEDIATE's write lock serialises claimers): one read, then one
+        statement per table written."""
         length = _lease_length(lease_seconds)
         async with self.db.transaction() as session:
-            run, action = await self.db.lock_row(session, ActionRow, action_id)
-            now = await database_now(session)
-            if action.status in FINAL_ACTION_STATUSES:
-                return Claim(ClaimOutcome.ALREADY_FINISHED)
-            if action.status == ActionStatus.UNKNOWN:
-                return Claim(ClaimOutcome.UNKNOWN)
-            if action.status == ActionStatus.WAITING_APPROVAL:
-                return Claim(ClaimOutcome.NOT_APPROVED)
-            if action.status == ActionStatus.EXECUTING:
+            if is_postgresql(session):
+                facts, executing = await _claim_postgresql(session, action_id, length)
+            else:
+                facts, executing = await _claim_sqlite(session, action_id, length)
+            outcome = _claim_outcome(facts, executing is not None)
+            if outcome is None:  # executing already: our own attempt, or a lapsed one
+                run, action = await self.db.lock_row(session, ActionRow, action_id)
+                now = await database_now(session)
                 return Claim(await self._claim_own_executing(session, run, action, now))
-            if await target_has_unknown(session, action):
-                commit_notes.note(session, commit_notes.LeaseBusy(action.tool_name))
-                return Claim(ClaimOutcome.TARGET_RECONCILIATION_REQUIRED)
-            outcome = await take_lease(self.db, session, run, action, now, length)
-            if outcome == ClaimOutcome.TARGET_BUSY:
-                commit_notes.note(session, commit_notes.LeaseBusy(action.tool_name))
+            if outcome == ClaimOutcome.TARGET_BUSY or (
+                outcome == ClaimOutcome.TARGET_RECONCILIATION_REQUIRED and facts.blocked_by_unknown
+            ):
+                commit_notes.note(session, commit_notes.LeaseBusy(facts.tool_name))
             if outcome != ClaimOutcome.CLAIMED or not hand_over:
                 return Claim(outcome)
-            executing = await reload(session, ActionRow, action_id)
-            secret = await session.get(ActionSecretRow, action_id)
-            return Claim(
-                outcome,
-                row_to_dict(executing),
-                secret.arguments_encrypted if secret is not None else None,
-            )
+            return Claim(outcome, executing, facts.sealed)
 
     async def waiting_on_target(self, action: Mapping[str, Any], limit: int = 3) -> list[str]:
         """The runs with an approved write waiting for ``action``'s target (or
@@ -424,188 +440,485 @@ def _overlaps(action: Any, scope_column: Any, wide_column: Any) -> Any:
     return overlap if action.target_namespace_wide else and_(overlap, wide_column.is_(True))
 
 
-async def target_has_unknown(session: AsyncSession, action: ActionRow) -> bool:
-    """Whether an ``unknown`` action of this target (or one that may
-    overlap it) blocks it until reconciled."""
-    same_or_overlapping = or_(
-        ActionRow.target_key == action.target_key,
-        _overlaps(action, ActionRow.target_scope, ActionRow.target_namespace_wide),
-    )
-    blocker = (
-        await session.execute(
-            select(ActionRow.id)
-            .where(
-                same_or_overlapping,
-                ActionRow.status == ActionStatus.UNKNOWN,
-                ActionRow.id != action.id,
-            )
-            .limit(1)
+@dataclass(frozen=True)
+class _Facts:
+    """What a claim decides on, read in one statement (see _facts_query)."""
+
+    status: str
+    tool_name: str
+    blocked_by_unknown: bool  # an unknown action on the target or overlapping it
+    overlap_held: bool  # a lease on an overlapping target (same scope, one of them wide)
+    overlap_unknown: bool  # … whose action is unknown
+    key_held: bool  # a lease on the target itself
+    key_unknown: bool  # … whose action is unknown
+    sealed: str | None  # the action's sealed arguments
+
+    @classmethod
+    def of(cls, row: Any) -> _Facts:
+        values = row._mapping
+        return cls(
+            status=values["status"],
+            tool_name=values["tool_name"],
+            blocked_by_unknown=bool(values["blocked_by_unknown"]),
+            overlap_held=bool(values["overlap_held"]),
+            overlap_unknown=bool(values["overlap_unknown"]),
+            key_held=bool(values["key_held"]),
+            key_unknown=bool(values["key_unknown"]),
+            sealed=values["sealed"],
         )
-    ).scalar_one_or_none()
-    return blocker is not None
+
+    @property
+    def may_claim(self) -> bool:
+        """Nothing but a holder of the key itself (which the lease insert
+        arbitrates) can stand in the way."""
+        return (
+            self.status == ActionStatus.APPROVED
+            and not self.blocked_by_unknown
+            and not self.overlap_held
+        )
 
 
-async def _holder_outcome(session: AsyncSession, condition: Any) -> ClaimOutcome | None:
-    """Why the leases matching ``condition`` stand in the way, or None if none do."""
-    holders = set(
-        (
-            await session.execute(
-                select(ActionRow.status)
-                .join(ActionLeaseRow, ActionLeaseRow.action_id == ActionRow.id)
-                .where(condition)
-            )
-        ).scalars()
-    )
-    if not holders:
+@dataclass(frozen=True)
+class _Grant:
+    """A claim's values, fixed before its writes: the lease, the token, and
+    the audit event chained to the run's head."""
+
+    action_id: str
+    run_id: str
+    target_key: str
+    scope: str | None
+    namespace_wide: bool
+    token: int
+    now: datetime
+    expires: datetime
+    event: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls,
+        action_id: str,
+        head: Mapping[str, Any],
+        target_last: int | None,
+        scope_claims: int | None,
+        now: datetime,
+        length: timedelta,
+    ) -> _Grant:
+        token = _next_fencing_token(target_last, scope_claims)
+        expires = now + length
+        event = chained_event(
+            head["run_id"],
+            head["last_event_seq"],
+            head["last_event_hash"],
+            "action.executing",
+            {
+                "action_id": action_id,
+                "fencing_token": token,
+                "lease_expires_at": expires.isoformat(),
+            },
+            now,
+        )
+        return cls(
+            action_id,
+            head["run_id"],
+            head["target_key"],
+            head["target_scope"],
+            bool(head["target_namespace_wide"]),
+            token,
+            now,
+            expires,
+            event,
+        )
+
+    def lease(self) -> dict[str, Any]:
+        return {
+            "target_key": self.target_key,
+            "action_id": self.action_id,
+            "run_id": self.run_id,
+            "fencing_token": self.token,
+            "acquired_at": self.now,
+            "lease_expires_at": self.expires,
+            "scope_key": self.scope,
+            "namespace_wide": self.namespace_wide,
+        }
+
+    def executing(self) -> dict[str, Any]:
+        """approved → executing, under this grant's token."""
+        return {
+            "status": ActionStatus.EXECUTING,
+            "fencing_token": self.token,
+            "attempt_count": ActionRow.attempt_count + 1,
+            "started_at": self.now,
+            "updated_at": self.now,
+        }
+
+    def head(self) -> dict[str, Any]:
+        """The run's new chain head (its row is locked by the claim)."""
+        return {
+            "last_event_seq": self.event["seq"],
+            "last_event_hash": self.event["hash"],
+            "updated_at": self.now,
+        }
+
+
+def _next_fencing_token(target_last: int | None, scope_claims: int | None) -> int:
+    """The claim's fencing token: larger than every token given before on
+    this target *and* in its scope, so a namespace-wide write outranks the
+    per-key writes before it (and they it). The target's counter may have run
+    ahead of its scope's for keys claimed before scopes existed: one past the
+    larger of the two. Both counters are read under the claim's locks and are
+    only ever changed by claims holding them."""
+    return max(target_last or 0, scope_claims or 0) + 1
+
+
+def _claim_outcome(facts: _Facts, claimed: bool) -> ClaimOutcome | None:
+    """How the claim ended; None when the action is executing already (the
+    caller looks at its lease). The checks in the order the protocol has
+    them: the action's own state, an unknown write on the target, an
+    overlapping holder, a holder of the key itself."""
+    if facts.status in FINAL_ACTION_STATUSES:
+        return ClaimOutcome.ALREADY_FINISHED
+    if facts.status == ActionStatus.UNKNOWN:
+        return ClaimOutcome.UNKNOWN
+    if facts.status == ActionStatus.WAITING_APPROVAL:
+        return ClaimOutcome.NOT_APPROVED
+    if facts.status == ActionStatus.EXECUTING:
         return None
-    if ActionStatus.UNKNOWN in holders:
+    if claimed:
+        return ClaimOutcome.CLAIMED
+    if facts.blocked_by_unknown:
+        return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
+    if facts.overlap_held:
+        if facts.overlap_unknown:
+            return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
+        return ClaimOutcome.TARGET_BUSY
+    if facts.key_unknown:
         return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
     return ClaimOutcome.TARGET_BUSY
 
 
-async def take_lease(
-    db: Database,
-    session: AsyncSession,
-    run: RunRow,
-    action: ActionRow,
-    now: datetime,
-    length: timedelta,
-) -> ClaimOutcome:
-    """Claim the action's target, in the caller's transaction (the run is
-    locked), in three phases: lock the scope and look for overlapping
-    holders; insert the lease row, the step that serialises claims; start
-    executing under a new fencing token."""
-    scope_claims = None
-    if action.target_scope is not None:
-        now, scope_claims, blocked = await _lock_scope(session, action)
-        if blocked is not None:
-            return blocked
-    if not await _insert_lease(session, run, action, now, length):
-        same_key = ActionLeaseRow.target_key == action.target_key
-        return await _holder_outcome(session, same_key) or ClaimOutcome.TARGET_BUSY
-    await _start_executing(db, session, run, action, now, length, scope_claims)
-    return ClaimOutcome.CLAIMED
+def _overlapping(scope_column: Any, wide_column: Any) -> Any:
+    """:func:`_overlaps` in SQL, correlated with the claimed action (the
+    ``actions`` row of the enclosing query)."""
+    return and_(
+        ActionRow.target_scope.is_not(None),
+        scope_column == ActionRow.target_scope,
+        or_(ActionRow.target_namespace_wide.is_(True), wide_column.is_(True)),
+    )
 
 
-async def _lock_scope(
-    session: AsyncSession, action: ActionRow
-) -> tuple[datetime, int, ClaimOutcome | None]:
-    """Hold the scope row until commit, so the overlap check and the insert
-    after it are one step for every claim in this scope. (A no-op update
-    still takes the row lock; ``claims`` only counts claims that succeed, see
-    _next_fencing_token.) Returns the time after the lock, the scope's claims
-    as the lock found them (stable while it is held), and why an overlapping
-    lease stands in the way, if one does."""
-    claims = (
-        await session.execute(
-            insert_for(session, TargetScopeRow)
-            .values(scope_key=action.target_scope, claims=0)
-            .on_conflict_do_update(
-                index_elements=["scope_key"], set_={"claims": TargetScopeRow.claims}
-            )
-            .returning(TargetScopeRow.claims)
+def _facts_query(action_id: str, with_counters: bool) -> Any:
+    """One SELECT of every fact a claim decides on (see :class:`_Facts`);
+    ``with_counters`` adds the run's chain head and the target's and scope's
+    counters (SQLite, where the write lock makes them stable)."""
+    other = aliased(ActionRow, name="other")
+    holder = aliased(ActionRow, name="holder")
+    lease = aliased(ActionLeaseRow, name="lease")
+
+    def held(where: Any, unknown_only: bool = False) -> Any:
+        query = select(lease.target_key).join(holder, holder.id == lease.action_id).where(where)
+        if unknown_only:
+            query = query.where(holder.status == ActionStatus.UNKNOWN)
+        return query.exists()
+
+    overlapping = _overlapping(lease.scope_key, lease.namespace_wide)
+    same_key = lease.target_key == ActionRow.target_key
+    blocker = (
+        select(other.id)
+        .where(
+            or_(
+                other.target_key == ActionRow.target_key,
+                _overlapping(other.target_scope, other.target_namespace_wide),
+            ),
+            other.status == ActionStatus.UNKNOWN,
+            other.id != ActionRow.id,
         )
-    ).scalar_one()
-    # The lock may have been waited for: the lease runs from now, so leases
-    # and tokens of one scope are granted in the same order.
-    now = await database_now(session)
-    overlapping = _overlaps(action, ActionLeaseRow.scope_key, ActionLeaseRow.namespace_wide)
-    return now, claims, await _holder_outcome(session, overlapping)
+        .exists()
+    )
+    sealed = (
+        select(ActionSecretRow.arguments_encrypted)
+        .where(ActionSecretRow.action_id == ActionRow.id)
+        .scalar_subquery()
+    )
+    columns = [
+        ActionRow.run_id,
+        ActionRow.status,
+        ActionRow.tool_name,
+        ActionRow.target_key,
+        ActionRow.target_scope,
+        ActionRow.target_namespace_wide,
+        blocker.label("blocked_by_unknown"),
+        held(overlapping).label("overlap_held"),
+        held(overlapping, unknown_only=True).label("overlap_unknown"),
+        held(same_key).label("key_held"),
+        held(same_key, unknown_only=True).label("key_unknown"),
+        sealed.label("sealed"),
+    ]
+    if not with_counters:
+        return select(*columns).where(ActionRow.id == action_id)
+    target_last = (
+        select(TargetFencingRow.last_token)
+        .where(TargetFencingRow.target_key == ActionRow.target_key)
+        .scalar_subquery()
+    )
+    scope_claims = (
+        select(TargetScopeRow.claims)
+        .where(TargetScopeRow.scope_key == ActionRow.target_scope)
+        .scalar_subquery()
+    )
+    return (
+        select(
+            *columns,
+            RunRow.last_event_seq,
+            RunRow.last_event_hash,
+            target_last.label("target_last"),
+            scope_claims.label("scope_claims"),
+        )
+        .join(RunRow, RunRow.id == ActionRow.run_id)
+        .where(ActionRow.id == action_id)
+    )
 
 
-async def _insert_lease(
-    session: AsyncSession, run: RunRow, action: ActionRow, now: datetime, length: timedelta
-) -> bool:
-    """The serialising statement: the target key is the primary key, and an
-    existing row (live, expired or blocked) is never taken over."""
-    inserted = await session.execute(
-        insert_for(session, ActionLeaseRow)
-        .values(
-            target_key=action.target_key,
-            action_id=action.id,
-            run_id=run.id,
-            fencing_token=0,
-            acquired_at=now,
-            lease_expires_at=now + length,
-            scope_key=action.target_scope,
-            namespace_wide=action.target_namespace_wide,
+def _executing_dict(values: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
+    return {c.key: values[f"{prefix}{c.name}"] for c in ActionRow.__table__.columns}
+
+
+# ----------------------------------------------------------- SQLite
+
+
+async def _claim_sqlite(
+    session: AsyncSession, action_id: str, length: timedelta
+) -> tuple[_Facts, dict[str, Any] | None]:
+    """BEGIN IMMEDIATE (the transaction's) holds SQLite's write lock: every
+    claimer, in every process, waits for it, so what the one read finds stays
+    true until commit. Then one statement per table the claim writes: the
+    lease, the target's and the scope's counters, the action, its audit event,
+    the run's chain head (SQLite has no data-modifying CTEs)."""
+    row = (await session.execute(_facts_query(action_id, with_counters=True))).one_or_none()
+    if row is None:
+        raise NotFoundError(f"action {action_id!r} not found")
+    facts = _Facts.of(row)
+    if not facts.may_claim or facts.key_held:
+        return facts, None
+    values = row._mapping
+    grant = _Grant.of(
+        action_id,
+        values,
+        values["target_last"],
+        values["scope_claims"],
+        await database_now(session),  # SQLite: this process's clock, no statement
+        length,
+    )
+    leased = await session.execute(
+        sqlite_insert(ActionLeaseRow.__table__)
+        .values(**grant.lease())
+        .on_conflict_do_nothing(index_elements=["target_key"])
+        .returning(ActionLeaseRow.__table__.c.target_key)
+    )
+    if leased.scalar_one_or_none() is None:  # impossible under the write lock; refuse
+        return facts, None
+    fencing = TargetFencingRow.__table__
+    await session.execute(
+        sqlite_insert(fencing)
+        .values(target_key=grant.target_key, last_token=grant.token)
+        .on_conflict_do_update(index_elements=["target_key"], set_={"last_token": grant.token})
+    )
+    if grant.scope is not None:
+        scopes = TargetScopeRow.__table__
+        await session.execute(
+            sqlite_insert(scopes)
+            .values(scope_key=grant.scope, claims=grant.token)
+            .on_conflict_do_update(index_elements=["scope_key"], set_={"claims": grant.token})
+        )
+    actions = ActionRow.__table__
+    executing = (
+        await session.execute(
+            update(actions)
+            .where(actions.c.id == action_id, actions.c.status == ActionStatus.APPROVED)
+            .values(**grant.executing())
+            .returning(*actions.c)
+        )
+    ).one_or_none()
+    if executing is None:  # impossible under the write lock; refuse rather than guess
+        raise ConflictError(f"action {action_id!r} changed while being claimed")
+    await session.execute(insert(AuditEventRow.__table__).values(**grant.event))
+    await session.execute(
+        update(RunRow.__table__).where(RunRow.id == grant.run_id).values(**grant.head())
+    )
+    return facts, _executing_dict(executing._mapping)
+
+
+# ----------------------------------------------------------- PostgreSQL
+
+
+async def _claim_postgresql(
+    session: AsyncSession, action_id: str, length: timedelta
+) -> tuple[_Facts, dict[str, Any] | None]:
+    """Two statements. The first takes the claim's locks, in the order every
+    claim takes them (the run, the scope's counter row, the target's counter
+    row), and returns both counters and the clock after the last lock. The
+    second, in a snapshot taken after the locks (READ COMMITTED: every
+    statement has its own), checks and writes in one data-modifying CTE.
+
+    Why the checks may read a snapshot: every claim in a scope holds the
+    scope row until it commits, and every claim of a key its counter row, so
+    no overlapping lease, and no lease of the key, can appear after the
+    snapshot; leases that vanish after it (a result recorded) only make the
+    claim refuse where it could have claimed. The lease insert's primary key
+    still arbitrates the key itself (ON CONFLICT DO NOTHING)."""
+    locked = (await session.execute(_lock_statement(action_id))).one_or_none()
+    if locked is None:
+        raise NotFoundError(f"action {action_id!r} not found")
+    values = locked._mapping
+    grant = _Grant.of(
+        action_id,
+        values,
+        values["target_last"],
+        values["scope_claims"],
+        values["now"].astimezone(UTC),
+        length,
+    )
+    row = (await session.execute(_claim_statement(action_id, grant))).one()
+    facts = _Facts.of(row)
+    executing = row._mapping["executing_id"]
+    if row._mapping["leased"] is not None and executing is None:
+        # Impossible under the run lock; refuse rather than guess.
+        raise ConflictError(f"action {action_id!r} changed while being claimed")
+    if executing is None:
+        return facts, None
+    return facts, _executing_dict(row._mapping, prefix="executing_")
+
+
+def _lock_statement(action_id: str) -> Any:
+    """The run's row (FOR UPDATE), then the scope's counter and the target's
+    counter (each created at 0 if new, and locked by a no-op upsert, which
+    returns the latest committed value whatever the snapshot), then the clock.
+    Each step reads the one before it, which fixes their order."""
+    run = (
+        select(
+            RunRow.id.label("run_id"),
+            RunRow.last_event_seq,
+            RunRow.last_event_hash,
+            ActionRow.target_key,
+            ActionRow.target_scope,
+            ActionRow.target_namespace_wide,
+        )
+        .select_from(RunRow)
+        .join(ActionRow, ActionRow.run_id == RunRow.id)
+        .where(ActionRow.id == action_id)
+        .with_for_update(of=RunRow)
+        .cte("locked_run")
+    )
+    scopes = TargetScopeRow.__table__
+    scope = (
+        pg_insert(scopes)
+        .from_select(
+            ["scope_key", "claims"],
+            select(run.c.target_scope, literal(0, BigInteger())).where(
+                run.c.target_scope.is_not(None)
+            ),
+        )
+        .on_conflict_do_update(index_elements=["scope_key"], set_={"claims": scopes.c.claims})
+        .returning(scopes.c.claims)
+        .cte("locked_scope")
+    )
+    fencing = TargetFencingRow.__table__
+    fence = (
+        pg_insert(fencing)
+        .from_select(
+            ["target_key", "last_token"],
+            select(run.c.target_key, literal(0, BigInteger())).select_from(
+                run.outerjoin(scope, true())
+            ),
+        )
+        .on_conflict_do_update(
+            index_elements=["target_key"], set_={"last_token": fencing.c.last_token}
+        )
+        .returning(
+            fencing.c.last_token,
+            func.clock_timestamp(type_=DateTime(timezone=True)).label("now"),
+        )
+        .cte("locked_target")
+    )
+    return select(
+        *run.c,
+        select(scope.c.claims).scalar_subquery().label("scope_claims"),
+        fence.c.last_token.label("target_last"),
+        fence.c.now,
+    ).select_from(run.join(fence, true()))
+
+
+def _claim_statement(action_id: str, grant: _Grant) -> Any:
+    """The checks and every write of the claim, as one statement: the lease
+    is inserted only if the checks pass (and the key is free), every other
+    write only if the lease was."""
+    facts = _facts_query(action_id, with_counters=False).cte("facts")
+    leases = ActionLeaseRow.__table__
+    lease = grant.lease()
+    leased = (
+        pg_insert(leases)
+        .from_select(
+            list(lease),
+            select(*(literal(v, leases.c[k].type) for k, v in lease.items())).where(
+                facts.c.status == ActionStatus.APPROVED,
+                not_(facts.c.blocked_by_unknown),
+                not_(facts.c.overlap_held),
+            ),
         )
         .on_conflict_do_nothing(index_elements=["target_key"])
-        .returning(ActionLeaseRow.target_key)
+        .returning(leases.c.target_key)
+        .cte("leased")
     )
-    return inserted.scalar_one_or_none() is not None
-
-
-async def _start_executing(
-    db: Database,
-    session: AsyncSession,
-    run: RunRow,
-    action: ActionRow,
-    now: datetime,
-    length: timedelta,
-    scope_claims: int | None,
-) -> None:
-    """approved → executing under the lease just taken, with its token."""
-    token = await _next_fencing_token(session, action, scope_claims)
-    await session.execute(
-        update(ActionLeaseRow)
-        .where(ActionLeaseRow.target_key == action.target_key)
-        .values(fencing_token=token)
+    got_lease = select(leased.c.target_key).exists()
+    actions = ActionRow.__table__
+    executing = (
+        update(actions)
+        .where(actions.c.id == action_id, actions.c.status == ActionStatus.APPROVED, got_lease)
+        .values(**grant.executing())
+        .returning(*actions.c)
+        .cte("executing")
     )
-    changed = await db.compare_and_set(
-        session,
-        ActionRow,
-        action.id,
-        (ActionStatus.APPROVED,),
-        {
-            "status": ActionStatus.EXECUTING,
-            "fencing_token": token,
-            "attempt_count": ActionRow.attempt_count + 1,
-            "started_at": now,
-            "updated_at": now,
-        },
-    )
-    if not changed:  # impossible under the run lock; refuse rather than guess
-        raise ConflictError(f"action {action.id!r} changed while being claimed")
-    await db.audit(
-        session,
-        run,
-        "action.executing",
-        {
-            "action_id": action.id,
-            "fencing_token": token,
-            "lease_expires_at": (now + length).isoformat(),
-        },
-        now,
-    )
-
-
-async def _next_fencing_token(
-    session: AsyncSession, action: ActionRow, scope_claims: int | None
-) -> int:
-    """The claim's fencing token: larger than every token given before on
-    this target *and* in its scope, so a namespace-wide write outranks the
-    per-key writes before it (and they it). The scope row (locked since the
-    start of the claim) holds the scope's last token, ``scope_claims``; the
-    target's own counter may have run ahead of it for keys claimed before
-    scopes existed. One upsert takes the larger of the two, one past each."""
-    floor = 1 if scope_claims is None else scope_claims + 1
-    larger = func.greatest if is_postgresql(session) else func.max  # SQLite: max(a, b)
-    token = (
-        await session.execute(
-            insert_for(session, TargetFencingRow)
-            .values(target_key=action.target_key, last_token=floor)
-            .on_conflict_do_update(
-                index_elements=["target_key"],
-                set_={"last_token": larger(TargetFencingRow.last_token + 1, floor)},
-            )
-            .returning(TargetFencingRow.last_token)
+    started = select(executing.c.id).exists()
+    fencing = TargetFencingRow.__table__
+    writes = [
+        update(fencing)
+        .where(fencing.c.target_key == grant.target_key, got_lease)
+        .values(last_token=grant.token)
+        .returning(fencing.c.target_key)
+        .cte("target_counted")
+    ]
+    if grant.scope is not None:
+        scopes = TargetScopeRow.__table__
+        writes.append(
+            update(scopes)
+            .where(scopes.c.scope_key == grant.scope, got_lease)
+            .values(claims=grant.token)
+            .returning(scopes.c.scope_key)
+            .cte("scope_counted")
         )
-    ).scalar_one()
-    if action.target_scope is not None:
-        await session.execute(
-            update(TargetScopeRow)
-            .where(TargetScopeRow.scope_key == action.target_scope)
-            .values(claims=token)
+    events = AuditEventRow.__table__
+    writes.append(
+        insert(events)
+        .from_select(
+            list(grant.event),
+            select(*(literal(v, events.c[k].type) for k, v in grant.event.items())).where(started),
         )
-    return token
+        .returning(events.c.id)
+        .cte("audited")
+    )
+    runs = RunRow.__table__
+    writes.append(
+        update(runs)
+        .where(runs.c.id == grant.run_id, started)
+        .values(**grant.head())
+        .returning(runs.c.id)
+        .cte("chained")
+    )
+    return (
+        select(
+            *facts.c,
+            select(leased.c.target_key).scalar_subquery().label("leased"),
+            *(c.label(f"executing_{c.name}") for c in executing.c),
+        )
+        .select_from(facts.outerjoin(executing, true()))
+        .add_cte(*writes)
+    )
