@@ -156,3 +156,61 @@ async def test_many_claimers_on_overlapping_targets_never_overlap_and_tokens_ris
     assert sum(len(t) for t in key_tokens.values()) == len(actions)
     for run in runs:
         assert await store.verify_audit_chain(run["id"])
+
+
+# A hold or renewal: one UPDATE … RETURNING (plus BEGIN IMMEDIATE on SQLite).
+HOLD = {"postgresql": 1, "sqlite": 2}
+# A definite result: lock the run, read the action with the clock, the action,
+# the lease, the event, the chain head (plus BEGIN IMMEDIATE on SQLite, whose
+# clock needs no statement).
+RESULT = {"postgresql": 6, "sqlite": 7}
+
+
+async def test_a_hold_is_one_statement_and_a_result_reads_the_clock_with_the_action(
+    store,
+) -> None:
+    dialect = store.engine.dialect.name
+    run = await new_run(store)
+    action = await new_action(store, run, key="held", **target_fields("held"))
+    claim = await store.claim_for_execution(action["id"], 30)
+    token = claim.action["fencing_token"]
+
+    with counting(store) as seen:
+        assert await store.hold_action_lease(action["id"], token, 30) == "executing"
+    assert len(seen) == HOLD[dialect], seen
+    with counting(store) as seen:
+        assert await store.renew_action_lease(action["id"], token, 30)
+    assert len(seen) == HOLD[dialect], seen
+    with counting(store) as seen:
+        assert await store.hold_action_lease(action["id"], token + 1, 30) is None
+    assert len(seen) == HOLD[dialect], seen
+
+    with counting(store) as seen:
+        assert await store.record_action_terminal_result(
+            action["id"], "succeeded", {"ok": True}, fencing_token=token
+        )
+    assert len(seen) == RESULT[dialect], seen
+    # Once the lease is gone, neither holds.
+    assert await store.hold_action_lease(action["id"], token, 30) is None
+    assert not await store.renew_action_lease(action["id"], token, 30)
+    assert await store.verify_audit_chain(run["id"])
+
+
+async def test_a_claim_refuses_a_snapshot_taken_before_its_locks(postgres_url) -> None:
+    """PostgreSQL: the claim's checks are safe because its second statement
+    reads a snapshot taken after its first statement's locks, which READ
+    COMMITTED gives. A writer configured otherwise is refused, not trusted."""
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+
+    from roundtable.store import ConflictError, open_store
+
+    async with open_store(postgres_url) as store:
+        run = await new_run(store)
+        action = await new_action(store, run, key="rr", **target_fields("rr"))
+        store.db.session_factory = async_sessionmaker(
+            store.engine.execution_options(isolation_level="REPEATABLE READ"),
+            expire_on_commit=False,
+        )
+        with pytest.raises(ConflictError, match="READ COMMITTED"):
+            await store.claim_action_for_execution(action["id"], 30)
+        assert (await store.get_action(action["id"]))["status"] == "approved"

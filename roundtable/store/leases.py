@@ -120,8 +120,7 @@ class Leases:
                 facts, executing = await _claim_sqlite(session, action_id, length)
             outcome = _claim_outcome(facts, executing is not None)
             if outcome is None:  # executing already: our own attempt, or a lapsed one
-                run, action = await self.db.lock_row(session, ActionRow, action_id)
-                now = await database_now(session)
+                run, action, now = await self.db.lock_row_and_clock(session, ActionRow, action_id)
                 return Claim(await self._claim_own_executing(session, run, action, now))
             if outcome == ClaimOutcome.TARGET_BUSY or (
                 outcome == ClaimOutcome.TARGET_RECONCILIATION_REQUIRED and facts.blocked_by_unknown
@@ -233,29 +232,33 @@ class Leases:
     ) -> str | None:
         length = _lease_length(lease_seconds)
         async with self.db.transaction() as session:
-            status = (
-                await session.execute(select(ActionRow.status).where(ActionRow.id == action_id))
-            ).scalar_one_or_none()
-            if status not in statuses:
-                return None
-            # The clock is read by the statement itself on PostgreSQL, after
-            # any wait for the row: a lease that lapsed meanwhile is not held.
+            # One statement: the lease is extended only while it is live,
+            # held under this token, and its action in one of ``statuses``;
+            # the action's status comes back with it. The clock is read by
+            # the statement itself on PostgreSQL, after any wait for the
+            # lease row: a lease that lapsed meanwhile is not held.
             now = database_clock(session)
             if now is None:
-                now = await database_now(session)
-            result = await session.execute(
-                update(ActionLeaseRow)
-                .where(
-                    ActionLeaseRow.action_id == action_id,
-                    ActionLeaseRow.fencing_token == fencing_token,
-                    ActionLeaseRow.lease_expires_at > now,
+                now = await database_now(session)  # SQLite: this process's clock
+            status = select(ActionRow.status).where(ActionRow.id == action_id).scalar_subquery()
+            held = (
+                await session.execute(
+                    update(ActionLeaseRow)
+                    .where(
+                        ActionLeaseRow.action_id == action_id,
+                        ActionLeaseRow.fencing_token == fencing_token,
+                        ActionLeaseRow.lease_expires_at > now,
+                        status.in_(statuses),
+                    )
+                    .values(lease_expires_at=now + length)
+                    .returning(status)
+                    .execution_options(synchronize_session=False)
                 )
-                .values(lease_expires_at=now + length)
-            )
+            ).scalar_one_or_none()
             # Test-only (chaos harness; inert unless ROUNDTABLE_CHAOS=1): the
             # database fails before this renewal commits.
             chaos_hook.maybe_fail("renew")
-            return status if result.rowcount == 1 else None
+            return held
 
     async def record_result(
         self,
@@ -282,7 +285,7 @@ class Leases:
         if result is not None and not isinstance(result, dict):
             raise InvalidInputError("result must be a JSON object")
         async with self.db.transaction() as session:
-            run, action = await self.db.lock_row(session, ActionRow, action_id)
+            run, action, now = await self.db.lock_row_and_clock(session, ActionRow, action_id)
             if fencing_token is not None and action.fencing_token != fencing_token:
                 return False
             if action.status == ActionStatus.UNKNOWN:
@@ -295,7 +298,6 @@ class Leases:
                 return False
             if action.status != ActionStatus.EXECUTING:
                 return False
-            now = await database_now(session)
             values: dict[str, Any] = {
                 "status": status,
                 "result": result,
@@ -769,6 +771,8 @@ async def _claim_postgresql(
     if locked is None:
         raise NotFoundError(f"action {action_id!r} not found")
     values = locked._mapping
+    if values["isolation"] != "read committed":  # a snapshot from before the locks
+        raise ConflictError(f"a claim needs READ COMMITTED, not {values['isolation']}")
     grant = _Grant.of(
         action_id,
         values,
@@ -844,6 +848,8 @@ def _lock_statement(action_id: str) -> Any:
         select(scope.c.claims).scalar_subquery().label("scope_claims"),
         fence.c.last_token.label("target_last"),
         fence.c.now,
+        # The second statement's checks need a snapshot of their own.
+        func.current_setting("transaction_isolation").label("isolation"),
     ).select_from(run.join(fence, true()))
 
 
