@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,6 +29,7 @@ from sqlalchemy import (
     BigInteger,
     DateTime,
     and_,
+    bindparam,
     delete,
     false,
     func,
@@ -42,7 +44,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import aliased
 
 from roundtable import chaos_hook
 from roundtable.completion import complete_every_public_coroutine
@@ -483,7 +484,8 @@ class _Facts:
 @dataclass(frozen=True)
 class _Grant:
     """A claim's values, fixed before its writes: the lease, the token, and
-    the audit event chained to the run's head."""
+    the audit event chained to the run's head; bound to the statements
+    below as :meth:`params`."""
 
     action_id: str
     run_id: str
@@ -511,7 +513,7 @@ class _Grant:
             head["run_id"],
             head["last_event_seq"],
             head["last_event_hash"],
-            "action.executing",
+            EXECUTING_EVENT,
             {
                 "action_id": action_id,
                 "fencing_token": token,
@@ -531,35 +533,26 @@ class _Grant:
             event,
         )
 
-    def lease(self) -> dict[str, Any]:
+    def params(self) -> dict[str, Any]:
+        # Named unlike any column: a parameter named as a column of a table a
+        # DML statement writes would be taken for a value of that column.
         return {
-            "target_key": self.target_key,
-            "action_id": self.action_id,
-            "run_id": self.run_id,
-            "fencing_token": self.token,
-            "acquired_at": self.now,
-            "lease_expires_at": self.expires,
-            "scope_key": self.scope,
-            "namespace_wide": self.namespace_wide,
+            "claim_action_id": self.action_id,
+            "claim_run_id": self.run_id,
+            "claim_target_key": self.target_key,
+            "claim_scope": self.scope,
+            "claim_wide": self.namespace_wide,
+            "claim_token": self.token,
+            "claim_now": self.now,
+            "claim_expires": self.expires,
+            "claim_seq": self.event["seq"],
+            "claim_payload": self.event["payload"],
+            "claim_prev_hash": self.event["prev_hash"],
+            "claim_hash": self.event["hash"],
         }
 
-    def executing(self) -> dict[str, Any]:
-        """approved → executing, under this grant's token."""
-        return {
-            "status": ActionStatus.EXECUTING,
-            "fencing_token": self.token,
-            "attempt_count": ActionRow.attempt_count + 1,
-            "started_at": self.now,
-            "updated_at": self.now,
-        }
 
-    def head(self) -> dict[str, Any]:
-        """The run's new chain head (its row is locked by the claim)."""
-        return {
-            "last_event_seq": self.event["seq"],
-            "last_event_hash": self.event["hash"],
-            "updated_at": self.now,
-        }
+EXECUTING_EVENT = "action.executing"
 
 
 def _next_fencing_token(target_last: int | None, scope_claims: int | None) -> int:
@@ -598,56 +591,115 @@ def _claim_outcome(facts: _Facts, claimed: bool) -> ClaimOutcome | None:
     return ClaimOutcome.TARGET_BUSY
 
 
+# The claim's statements are built once (their construction cost more than
+# their execution) over these tables and parameters.
+_ACTIONS = ActionRow.__table__
+_LEASES = ActionLeaseRow.__table__
+_FENCING = TargetFencingRow.__table__
+_SCOPES = TargetScopeRow.__table__
+_EVENTS = AuditEventRow.__table__
+_RUNS = RunRow.__table__
+_SECRETS = ActionSecretRow.__table__
+_P = SimpleNamespace(
+    action_id=bindparam("claim_action_id", type_=_ACTIONS.c.id.type),
+    run_id=bindparam("claim_run_id", type_=_RUNS.c.id.type),
+    target_key=bindparam("claim_target_key", type_=_LEASES.c.target_key.type),
+    scope=bindparam("claim_scope", type_=_LEASES.c.scope_key.type),
+    wide=bindparam("claim_wide", type_=_LEASES.c.namespace_wide.type),
+    token=bindparam("claim_token", type_=_LEASES.c.fencing_token.type),
+    now=bindparam("claim_now", type_=_LEASES.c.acquired_at.type),
+    expires=bindparam("claim_expires", type_=_LEASES.c.lease_expires_at.type),
+    seq=bindparam("claim_seq", type_=_EVENTS.c.seq.type),
+    payload=bindparam("claim_payload", type_=_EVENTS.c.payload.type),
+    prev_hash=bindparam("claim_prev_hash", type_=_EVENTS.c.prev_hash.type),
+    hash=bindparam("claim_hash", type_=_EVENTS.c.hash.type),
+)
+# The lease, the executing action, the event and the run's head, as a grant sets them.
+_LEASE_VALUES = {
+    "target_key": _P.target_key,
+    "action_id": _P.action_id,
+    "run_id": _P.run_id,
+    "fencing_token": _P.token,
+    "acquired_at": _P.now,
+    "lease_expires_at": _P.expires,
+    "scope_key": _P.scope,
+    "namespace_wide": _P.wide,
+}
+_EXECUTING_VALUES = {
+    "status": bindparam(
+        "claim_executing", ActionStatus.EXECUTING.value, type_=_ACTIONS.c.status.type
+    ),
+    "fencing_token": _P.token,
+    "attempt_count": _ACTIONS.c.attempt_count + 1,
+    "started_at": _P.now,
+    "updated_at": _P.now,
+}
+_EVENT_VALUES = {
+    "run_id": _P.run_id,
+    "seq": _P.seq,
+    "event_type": bindparam("claim_event_type", EXECUTING_EVENT, type_=_EVENTS.c.event_type.type),
+    "payload": _P.payload,
+    "prev_hash": _P.prev_hash,
+    "hash": _P.hash,
+    "created_at": _P.now,
+}
+_HEAD_VALUES = {"last_event_seq": _P.seq, "last_event_hash": _P.hash, "updated_at": _P.now}
+
+
 def _overlapping(scope_column: Any, wide_column: Any) -> Any:
     """:func:`_overlaps` in SQL, correlated with the claimed action (the
     ``actions`` row of the enclosing query)."""
+    me = _ACTIONS.c
     return and_(
-        ActionRow.target_scope.is_not(None),
-        scope_column == ActionRow.target_scope,
-        or_(ActionRow.target_namespace_wide.is_(True), wide_column.is_(True)),
+        me.target_scope.is_not(None),
+        scope_column == me.target_scope,
+        or_(me.target_namespace_wide.is_(True), wide_column.is_(True)),
     )
 
 
-def _facts_query(action_id: str, with_counters: bool) -> Any:
+@cache
+def _facts_query(with_counters: bool) -> Any:
     """One SELECT of every fact a claim decides on (see :class:`_Facts`);
     ``with_counters`` adds the run's chain head and the target's and scope's
     counters (SQLite, where the write lock makes them stable)."""
-    other = aliased(ActionRow, name="other")
-    holder = aliased(ActionRow, name="holder")
-    lease = aliased(ActionLeaseRow, name="lease")
+    me = _ACTIONS.c
+    other = _ACTIONS.alias("other")
+    holder = _ACTIONS.alias("holder")
+    lease = _LEASES.alias("lease")
 
     def held(where: Any, unknown_only: bool = False) -> Any:
-        query = select(lease.target_key).join(holder, holder.id == lease.action_id).where(where)
+        query = select(lease.c.target_key).join(holder, holder.c.id == lease.c.action_id)
+        query = query.where(where)
         if unknown_only:
-            query = query.where(holder.status == ActionStatus.UNKNOWN)
+            query = query.where(holder.c.status == ActionStatus.UNKNOWN.value)
         return query.exists()
 
-    overlapping = _overlapping(lease.scope_key, lease.namespace_wide)
-    same_key = lease.target_key == ActionRow.target_key
+    overlapping = _overlapping(lease.c.scope_key, lease.c.namespace_wide)
+    same_key = lease.c.target_key == me.target_key
     blocker = (
-        select(other.id)
+        select(other.c.id)
         .where(
             or_(
-                other.target_key == ActionRow.target_key,
-                _overlapping(other.target_scope, other.target_namespace_wide),
+                other.c.target_key == me.target_key,
+                _overlapping(other.c.target_scope, other.c.target_namespace_wide),
             ),
-            other.status == ActionStatus.UNKNOWN,
-            other.id != ActionRow.id,
+            other.c.status == ActionStatus.UNKNOWN.value,
+            other.c.id != me.id,
         )
         .exists()
     )
     sealed = (
-        select(ActionSecretRow.arguments_encrypted)
-        .where(ActionSecretRow.action_id == ActionRow.id)
+        select(_SECRETS.c.arguments_encrypted)
+        .where(_SECRETS.c.action_id == me.id)
         .scalar_subquery()
     )
     columns = [
-        ActionRow.run_id,
-        ActionRow.status,
-        ActionRow.tool_name,
-        ActionRow.target_key,
-        ActionRow.target_scope,
-        ActionRow.target_namespace_wide,
+        me.run_id,
+        me.status,
+        me.tool_name,
+        me.target_key,
+        me.target_scope,
+        me.target_namespace_wide,
         blocker.label("blocked_by_unknown"),
         held(overlapping).label("overlap_held"),
         held(overlapping, unknown_only=True).label("overlap_unknown"),
@@ -656,32 +708,30 @@ def _facts_query(action_id: str, with_counters: bool) -> Any:
         sealed.label("sealed"),
     ]
     if not with_counters:
-        return select(*columns).where(ActionRow.id == action_id)
+        return select(*columns).where(me.id == _P.action_id)
     target_last = (
-        select(TargetFencingRow.last_token)
-        .where(TargetFencingRow.target_key == ActionRow.target_key)
+        select(_FENCING.c.last_token)
+        .where(_FENCING.c.target_key == me.target_key)
         .scalar_subquery()
     )
     scope_claims = (
-        select(TargetScopeRow.claims)
-        .where(TargetScopeRow.scope_key == ActionRow.target_scope)
-        .scalar_subquery()
+        select(_SCOPES.c.claims).where(_SCOPES.c.scope_key == me.target_scope).scalar_subquery()
     )
     return (
         select(
             *columns,
-            RunRow.last_event_seq,
-            RunRow.last_event_hash,
+            _RUNS.c.last_event_seq,
+            _RUNS.c.last_event_hash,
             target_last.label("target_last"),
             scope_claims.label("scope_claims"),
         )
-        .join(RunRow, RunRow.id == ActionRow.run_id)
-        .where(ActionRow.id == action_id)
+        .join(_RUNS, _RUNS.c.id == me.run_id)
+        .where(me.id == _P.action_id)
     )
 
 
 def _executing_dict(values: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
-    return {c.key: values[f"{prefix}{c.name}"] for c in ActionRow.__table__.columns}
+    return {c.key: values[f"{prefix}{c.name}"] for c in _ACTIONS.columns}
 
 
 # ----------------------------------------------------------- SQLite
@@ -695,7 +745,9 @@ async def _claim_sqlite(
     true until commit. Then one statement per table the claim writes: the
     lease, the target's and the scope's counters, the action, its audit event,
     the run's chain head (SQLite has no data-modifying CTEs)."""
-    row = (await session.execute(_facts_query(action_id, with_counters=True))).one_or_none()
+    row = (
+        await session.execute(_facts_query(with_counters=True), {"claim_action_id": action_id})
+    ).one_or_none()
     if row is None:
         raise NotFoundError(f"action {action_id!r} not found")
     facts = _Facts.of(row)
@@ -710,43 +762,41 @@ async def _claim_sqlite(
         await database_now(session),  # SQLite: this process's clock, no statement
         length,
     )
-    leased = await session.execute(
-        sqlite_insert(ActionLeaseRow.__table__)
-        .values(**grant.lease())
-        .on_conflict_do_nothing(index_elements=["target_key"])
-        .returning(ActionLeaseRow.__table__.c.target_key)
-    )
-    if leased.scalar_one_or_none() is None:  # impossible under the write lock; refuse
-        return facts, None
-    fencing = TargetFencingRow.__table__
-    await session.execute(
-        sqlite_insert(fencing)
-        .values(target_key=grant.target_key, last_token=grant.token)
-        .on_conflict_do_update(index_elements=["target_key"], set_={"last_token": grant.token})
-    )
+    params = grant.params()
+    lease, counter, scope, executing, event, head = _sqlite_writes()
+    if (await session.execute(lease, params)).scalar_one_or_none() is None:
+        return facts, None  # impossible under the write lock; refuse
+    await session.execute(counter, params)
     if grant.scope is not None:
-        scopes = TargetScopeRow.__table__
-        await session.execute(
-            sqlite_insert(scopes)
-            .values(scope_key=grant.scope, claims=grant.token)
-            .on_conflict_do_update(index_elements=["scope_key"], set_={"claims": grant.token})
-        )
-    actions = ActionRow.__table__
-    executing = (
-        await session.execute(
-            update(actions)
-            .where(actions.c.id == action_id, actions.c.status == ActionStatus.APPROVED)
-            .values(**grant.executing())
-            .returning(*actions.c)
-        )
-    ).one_or_none()
-    if executing is None:  # impossible under the write lock; refuse rather than guess
+        await session.execute(scope, params)
+    started = (await session.execute(executing, params)).one_or_none()
+    if started is None:  # impossible under the write lock; refuse rather than guess
         raise ConflictError(f"action {action_id!r} changed while being claimed")
-    await session.execute(insert(AuditEventRow.__table__).values(**grant.event))
-    await session.execute(
-        update(RunRow.__table__).where(RunRow.id == grant.run_id).values(**grant.head())
+    await session.execute(event, params)
+    await session.execute(head, params)
+    return facts, _executing_dict(started._mapping)
+
+
+@cache
+def _sqlite_writes() -> tuple[Any, ...]:
+    return (
+        sqlite_insert(_LEASES)
+        .values(_LEASE_VALUES)
+        .on_conflict_do_nothing(index_elements=["target_key"])
+        .returning(_LEASES.c.target_key),
+        sqlite_insert(_FENCING)
+        .values(target_key=_P.target_key, last_token=_P.token)
+        .on_conflict_do_update(index_elements=["target_key"], set_={"last_token": _P.token}),
+        sqlite_insert(_SCOPES)
+        .values(scope_key=_P.scope, claims=_P.token)
+        .on_conflict_do_update(index_elements=["scope_key"], set_={"claims": _P.token}),
+        update(_ACTIONS)
+        .where(_ACTIONS.c.id == _P.action_id, _ACTIONS.c.status == ActionStatus.APPROVED.value)
+        .values(_EXECUTING_VALUES)
+        .returning(*_ACTIONS.c),
+        insert(_EVENTS).values(_EVENT_VALUES),
+        update(_RUNS).where(_RUNS.c.id == _P.run_id).values(_HEAD_VALUES),
     )
-    return facts, _executing_dict(executing._mapping)
 
 
 # ----------------------------------------------------------- PostgreSQL
@@ -767,7 +817,9 @@ async def _claim_postgresql(
     snapshot; leases that vanish after it (a result recorded) only make the
     claim refuse where it could have claimed. The lease insert's primary key
     still arbitrates the key itself (ON CONFLICT DO NOTHING)."""
-    locked = (await session.execute(_lock_statement(action_id))).one_or_none()
+    locked = (
+        await session.execute(_lock_statement(), {"claim_action_id": action_id})
+    ).one_or_none()
     if locked is None:
         raise NotFoundError(f"action {action_id!r} not found")
     values = locked._mapping
@@ -781,7 +833,8 @@ async def _claim_postgresql(
         values["now"].astimezone(UTC),
         length,
     )
-    row = (await session.execute(_claim_statement(action_id, grant))).one()
+    statement = _claim_statement(scoped=grant.scope is not None)
+    row = (await session.execute(statement, grant.params())).one()
     facts = _Facts.of(row)
     executing = row._mapping["executing_id"]
     if row._mapping["leased"] is not None and executing is None:
@@ -792,42 +845,40 @@ async def _claim_postgresql(
     return facts, _executing_dict(row._mapping, prefix="executing_")
 
 
-def _lock_statement(action_id: str) -> Any:
+@cache
+def _lock_statement() -> Any:
     """The run's row (FOR UPDATE), then the scope's counter and the target's
     counter (each created at 0 if new, and locked by a no-op upsert, which
     returns the latest committed value whatever the snapshot), then the clock.
     Each step reads the one before it, which fixes their order."""
     run = (
         select(
-            RunRow.id.label("run_id"),
-            RunRow.last_event_seq,
-            RunRow.last_event_hash,
-            ActionRow.target_key,
-            ActionRow.target_scope,
-            ActionRow.target_namespace_wide,
+            _RUNS.c.id.label("run_id"),
+            _RUNS.c.last_event_seq,
+            _RUNS.c.last_event_hash,
+            _ACTIONS.c.target_key,
+            _ACTIONS.c.target_scope,
+            _ACTIONS.c.target_namespace_wide,
         )
-        .select_from(RunRow)
-        .join(ActionRow, ActionRow.run_id == RunRow.id)
-        .where(ActionRow.id == action_id)
-        .with_for_update(of=RunRow)
+        .select_from(_RUNS.join(_ACTIONS, _ACTIONS.c.run_id == _RUNS.c.id))
+        .where(_ACTIONS.c.id == _P.action_id)
+        .with_for_update(of=_RUNS)
         .cte("locked_run")
     )
-    scopes = TargetScopeRow.__table__
     scope = (
-        pg_insert(scopes)
+        pg_insert(_SCOPES)
         .from_select(
             ["scope_key", "claims"],
             select(run.c.target_scope, literal(0, BigInteger())).where(
                 run.c.target_scope.is_not(None)
             ),
         )
-        .on_conflict_do_update(index_elements=["scope_key"], set_={"claims": scopes.c.claims})
-        .returning(scopes.c.claims)
+        .on_conflict_do_update(index_elements=["scope_key"], set_={"claims": _SCOPES.c.claims})
+        .returning(_SCOPES.c.claims)
         .cte("locked_scope")
     )
-    fencing = TargetFencingRow.__table__
     fence = (
-        pg_insert(fencing)
+        pg_insert(_FENCING)
         .from_select(
             ["target_key", "last_token"],
             select(run.c.target_key, literal(0, BigInteger())).select_from(
@@ -835,10 +886,10 @@ def _lock_statement(action_id: str) -> Any:
             ),
         )
         .on_conflict_do_update(
-            index_elements=["target_key"], set_={"last_token": fencing.c.last_token}
+            index_elements=["target_key"], set_={"last_token": _FENCING.c.last_token}
         )
         .returning(
-            fencing.c.last_token,
+            _FENCING.c.last_token,
             func.clock_timestamp(type_=DateTime(timezone=True)).label("now"),
         )
         .cte("locked_target")
@@ -853,70 +904,65 @@ def _lock_statement(action_id: str) -> Any:
     ).select_from(run.join(fence, true()))
 
 
-def _claim_statement(action_id: str, grant: _Grant) -> Any:
+@cache
+def _claim_statement(scoped: bool) -> Any:
     """The checks and every write of the claim, as one statement: the lease
     is inserted only if the checks pass (and the key is free), every other
     write only if the lease was."""
-    facts = _facts_query(action_id, with_counters=False).cte("facts")
-    leases = ActionLeaseRow.__table__
-    lease = grant.lease()
+    facts = _facts_query(with_counters=False).cte("facts")
     leased = (
-        pg_insert(leases)
+        pg_insert(_LEASES)
         .from_select(
-            list(lease),
-            select(*(literal(v, leases.c[k].type) for k, v in lease.items())).where(
-                facts.c.status == ActionStatus.APPROVED,
+            list(_LEASE_VALUES),
+            select(*_LEASE_VALUES.values()).where(
+                facts.c.status == ActionStatus.APPROVED.value,
                 not_(facts.c.blocked_by_unknown),
                 not_(facts.c.overlap_held),
             ),
         )
         .on_conflict_do_nothing(index_elements=["target_key"])
-        .returning(leases.c.target_key)
+        .returning(_LEASES.c.target_key)
         .cte("leased")
     )
     got_lease = select(leased.c.target_key).exists()
-    actions = ActionRow.__table__
     executing = (
-        update(actions)
-        .where(actions.c.id == action_id, actions.c.status == ActionStatus.APPROVED, got_lease)
-        .values(**grant.executing())
-        .returning(*actions.c)
+        update(_ACTIONS)
+        .where(
+            _ACTIONS.c.id == _P.action_id,
+            _ACTIONS.c.status == ActionStatus.APPROVED.value,
+            got_lease,
+        )
+        .values(_EXECUTING_VALUES)
+        .returning(*_ACTIONS.c)
         .cte("executing")
     )
     started = select(executing.c.id).exists()
-    fencing = TargetFencingRow.__table__
     writes = [
-        update(fencing)
-        .where(fencing.c.target_key == grant.target_key, got_lease)
-        .values(last_token=grant.token)
-        .returning(fencing.c.target_key)
+        update(_FENCING)
+        .where(_FENCING.c.target_key == _P.target_key, got_lease)
+        .values(last_token=_P.token)
+        .returning(_FENCING.c.target_key)
         .cte("target_counted")
     ]
-    if grant.scope is not None:
-        scopes = TargetScopeRow.__table__
+    if scoped:
         writes.append(
-            update(scopes)
-            .where(scopes.c.scope_key == grant.scope, got_lease)
-            .values(claims=grant.token)
-            .returning(scopes.c.scope_key)
+            update(_SCOPES)
+            .where(_SCOPES.c.scope_key == _P.scope, got_lease)
+            .values(claims=_P.token)
+            .returning(_SCOPES.c.scope_key)
             .cte("scope_counted")
         )
-    events = AuditEventRow.__table__
     writes.append(
-        insert(events)
-        .from_select(
-            list(grant.event),
-            select(*(literal(v, events.c[k].type) for k, v in grant.event.items())).where(started),
-        )
-        .returning(events.c.id)
+        insert(_EVENTS)
+        .from_select(list(_EVENT_VALUES), select(*_EVENT_VALUES.values()).where(started))
+        .returning(_EVENTS.c.id)
         .cte("audited")
     )
-    runs = RunRow.__table__
     writes.append(
-        update(runs)
-        .where(runs.c.id == grant.run_id, started)
-        .values(**grant.head())
-        .returning(runs.c.id)
+        update(_RUNS)
+        .where(_RUNS.c.id == _P.run_id, started)
+        .values(_HEAD_VALUES)
+        .returning(_RUNS.c.id)
         .cte("chained")
     )
     return (
