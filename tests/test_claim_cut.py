@@ -214,3 +214,78 @@ async def test_a_claim_refuses_a_snapshot_taken_before_its_locks(postgres_url) -
         with pytest.raises(ConflictError, match="READ COMMITTED"):
             await store.claim_action_for_execution(action["id"], 30)
         assert (await store.get_action(action["id"]))["status"] == "approved"
+
+
+@pytest.mark.timeout(600)
+async def test_claimers_of_one_key_racing_its_release_get_rising_tokens(store) -> None:
+    """A key without a scope: only its own counter row orders its tokens.
+    Each round every waiting write claims while the holder records its
+    result, so a claim may find the lease gone mid-way."""
+    from tests.helpers import target_for
+
+    target = target_for("contended")
+    runs = [await new_run(store) for _ in range(8)]
+    waiting = [
+        (await new_action(store, runs[i % 8], key=f"one-key-{i}", target_key=target))["id"]
+        for i in range(16)
+    ]
+    holder: str | None = None
+    tokens: list[int] = []
+    while waiting or holder:
+        calls = [store.claim_action_for_execution(a, lease_seconds=60) for a in waiting]
+        if holder is not None:
+            calls.append(store.record_action_terminal_result(holder, "succeeded", {}))
+        results = await asyncio.gather(*calls)
+        outcomes = dict(zip(waiting, results[: len(waiting)], strict=True))
+        winners = [a for a, o in outcomes.items() if o == "claimed"]
+        assert len(winners) <= 1, outcomes
+        async with store.session_factory() as session:
+            leased = list((await session.execute(select(ActionLeaseRow.action_id))).scalars())
+        assert leased == winners
+        if winners:
+            token = (await store.get_action(winners[0]))["fencing_token"]
+            assert not tokens or token > tokens[-1], (tokens, token)
+            tokens.append(token)
+            waiting.remove(winners[0])
+        holder = winners[0] if winners else None
+    assert len(tokens) == 16
+
+
+@pytest.mark.parametrize("scoped", [True, False])
+async def test_a_claims_locks_hold_off_every_claimer_that_could_overlap(store, scoped) -> None:
+    """What the claim's safety rests on, tested directly: while one claim is
+    between its locks and its commit, a claim of the same key (and, with a
+    scope, a namespace-wide claim of the scope) waits; on PostgreSQL a claim
+    elsewhere does not. (A slow machine can only make this pass for a broken
+    lock, never fail for a working one.)"""
+    from roundtable.store import leases
+
+    postgresql = store.engine.dialect.name == "postgresql"
+    runs = [await new_run(store) for _ in range(4)]  # different runs: the run lock is not it
+
+    def fields(name: object, namespace: str = "lease-test") -> dict[str, Any]:
+        got = target_fields(name, namespace=namespace)
+        return got if scoped else {"target_key": got["target_key"]}
+
+    # The key's (and scope's) counter rows exist already, as on any key used before.
+    before = await new_action(store, runs[0], key="before", **fields("locked"))
+    assert await store.claim_action_for_execution(before["id"], 30) == "claimed"
+    assert await store.record_action_terminal_result(before["id"], "succeeded", {})
+    first = await new_action(store, runs[0], key="first", **fields("locked"))
+    rivals = [await new_action(store, runs[1], key="same-key", **fields("locked"))]
+    if scoped:
+        rivals.append(await new_action(store, runs[2], key="wide", **fields(WIDE)))
+    elsewhere = await new_action(store, runs[3], key="away", **fields("free", namespace="away"))
+
+    lock = leases._lock_statement() if postgresql else leases._facts_query(with_counters=True)
+    async with store.db.transaction() as session:
+        assert (await session.execute(lock, {"claim_action_id": first["id"]})).one()
+        waiting = [
+            asyncio.create_task(store.claim_action_for_execution(r["id"], 30)) for r in rivals
+        ]
+        if postgresql:  # SQLite's write lock is one for the whole database
+            assert await store.claim_action_for_execution(elsewhere["id"], 30) == "claimed"
+        done, _ = await asyncio.wait(waiting, timeout=2)
+        assert not done, [t.result() for t in done]
+    outcomes = sorted(await asyncio.gather(*waiting))
+    assert outcomes == ["claimed"] + ["target_busy"] * (len(rivals) - 1)
