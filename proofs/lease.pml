@@ -257,10 +257,10 @@ claim:  /* Leases.claim (store.claim_action_for_execution), one transaction */
             fi
        :: st[a] == APPROVED ->
             if
-            :: (st[0] == UNKNOWN || st[1] == UNKNOWN) -> skip   /* _target_has_unknown */
+            :: (st[0] == UNKNOWN || st[1] == UNKNOWN) -> skip   /* _facts_query: blocked_by_unknown */
             :: else ->
                  if
-                 :: lease_act != NONE -> skip             /* take_lease: ON CONFLICT DO NOTHING */
+                 :: lease_act != NONE -> skip             /* the lease insert: ON CONFLICT DO NOTHING */
                  :: else ->
                       last_tok++;                         /* _next_fencing_token */
                       lease_act = a; lease_tok = last_tok; lease_live = 1;

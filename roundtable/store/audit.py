@@ -99,6 +99,34 @@ async def append_event(
     return row
 
 
+def chained_event(
+    run_id: str,
+    last_seq: int,
+    last_hash: str,
+    event_type: str,
+    payload: Mapping[str, Any],
+    now: datetime,
+) -> dict[str, Any]:
+    """The next event of a run whose chain head is (``last_seq``,
+    ``last_hash``), as column values, for callers that write the event and the
+    new head with statements of their own (the claim). The same checks,
+    escaping and hash as :func:`append_event`; the caller must hold the run
+    lock and set the run's head to the returned ``seq`` and ``hash``."""
+    _check_payload(payload)
+    payload = escape_json(payload)
+    seq = last_seq + 1
+    return {
+        "run_id": run_id,
+        "seq": seq,
+        "event_type": event_type,
+        "payload": dict(payload),
+        "prev_hash": last_hash,
+        "hash": event_hash(last_hash, run_id, seq, event_type, payload, now),
+        "dedupe_key": None,
+        "created_at": now,
+    }
+
+
 def verify_chain(events: Iterable[Mapping[str, Any]]) -> bool:
     """True when ``events`` (in sequence order) form an unbroken chain from genesis."""
     prev = GENESIS_HASH

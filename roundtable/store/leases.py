@@ -20,11 +20,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import and_, delete, false, func, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    and_,
+    bindparam,
+    delete,
+    false,
+    func,
+    insert,
+    literal,
+    not_,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable import chaos_hook
@@ -37,14 +55,16 @@ from roundtable.states import (
     ClaimOutcome,
 )
 from roundtable.store import commit_notes
+from roundtable.store.audit import chained_event
 from roundtable.store.database import Database, reload
-from roundtable.store.engine import database_clock, database_now, insert_for, is_postgresql
-from roundtable.store.errors import ConflictError, InvalidInputError
+from roundtable.store.engine import database_clock, database_now, is_postgresql
+from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.rows import require_aware, row_to_dict
 from roundtable.store.schema import (
     ActionLeaseRow,
     ActionRow,
     ActionSecretRow,
+    AuditEventRow,
     RunRow,
     TargetFencingRow,
     TargetScopeRow,
@@ -87,33 +107,29 @@ class Leases:
         return await self._claim(action_id, lease_seconds, hand_over=True)
 
     async def _claim(self, action_id: str, lease_seconds: float, hand_over: bool) -> Claim:
+        """The claim in few statements (docs/architecture.md, "The claim"):
+        the locks, one read of every fact the decision needs, the writes.
+        PostgreSQL: two statements, the locks (run, scope, target counter)
+        and one data-modifying CTE that checks and writes. SQLite (BEGIN
+        IMMEDIATE's write lock serialises claimers): one read, then one
+        statement per table written."""
         length = _lease_length(lease_seconds)
         async with self.db.transaction() as session:
-            run, action = await self.db.lock_row(session, ActionRow, action_id)
-            now = await database_now(session)
-            if action.status in FINAL_ACTION_STATUSES:
-                return Claim(ClaimOutcome.ALREADY_FINISHED)
-            if action.status == ActionStatus.UNKNOWN:
-                return Claim(ClaimOutcome.UNKNOWN)
-            if action.status == ActionStatus.WAITING_APPROVAL:
-                return Claim(ClaimOutcome.NOT_APPROVED)
-            if action.status == ActionStatus.EXECUTING:
+            if is_postgresql(session):
+                facts, executing = await _claim_postgresql(session, action_id, length)
+            else:
+                facts, executing = await _claim_sqlite(session, action_id, length)
+            outcome = _claim_outcome(facts, executing is not None)
+            if outcome is None:  # executing already: our own attempt, or a lapsed one
+                run, action, now = await self.db.lock_row_and_clock(session, ActionRow, action_id)
                 return Claim(await self._claim_own_executing(session, run, action, now))
-            if await target_has_unknown(session, action):
-                commit_notes.note(session, commit_notes.LeaseBusy(action.tool_name))
-                return Claim(ClaimOutcome.TARGET_RECONCILIATION_REQUIRED)
-            outcome = await take_lease(self.db, session, run, action, now, length)
-            if outcome == ClaimOutcome.TARGET_BUSY:
-                commit_notes.note(session, commit_notes.LeaseBusy(action.tool_name))
+            if outcome == ClaimOutcome.TARGET_BUSY or (
+                outcome == ClaimOutcome.TARGET_RECONCILIATION_REQUIRED and facts.blocked_by_unknown
+            ):
+                commit_notes.note(session, commit_notes.LeaseBusy(facts.tool_name))
             if outcome != ClaimOutcome.CLAIMED or not hand_over:
                 return Claim(outcome)
-            executing = await reload(session, ActionRow, action_id)
-            secret = await session.get(ActionSecretRow, action_id)
-            return Claim(
-                outcome,
-                row_to_dict(executing),
-                secret.arguments_encrypted if secret is not None else None,
-            )
+            return Claim(outcome, executing, facts.sealed)
 
     async def waiting_on_target(self, action: Mapping[str, Any], limit: int = 3) -> list[str]:
         """The runs with an approved write waiting for ``action``'s target (or
@@ -217,29 +233,33 @@ class Leases:
     ) -> str | None:
         length = _lease_length(lease_seconds)
         async with self.db.transaction() as session:
-            status = (
-                await session.execute(select(ActionRow.status).where(ActionRow.id == action_id))
-            ).scalar_one_or_none()
-            if status not in statuses:
-                return None
-            # The clock is read by the statement itself on PostgreSQL, after
-            # any wait for the row: a lease that lapsed meanwhile is not held.
+            # One statement: the lease is extended only while it is live,
+            # held under this token, and its action in one of ``statuses``;
+            # the action's status comes back with it. The clock is read by
+            # the statement itself on PostgreSQL, after any wait for the
+            # lease row: a lease that lapsed meanwhile is not held.
             now = database_clock(session)
             if now is None:
-                now = await database_now(session)
-            result = await session.execute(
-                update(ActionLeaseRow)
-                .where(
-                    ActionLeaseRow.action_id == action_id,
-                    ActionLeaseRow.fencing_token == fencing_token,
-                    ActionLeaseRow.lease_expires_at > now,
+                now = await database_now(session)  # SQLite: this process's clock
+            status = select(ActionRow.status).where(ActionRow.id == action_id).scalar_subquery()
+            held = (
+                await session.execute(
+                    update(ActionLeaseRow)
+                    .where(
+                        ActionLeaseRow.action_id == action_id,
+                        ActionLeaseRow.fencing_token == fencing_token,
+                        ActionLeaseRow.lease_expires_at > now,
+                        status.in_(statuses),
+                    )
+                    .values(lease_expires_at=now + length)
+                    .returning(status)
+                    .execution_options(synchronize_session=False)
                 )
-                .values(lease_expires_at=now + length)
-            )
+            ).scalar_one_or_none()
             # Test-only (chaos harness; inert unless ROUNDTABLE_CHAOS=1): the
             # database fails before this renewal commits.
             chaos_hook.maybe_fail("renew")
-            return status if result.rowcount == 1 else None
+            return held
 
     async def record_result(
         self,
@@ -266,7 +286,7 @@ class Leases:
         if result is not None and not isinstance(result, dict):
             raise InvalidInputError("result must be a JSON object")
         async with self.db.transaction() as session:
-            run, action = await self.db.lock_row(session, ActionRow, action_id)
+            run, action, now = await self.db.lock_row_and_clock(session, ActionRow, action_id)
             if fencing_token is not None and action.fencing_token != fencing_token:
                 return False
             if action.status == ActionStatus.UNKNOWN:
@@ -279,7 +299,6 @@ class Leases:
                 return False
             if action.status != ActionStatus.EXECUTING:
                 return False
-            now = await database_now(session)
             values: dict[str, Any] = {
                 "status": status,
                 "result": result,
@@ -424,188 +443,534 @@ def _overlaps(action: Any, scope_column: Any, wide_column: Any) -> Any:
     return overlap if action.target_namespace_wide else and_(overlap, wide_column.is_(True))
 
 
-async def target_has_unknown(session: AsyncSession, action: ActionRow) -> bool:
-    """Whether an ``unknown`` action of this target (or one that may
-    overlap it) blocks it until reconciled."""
-    same_or_overlapping = or_(
-        ActionRow.target_key == action.target_key,
-        _overlaps(action, ActionRow.target_scope, ActionRow.target_namespace_wide),
-    )
-    blocker = (
-        await session.execute(
-            select(ActionRow.id)
-            .where(
-                same_or_overlapping,
-                ActionRow.status == ActionStatus.UNKNOWN,
-                ActionRow.id != action.id,
-            )
-            .limit(1)
+@dataclass(frozen=True)
+class _Facts:
+    """What a claim decides on, read in one statement (see _facts_query)."""
+
+    status: str
+    tool_name: str
+    blocked_by_unknown: bool  # an unknown action on the target or overlapping it
+    overlap_held: bool  # a lease on an overlapping target (same scope, one of them wide)
+    overlap_unknown: bool  # … whose action is unknown
+    key_held: bool  # a lease on the target itself
+    key_unknown: bool  # … whose action is unknown
+    sealed: str | None  # the action's sealed arguments
+
+    @classmethod
+    def of(cls, row: Any) -> _Facts:
+        values = row._mapping
+        return cls(
+            status=values["status"],
+            tool_name=values["tool_name"],
+            blocked_by_unknown=bool(values["blocked_by_unknown"]),
+            overlap_held=bool(values["overlap_held"]),
+            overlap_unknown=bool(values["overlap_unknown"]),
+            key_held=bool(values["key_held"]),
+            key_unknown=bool(values["key_unknown"]),
+            sealed=values["sealed"],
         )
-    ).scalar_one_or_none()
-    return blocker is not None
+
+    @property
+    def may_claim(self) -> bool:
+        """Nothing but a holder of the key itself (which the lease insert
+        arbitrates) can stand in the way."""
+        return (
+            self.status == ActionStatus.APPROVED
+            and not self.blocked_by_unknown
+            and not self.overlap_held
+        )
 
 
-async def _holder_outcome(session: AsyncSession, condition: Any) -> ClaimOutcome | None:
-    """Why the leases matching ``condition`` stand in the way, or None if none do."""
-    holders = set(
-        (
-            await session.execute(
-                select(ActionRow.status)
-                .join(ActionLeaseRow, ActionLeaseRow.action_id == ActionRow.id)
-                .where(condition)
-            )
-        ).scalars()
-    )
-    if not holders:
+@dataclass(frozen=True)
+class _Grant:
+    """A claim's values, fixed before its writes: the lease, the token, and
+    the audit event chained to the run's head; bound to the statements
+    below as :meth:`params`."""
+
+    action_id: str
+    run_id: str
+    target_key: str
+    scope: str | None
+    namespace_wide: bool
+    token: int
+    now: datetime
+    expires: datetime
+    event: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls,
+        action_id: str,
+        head: Mapping[str, Any],
+        target_last: int | None,
+        scope_claims: int | None,
+        now: datetime,
+        length: timedelta,
+    ) -> _Grant:
+        token = _next_fencing_token(target_last, scope_claims)
+        expires = now + length
+        event = chained_event(
+            head["run_id"],
+            head["last_event_seq"],
+            head["last_event_hash"],
+            EXECUTING_EVENT,
+            {
+                "action_id": action_id,
+                "fencing_token": token,
+                "lease_expires_at": expires.isoformat(),
+            },
+            now,
+        )
+        return cls(
+            action_id,
+            head["run_id"],
+            head["target_key"],
+            head["target_scope"],
+            bool(head["target_namespace_wide"]),
+            token,
+            now,
+            expires,
+            event,
+        )
+
+    def params(self) -> dict[str, Any]:
+        # Named unlike any column: a parameter named as a column of a table a
+        # DML statement writes would be taken for a value of that column.
+        return {
+            "claim_action_id": self.action_id,
+            "claim_run_id": self.run_id,
+            "claim_target_key": self.target_key,
+            "claim_scope": self.scope,
+            "claim_wide": self.namespace_wide,
+            "claim_token": self.token,
+            "claim_now": self.now,
+            "claim_expires": self.expires,
+            "claim_seq": self.event["seq"],
+            "claim_payload": self.event["payload"],
+            "claim_prev_hash": self.event["prev_hash"],
+            "claim_hash": self.event["hash"],
+        }
+
+
+EXECUTING_EVENT = "action.executing"
+
+
+def _next_fencing_token(target_last: int | None, scope_claims: int | None) -> int:
+    """The claim's fencing token: larger than every token given before on
+    this target *and* in its scope, so a namespace-wide write outranks the
+    per-key writes before it (and they it). The target's counter may have run
+    ahead of its scope's for keys claimed before scopes existed: one past the
+    larger of the two. Both counters are read under the claim's locks and are
+    only ever changed by claims holding them."""
+    return max(target_last or 0, scope_claims or 0) + 1
+
+
+def _claim_outcome(facts: _Facts, claimed: bool) -> ClaimOutcome | None:
+    """How the claim ended; None when the action is executing already (the
+    caller looks at its lease). The checks in the order the protocol has
+    them: the action's own state, an unknown write on the target, an
+    overlapping holder, a holder of the key itself."""
+    if facts.status in FINAL_ACTION_STATUSES:
+        return ClaimOutcome.ALREADY_FINISHED
+    if facts.status == ActionStatus.UNKNOWN:
+        return ClaimOutcome.UNKNOWN
+    if facts.status == ActionStatus.WAITING_APPROVAL:
+        return ClaimOutcome.NOT_APPROVED
+    if facts.status == ActionStatus.EXECUTING:
         return None
-    if ActionStatus.UNKNOWN in holders:
+    if claimed:
+        return ClaimOutcome.CLAIMED
+    if facts.blocked_by_unknown:
+        return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
+    if facts.overlap_held:
+        if facts.overlap_unknown:
+            return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
+        return ClaimOutcome.TARGET_BUSY
+    if facts.key_unknown:
         return ClaimOutcome.TARGET_RECONCILIATION_REQUIRED
     return ClaimOutcome.TARGET_BUSY
 
 
-async def take_lease(
-    db: Database,
-    session: AsyncSession,
-    run: RunRow,
-    action: ActionRow,
-    now: datetime,
-    length: timedelta,
-) -> ClaimOutcome:
-    """Claim the action's target, in the caller's transaction (the run is
-    locked), in three phases: lock the scope and look for overlapping
-    holders; insert the lease row, the step that serialises claims; start
-    executing under a new fencing token."""
-    scope_claims = None
-    if action.target_scope is not None:
-        now, scope_claims, blocked = await _lock_scope(session, action)
-        if blocked is not None:
-            return blocked
-    if not await _insert_lease(session, run, action, now, length):
-        same_key = ActionLeaseRow.target_key == action.target_key
-        return await _holder_outcome(session, same_key) or ClaimOutcome.TARGET_BUSY
-    await _start_executing(db, session, run, action, now, length, scope_claims)
-    return ClaimOutcome.CLAIMED
+# The claim's statements are built once (their construction cost more than
+# their execution) over these tables and parameters.
+_ACTIONS = ActionRow.__table__
+_LEASES = ActionLeaseRow.__table__
+_FENCING = TargetFencingRow.__table__
+_SCOPES = TargetScopeRow.__table__
+_EVENTS = AuditEventRow.__table__
+_RUNS = RunRow.__table__
+_SECRETS = ActionSecretRow.__table__
+_P = SimpleNamespace(
+    action_id=bindparam("claim_action_id", type_=_ACTIONS.c.id.type),
+    run_id=bindparam("claim_run_id", type_=_RUNS.c.id.type),
+    target_key=bindparam("claim_target_key", type_=_LEASES.c.target_key.type),
+    scope=bindparam("claim_scope", type_=_LEASES.c.scope_key.type),
+    wide=bindparam("claim_wide", type_=_LEASES.c.namespace_wide.type),
+    token=bindparam("claim_token", type_=_LEASES.c.fencing_token.type),
+    now=bindparam("claim_now", type_=_LEASES.c.acquired_at.type),
+    expires=bindparam("claim_expires", type_=_LEASES.c.lease_expires_at.type),
+    seq=bindparam("claim_seq", type_=_EVENTS.c.seq.type),
+    payload=bindparam("claim_payload", type_=_EVENTS.c.payload.type),
+    prev_hash=bindparam("claim_prev_hash", type_=_EVENTS.c.prev_hash.type),
+    hash=bindparam("claim_hash", type_=_EVENTS.c.hash.type),
+)
+# The lease, the executing action, the event and the run's head, as a grant sets them.
+_LEASE_VALUES = {
+    "target_key": _P.target_key,
+    "action_id": _P.action_id,
+    "run_id": _P.run_id,
+    "fencing_token": _P.token,
+    "acquired_at": _P.now,
+    "lease_expires_at": _P.expires,
+    "scope_key": _P.scope,
+    "namespace_wide": _P.wide,
+}
+_EXECUTING_VALUES = {
+    "status": bindparam(
+        "claim_executing", ActionStatus.EXECUTING.value, type_=_ACTIONS.c.status.type
+    ),
+    "fencing_token": _P.token,
+    "attempt_count": _ACTIONS.c.attempt_count + 1,
+    "started_at": _P.now,
+    "updated_at": _P.now,
+}
+_EVENT_VALUES = {
+    "run_id": _P.run_id,
+    "seq": _P.seq,
+    "event_type": bindparam("claim_event_type", EXECUTING_EVENT, type_=_EVENTS.c.event_type.type),
+    "payload": _P.payload,
+    "prev_hash": _P.prev_hash,
+    "hash": _P.hash,
+    "created_at": _P.now,
+}
+_HEAD_VALUES = {"last_event_seq": _P.seq, "last_event_hash": _P.hash, "updated_at": _P.now}
 
 
-async def _lock_scope(
-    session: AsyncSession, action: ActionRow
-) -> tuple[datetime, int, ClaimOutcome | None]:
-    """Hold the scope row until commit, so the overlap check and the insert
-    after it are one step for every claim in this scope. (A no-op update
-    still takes the row lock; ``claims`` only counts claims that succeed, see
-    _next_fencing_token.) Returns the time after the lock, the scope's claims
-    as the lock found them (stable while it is held), and why an overlapping
-    lease stands in the way, if one does."""
-    claims = (
-        await session.execute(
-            insert_for(session, TargetScopeRow)
-            .values(scope_key=action.target_scope, claims=0)
-            .on_conflict_do_update(
-                index_elements=["scope_key"], set_={"claims": TargetScopeRow.claims}
-            )
-            .returning(TargetScopeRow.claims)
+def _overlapping(scope_column: Any, wide_column: Any) -> Any:
+    """:func:`_overlaps` in SQL, correlated with the claimed action (the
+    ``actions`` row of the enclosing query)."""
+    me = _ACTIONS.c
+    return and_(
+        me.target_scope.is_not(None),
+        scope_column == me.target_scope,
+        or_(me.target_namespace_wide.is_(True), wide_column.is_(True)),
+    )
+
+
+@cache
+def _facts_query(with_counters: bool) -> Any:
+    """One SELECT of every fact a claim decides on (see :class:`_Facts`);
+    ``with_counters`` adds the run's chain head and the target's and scope's
+    counters (SQLite, where the write lock makes them stable)."""
+    me = _ACTIONS.c
+    other = _ACTIONS.alias("other")
+    holder = _ACTIONS.alias("holder")
+    lease = _LEASES.alias("lease")
+
+    def held(where: Any, unknown_only: bool = False) -> Any:
+        query = select(lease.c.target_key).join(holder, holder.c.id == lease.c.action_id)
+        query = query.where(where)
+        if unknown_only:
+            query = query.where(holder.c.status == ActionStatus.UNKNOWN.value)
+        return query.exists()
+
+    overlapping = _overlapping(lease.c.scope_key, lease.c.namespace_wide)
+    same_key = lease.c.target_key == me.target_key
+    blocker = (
+        select(other.c.id)
+        .where(
+            or_(
+                other.c.target_key == me.target_key,
+                _overlapping(other.c.target_scope, other.c.target_namespace_wide),
+            ),
+            other.c.status == ActionStatus.UNKNOWN.value,
+            other.c.id != me.id,
         )
-    ).scalar_one()
-    # The lock may have been waited for: the lease runs from now, so leases
-    # and tokens of one scope are granted in the same order.
-    now = await database_now(session)
-    overlapping = _overlaps(action, ActionLeaseRow.scope_key, ActionLeaseRow.namespace_wide)
-    return now, claims, await _holder_outcome(session, overlapping)
+        .exists()
+    )
+    sealed = (
+        select(_SECRETS.c.arguments_encrypted)
+        .where(_SECRETS.c.action_id == me.id)
+        .scalar_subquery()
+    )
+    columns = [
+        me.run_id,
+        me.status,
+        me.tool_name,
+        me.target_key,
+        me.target_scope,
+        me.target_namespace_wide,
+        blocker.label("blocked_by_unknown"),
+        held(overlapping).label("overlap_held"),
+        held(overlapping, unknown_only=True).label("overlap_unknown"),
+        held(same_key).label("key_held"),
+        held(same_key, unknown_only=True).label("key_unknown"),
+        sealed.label("sealed"),
+    ]
+    if not with_counters:
+        return select(*columns).where(me.id == _P.action_id)
+    target_last = (
+        select(_FENCING.c.last_token)
+        .where(_FENCING.c.target_key == me.target_key)
+        .scalar_subquery()
+    )
+    scope_claims = (
+        select(_SCOPES.c.claims).where(_SCOPES.c.scope_key == me.target_scope).scalar_subquery()
+    )
+    return (
+        select(
+            *columns,
+            _RUNS.c.last_event_seq,
+            _RUNS.c.last_event_hash,
+            target_last.label("target_last"),
+            scope_claims.label("scope_claims"),
+        )
+        .join(_RUNS, _RUNS.c.id == me.run_id)
+        .where(me.id == _P.action_id)
+    )
 
 
-async def _insert_lease(
-    session: AsyncSession, run: RunRow, action: ActionRow, now: datetime, length: timedelta
-) -> bool:
-    """The serialising statement: the target key is the primary key, and an
-    existing row (live, expired or blocked) is never taken over."""
-    inserted = await session.execute(
-        insert_for(session, ActionLeaseRow)
-        .values(
-            target_key=action.target_key,
-            action_id=action.id,
-            run_id=run.id,
-            fencing_token=0,
-            acquired_at=now,
-            lease_expires_at=now + length,
-            scope_key=action.target_scope,
-            namespace_wide=action.target_namespace_wide,
+def _executing_dict(values: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
+    return {c.key: values[f"{prefix}{c.name}"] for c in _ACTIONS.columns}
+
+
+# ----------------------------------------------------------- SQLite
+
+
+async def _claim_sqlite(
+    session: AsyncSession, action_id: str, length: timedelta
+) -> tuple[_Facts, dict[str, Any] | None]:
+    """BEGIN IMMEDIATE (the transaction's) holds SQLite's write lock: every
+    claimer, in every process, waits for it, so what the one read finds stays
+    true until commit. Then one statement per table the claim writes: the
+    lease, the target's and the scope's counters, the action, its audit event,
+    the run's chain head (SQLite has no data-modifying CTEs)."""
+    row = (
+        await session.execute(_facts_query(with_counters=True), {"claim_action_id": action_id})
+    ).one_or_none()
+    if row is None:
+        raise NotFoundError(f"action {action_id!r} not found")
+    facts = _Facts.of(row)
+    if not facts.may_claim or facts.key_held:
+        return facts, None
+    values = row._mapping
+    grant = _Grant.of(
+        action_id,
+        values,
+        values["target_last"],
+        values["scope_claims"],
+        await database_now(session),  # SQLite: this process's clock, no statement
+        length,
+    )
+    params = grant.params()
+    lease, counter, scope, executing, event, head = _sqlite_writes()
+    if (await session.execute(lease, params)).scalar_one_or_none() is None:
+        return facts, None  # impossible under the write lock; refuse
+    await session.execute(counter, params)
+    if grant.scope is not None:
+        await session.execute(scope, params)
+    started = (await session.execute(executing, params)).one_or_none()
+    if started is None:  # impossible under the write lock; refuse rather than guess
+        raise ConflictError(f"action {action_id!r} changed while being claimed")
+    await session.execute(event, params)
+    await session.execute(head, params)
+    return facts, _executing_dict(started._mapping)
+
+
+@cache
+def _sqlite_writes() -> tuple[Any, ...]:
+    return (
+        sqlite_insert(_LEASES)
+        .values(_LEASE_VALUES)
+        .on_conflict_do_nothing(index_elements=["target_key"])
+        .returning(_LEASES.c.target_key),
+        sqlite_insert(_FENCING)
+        .values(target_key=_P.target_key, last_token=_P.token)
+        .on_conflict_do_update(index_elements=["target_key"], set_={"last_token": _P.token}),
+        sqlite_insert(_SCOPES)
+        .values(scope_key=_P.scope, claims=_P.token)
+        .on_conflict_do_update(index_elements=["scope_key"], set_={"claims": _P.token}),
+        update(_ACTIONS)
+        .where(_ACTIONS.c.id == _P.action_id, _ACTIONS.c.status == ActionStatus.APPROVED.value)
+        .values(_EXECUTING_VALUES)
+        .returning(*_ACTIONS.c),
+        insert(_EVENTS).values(_EVENT_VALUES),
+        update(_RUNS).where(_RUNS.c.id == _P.run_id).values(_HEAD_VALUES),
+    )
+
+
+# ----------------------------------------------------------- PostgreSQL
+
+
+async def _claim_postgresql(
+    session: AsyncSession, action_id: str, length: timedelta
+) -> tuple[_Facts, dict[str, Any] | None]:
+    """Two statements. The first takes the claim's locks, in the order every
+    claim takes them (the run, the scope's counter row, the target's counter
+    row), and returns both counters and the clock after the last lock. The
+    second, in a snapshot taken after the locks (READ COMMITTED: every
+    statement has its own), checks and writes in one data-modifying CTE.
+
+    Why the checks may read a snapshot: every claim in a scope holds the
+    scope row until it commits, and every claim of a key its counter row, so
+    no overlapping lease, and no lease of the key, can appear after the
+    snapshot; leases that vanish after it (a result recorded) only make the
+    claim refuse where it could have claimed. The lease insert's primary key
+    still arbitrates the key itself (ON CONFLICT DO NOTHING)."""
+    locked = (
+        await session.execute(_lock_statement(), {"claim_action_id": action_id})
+    ).one_or_none()
+    if locked is None:
+        raise NotFoundError(f"action {action_id!r} not found")
+    values = locked._mapping
+    if values["isolation"] != "read committed":  # a snapshot from before the locks
+        raise ConflictError(f"a claim needs READ COMMITTED, not {values['isolation']}")
+    grant = _Grant.of(
+        action_id,
+        values,
+        values["target_last"],
+        values["scope_claims"],
+        values["now"].astimezone(UTC),
+        length,
+    )
+    statement = _claim_statement(scoped=grant.scope is not None)
+    row = (await session.execute(statement, grant.params())).one()
+    facts = _Facts.of(row)
+    executing = row._mapping["executing_id"]
+    if row._mapping["leased"] is not None and executing is None:
+        # Impossible under the run lock; refuse rather than guess.
+        raise ConflictError(f"action {action_id!r} changed while being claimed")
+    if executing is None:
+        return facts, None
+    return facts, _executing_dict(row._mapping, prefix="executing_")
+
+
+@cache
+def _lock_statement() -> Any:
+    """The run's row (FOR UPDATE), then the scope's counter and the target's
+    counter (each created at 0 if new, and locked by a no-op upsert, which
+    returns the latest committed value whatever the snapshot), then the clock.
+    Each step reads the one before it, which fixes their order."""
+    run = (
+        select(
+            _RUNS.c.id.label("run_id"),
+            _RUNS.c.last_event_seq,
+            _RUNS.c.last_event_hash,
+            _ACTIONS.c.target_key,
+            _ACTIONS.c.target_scope,
+            _ACTIONS.c.target_namespace_wide,
+        )
+        .select_from(_RUNS.join(_ACTIONS, _ACTIONS.c.run_id == _RUNS.c.id))
+        .where(_ACTIONS.c.id == _P.action_id)
+        .with_for_update(of=_RUNS)
+        .cte("locked_run")
+    )
+    scope = (
+        pg_insert(_SCOPES)
+        .from_select(
+            ["scope_key", "claims"],
+            select(run.c.target_scope, literal(0, BigInteger())).where(
+                run.c.target_scope.is_not(None)
+            ),
+        )
+        .on_conflict_do_update(index_elements=["scope_key"], set_={"claims": _SCOPES.c.claims})
+        .returning(_SCOPES.c.claims)
+        .cte("locked_scope")
+    )
+    fence = (
+        pg_insert(_FENCING)
+        .from_select(
+            ["target_key", "last_token"],
+            select(run.c.target_key, literal(0, BigInteger())).select_from(
+                run.outerjoin(scope, true())
+            ),
+        )
+        .on_conflict_do_update(
+            index_elements=["target_key"], set_={"last_token": _FENCING.c.last_token}
+        )
+        .returning(
+            _FENCING.c.last_token,
+            func.clock_timestamp(type_=DateTime(timezone=True)).label("now"),
+        )
+        .cte("locked_target")
+    )
+    return select(
+        *run.c,
+        select(scope.c.claims).scalar_subquery().label("scope_claims"),
+        fence.c.last_token.label("target_last"),
+        fence.c.now,
+        # The second statement's checks need a snapshot of their own.
+        func.current_setting("transaction_isolation").label("isolation"),
+    ).select_from(run.join(fence, true()))
+
+
+@cache
+def _claim_statement(scoped: bool) -> Any:
+    """The checks and every write of the claim, as one statement: the lease
+    is inserted only if the checks pass (and the key is free), every other
+    write only if the lease was."""
+    facts = _facts_query(with_counters=False).cte("facts")
+    leased = (
+        pg_insert(_LEASES)
+        .from_select(
+            list(_LEASE_VALUES),
+            select(*_LEASE_VALUES.values()).where(
+                facts.c.status == ActionStatus.APPROVED.value,
+                not_(facts.c.blocked_by_unknown),
+                not_(facts.c.overlap_held),
+            ),
         )
         .on_conflict_do_nothing(index_elements=["target_key"])
-        .returning(ActionLeaseRow.target_key)
+        .returning(_LEASES.c.target_key)
+        .cte("leased")
     )
-    return inserted.scalar_one_or_none() is not None
-
-
-async def _start_executing(
-    db: Database,
-    session: AsyncSession,
-    run: RunRow,
-    action: ActionRow,
-    now: datetime,
-    length: timedelta,
-    scope_claims: int | None,
-) -> None:
-    """approved → executing under the lease just taken, with its token."""
-    token = await _next_fencing_token(session, action, scope_claims)
-    await session.execute(
-        update(ActionLeaseRow)
-        .where(ActionLeaseRow.target_key == action.target_key)
-        .values(fencing_token=token)
-    )
-    changed = await db.compare_and_set(
-        session,
-        ActionRow,
-        action.id,
-        (ActionStatus.APPROVED,),
-        {
-            "status": ActionStatus.EXECUTING,
-            "fencing_token": token,
-            "attempt_count": ActionRow.attempt_count + 1,
-            "started_at": now,
-            "updated_at": now,
-        },
-    )
-    if not changed:  # impossible under the run lock; refuse rather than guess
-        raise ConflictError(f"action {action.id!r} changed while being claimed")
-    await db.audit(
-        session,
-        run,
-        "action.executing",
-        {
-            "action_id": action.id,
-            "fencing_token": token,
-            "lease_expires_at": (now + length).isoformat(),
-        },
-        now,
-    )
-
-
-async def _next_fencing_token(
-    session: AsyncSession, action: ActionRow, scope_claims: int | None
-) -> int:
-    """The claim's fencing token: larger than every token given before on
-    this target *and* in its scope, so a namespace-wide write outranks the
-    per-key writes before it (and they it). The scope row (locked since the
-    start of the claim) holds the scope's last token, ``scope_claims``; the
-    target's own counter may have run ahead of it for keys claimed before
-    scopes existed. One upsert takes the larger of the two, one past each."""
-    floor = 1 if scope_claims is None else scope_claims + 1
-    larger = func.greatest if is_postgresql(session) else func.max  # SQLite: max(a, b)
-    token = (
-        await session.execute(
-            insert_for(session, TargetFencingRow)
-            .values(target_key=action.target_key, last_token=floor)
-            .on_conflict_do_update(
-                index_elements=["target_key"],
-                set_={"last_token": larger(TargetFencingRow.last_token + 1, floor)},
-            )
-            .returning(TargetFencingRow.last_token)
+    got_lease = select(leased.c.target_key).exists()
+    executing = (
+        update(_ACTIONS)
+        .where(
+            _ACTIONS.c.id == _P.action_id,
+            _ACTIONS.c.status == ActionStatus.APPROVED.value,
+            got_lease,
         )
-    ).scalar_one()
-    if action.target_scope is not None:
-        await session.execute(
-            update(TargetScopeRow)
-            .where(TargetScopeRow.scope_key == action.target_scope)
-            .values(claims=token)
+        .values(_EXECUTING_VALUES)
+        .returning(*_ACTIONS.c)
+        .cte("executing")
+    )
+    started = select(executing.c.id).exists()
+    writes = [
+        update(_FENCING)
+        .where(_FENCING.c.target_key == _P.target_key, got_lease)
+        .values(last_token=_P.token)
+        .returning(_FENCING.c.target_key)
+        .cte("target_counted")
+    ]
+    if scoped:
+        writes.append(
+            update(_SCOPES)
+            .where(_SCOPES.c.scope_key == _P.scope, got_lease)
+            .values(claims=_P.token)
+            .returning(_SCOPES.c.scope_key)
+            .cte("scope_counted")
         )
-    return token
+    writes.append(
+        insert(_EVENTS)
+        .from_select(list(_EVENT_VALUES), select(*_EVENT_VALUES.values()).where(started))
+        .returning(_EVENTS.c.id)
+        .cte("audited")
+    )
+    writes.append(
+        update(_RUNS)
+        .where(_RUNS.c.id == _P.run_id, started)
+        .values(_HEAD_VALUES)
+        .returning(_RUNS.c.id)
+        .cte("chained")
+    )
+    return (
+        select(
+            *facts.c,
+            select(leased.c.target_key).scalar_subquery().label("leased"),
+            *(c.label(f"executing_{c.name}") for c in executing.c),
+        )
+        .select_from(facts.outerjoin(executing, true()))
+        .add_cte(*writes)
+    )
