@@ -198,12 +198,17 @@ async def _live(ctx: ApiContext, signed: Signed, request: Request) -> AsyncItera
 
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:
+    raw = await request.body()
     try:
-        return model.model_validate(json.loads(await request.body() or b"null"))
-    except (ValueError, ValidationError) as exc:
-        errors = exc.errors() if isinstance(exc, ValidationError) else []
+        parsed = json.loads(raw or b"null")
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
+        raise Problem(422, "validation_error", "send a JSON object") from None
+    try:
+        return model.model_validate(parsed)
+    except ValidationError as exc:
         detail = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in errors
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+            for err in exc.errors()
         )
         raise Problem(422, "validation_error", detail or "send a JSON object") from None
 
