@@ -19,6 +19,7 @@ from api.auth import Principal
 from api.context import ApiContext, context
 from api.inbox import render
 from api.inbox.session import (
+    COOKIE,
     CSRF_FIELD,
     Signed,
     clear_cookie,
@@ -88,6 +89,11 @@ async def login(request: Request, ctx: Ctx) -> Response:
         _, session_id = await sign_in(ctx, token)
     except Problem as refused:
         return _html(render.login(refused.detail), refused.status)
+    # The session this browser held (if any) ends: a new sign-in never leaves
+    # an old session live behind the new cookie.
+    held = request.cookies.get(COOKIE)
+    if held:
+        await ctx.store.revoke_inbox_session(held)
     response = RedirectResponse("/inbox", status_code=303, headers=HEADERS)
     set_cookie(response, ctx, session_id)
     return response
