@@ -278,6 +278,8 @@ async def decide(approval_id: str, request: Request, ctx: Ctx) -> dict[str, Any]
     signed = await require_post(request, ctx, None)
     body = await _body(request, approval_routes.DecisionBody)
     if body.arguments is not None:
+        # Who may decide first: one who may not learns nothing from the edit check.
+        await approval_routes._decidable(ctx, signed.principal, approval_id, "decide")
         approval, _ = await approval_routes._visible(ctx, signed.principal, approval_id)
         tool = (await ctx.store.get_action(approval["action_id"]))["tool_name"]
         problems = _edit_problems(await _tool_schema(ctx, approval["run_id"], tool), body.arguments)
