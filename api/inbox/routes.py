@@ -12,7 +12,13 @@ from typing import Annotated, Any
 
 import jsonschema
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from pydantic import BaseModel, ValidationError
 
 from api.auth import Principal
@@ -254,7 +260,7 @@ def _edit_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[di
 
 
 @router.get("/approvals/{approval_id}/edit")
-async def edit_form(approval_id: str, request: Request, ctx: Ctx) -> dict[str, Any]:
+async def edit_form(approval_id: str, request: Request, ctx: Ctx) -> Response:
     """What the edit form is built from: the tool's schema and the public
     arguments (secret values redacted: the operator must enter them again)."""
     signed = await signed_in(request, ctx)
@@ -264,13 +270,15 @@ async def edit_form(approval_id: str, request: Request, ctx: Ctx) -> dict[str, A
     view = await approval_routes.get_approval(approval_id, signed.principal, ctx)
     schema = await _tool_schema(ctx, view["run_id"], view["tool_name"])
     arguments = view["arguments"] or {}
-    return {
+    form = {
         "tool_name": view["tool_name"],
         "schema": schema,
         "arguments": arguments,
         "redacted": [k for k, v in arguments.items() if v == REDACTED],
         "arguments_digest": view["arguments_digest"],
     }
+    # Arguments and a digest: no cache keeps them after sign-out.
+    return JSONResponse(form, headers={"Cache-Control": "no-store"})
 
 
 @router.post("/approvals/{approval_id}/decision")
