@@ -266,7 +266,7 @@ async def edit_form(approval_id: str, request: Request, ctx: Ctx) -> Response:
     signed = await signed_in(request, ctx)
     if signed is None:
         raise Problem(401, "unauthorized", "sign in at /inbox/login first")
-    await approval_routes._decidable(ctx, signed.principal, approval_id, "decide")
+    await approval_routes.decidable_approval(ctx, signed.principal, approval_id, "decide")
     view = await approval_routes.get_approval(approval_id, signed.principal, ctx)
     schema = await _tool_schema(ctx, view["run_id"], view["tool_name"])
     arguments = view["arguments"] or {}
@@ -287,8 +287,9 @@ async def decide(approval_id: str, request: Request, ctx: Ctx) -> dict[str, Any]
     body = await _body(request, approval_routes.DecisionBody)
     if body.arguments is not None:
         # Who may decide first: one who may not learns nothing from the edit check.
-        await approval_routes._decidable(ctx, signed.principal, approval_id, "decide")
-        approval, _ = await approval_routes._visible(ctx, signed.principal, approval_id)
+        approval, _ = await approval_routes.decidable_approval(
+            ctx, signed.principal, approval_id, "decide"
+        )
         tool = (await ctx.store.get_action(approval["action_id"]))["tool_name"]
         problems = _edit_problems(await _tool_schema(ctx, approval["run_id"], tool), body.arguments)
         if problems:
