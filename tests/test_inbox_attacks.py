@@ -267,3 +267,38 @@ async def test_roles_on_the_pages_posts(tmp_path) -> None:
             assert reconcile.status_code == 403
         assert (await pending_approval(api, started["run_id"]))["status"] == "pending"
         assert CSRF  # the page's pattern, shared with test_inbox_http
+
+
+async def test_a_broken_tool_schema_refuses_the_edit_cleanly(tmp_path, monkeypatch) -> None:
+    """An MCP server's inputSchema is its own word: one with a bad regex, a
+    remote $ref or a wrong type somewhere an edit reaches gets a 422 naming
+    the problem, never a 500, and the approval stays pending."""
+    from api.inbox import routes
+
+    broken = {
+        "type": "object",
+        "properties": {
+            "ticket_id": {"type": "string", "pattern": "("},
+            "fields": {"$ref": "http://127.0.0.1:9/schema.json"},
+            "tenant_id": {"type": 5},
+        },
+    }
+
+    async def schema(ctx, run_id, tool_name):  # type: ignore[no-untyped-def]
+        return broken
+
+    monkeypatch.setattr(routes, "_tool_schema", schema)
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started = await start(api)
+        approval = await pending_approval(api, started["run_id"])
+        async with browser(api) as alice:
+            csrf = await sign_in(alice, api.tokens["alice"])
+            for arguments in ({"ticket_id": "T-1"}, {"fields": {"p": 1}}, {"tenant_id": "a"}):
+                answer = await alice.post(
+                    f"/inbox/approvals/{approval['id']}/decision",
+                    json=decision(approval, arguments=arguments),
+                    headers={"X-CSRF-Token": csrf},
+                )
+                assert answer.status_code == 422, (arguments, answer.status_code, answer.text)
+                assert "schema" in answer.json()["detail"]
+        assert (await pending_approval(api, started["run_id"]))["status"] == "pending"
