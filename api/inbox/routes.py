@@ -252,8 +252,14 @@ def _edit_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[di
         for name, value in arguments.items()
         if value == REDACTED
     ]
-    validator = jsonschema.Draft202012Validator(schema)
-    for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path)):
+    try:
+        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
+    except Exception as exc:  # the schema is an MCP server's word, never checked
+        # A bad regex, an unresolvable (never fetched) $ref, a keyword of the
+        # wrong type: the schema cannot check this edit, so it is refused.
+        reason = f"{type(exc).__name__}: {exc}"[:200]
+        return [{"field": "(arguments)", "message": f"the tool's schema is broken ({reason})"}]
+    for error in sorted(errors, key=lambda e: list(e.path)):
         field = ".".join(str(p) for p in error.path) or "(arguments)"
         found.append({"field": field, "message": error.message})
     return found
