@@ -302,3 +302,49 @@ async def test_a_broken_tool_schema_refuses_the_edit_cleanly(tmp_path, monkeypat
                 assert answer.status_code == 422, (arguments, answer.status_code, answer.text)
                 assert "schema" in answer.json()["detail"]
         assert (await pending_approval(api, started["run_id"]))["status"] == "pending"
+
+
+async def test_the_temporal_ui_origin_cannot_read_the_inbox(tmp_path) -> None:
+    """The API lets the Temporal UI's origins (ui_origins) call the codec with
+    credentials. That origin is same-site with the API (same host, another
+    port), so a browser sends it the SameSite=Strict inbox cookie: the CORS
+    grant must not extend to /inbox, or a script there could read the pending
+    approvals, the transcripts and the CSRF token."""
+    ui = "http://127.0.0.1:8233"
+    async with harness(tmp_path) as h, serve_api(h, ui_origins=[ui]) as api:
+        started = await start(api)
+        approval = await pending_approval(api, started["run_id"])
+        async with browser(api) as alice:
+            csrf = await sign_in(alice, api.tokens["alice"])
+            cross = {"Origin": ui, "Sec-Fetch-Site": "same-site"}
+            for path in (
+                "/inbox",
+                f"/inbox/runs/{started['run_id']}",
+                f"/inbox/approvals/{approval['id']}/edit",
+                "/inbox/unknown",
+            ):
+                answer = await alice.get(path, headers=cross)
+                assert "access-control-allow-origin" not in answer.headers, path
+                assert "access-control-allow-credentials" not in answer.headers, path
+            preflight = await alice.options(
+                f"/inbox/approvals/{approval['id']}/decision",
+                headers={
+                    "Origin": ui,
+                    "Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": "x-csrf-token, content-type",
+                },
+            )
+            assert "access-control-allow-origin" not in preflight.headers
+            forged = await alice.post(
+                f"/inbox/approvals/{approval['id']}/decision",
+                json=decision(approval),
+                headers={**cross, "X-CSRF-Token": csrf},
+            )
+            assert forged.status_code == 403
+            # The codec keeps its grant.
+            codec = await alice.options(
+                "/codec/decode",
+                headers={"Origin": ui, "Access-Control-Request-Method": "POST"},
+            )
+            assert codec.headers.get("access-control-allow-origin") == ui
+        assert (await pending_approval(api, started["run_id"]))["status"] == "pending"
