@@ -10,7 +10,7 @@ import json
 import httpx
 
 from tests.api_server import serve_api
-from tests.test_api import pending_approval, start
+from tests.test_api import finished, pending_approval, start
 from tests.test_inbox_http import CSRF, browser, decision, sign_in
 from tests.workflow_harness import harness, ticket_call
 
@@ -348,3 +348,41 @@ async def test_the_temporal_ui_origin_cannot_read_the_inbox(tmp_path) -> None:
             )
             assert codec.headers.get("access-control-allow-origin") == ui
         assert (await pending_approval(api, started["run_id"]))["status"] == "pending"
+
+
+async def test_a_secret_an_operator_typed_into_an_edit_stays_out_of_the_run_page(
+    tmp_path,
+) -> None:
+    """An operator replaces a comment's (secret) body in the edit form; the
+    write runs with it and a seat, told the result, quotes it. The run page's
+    transcript redacts the seats' own tool-call arguments, and must redact the
+    arguments the writes actually ran with too."""
+    typed = "edited-secret-0815-xyz"
+    call = ticket_call("ticket_comment", "T-3", body="original-secret-4711")
+    said = {
+        "turns": [
+            {"seat": "seat-1", "round": 1, "text": "posting a comment", "tool_calls": [call]},
+            {"seat": "seat-1", "round": 2, "text": f"The comment now reads {typed}."},
+        ],
+        "final": "done",
+    }
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started = await start(api, script=said, max_rounds=2)
+        approval = await pending_approval(api, started["run_id"])
+        async with browser(api) as alice:
+            csrf = await sign_in(alice, api.tokens["alice"])
+            edited = await alice.post(
+                f"/inbox/approvals/{approval['id']}/decision",
+                json=decision(
+                    approval, arguments={"tenant_id": "acme", "ticket_id": "T-3", "body": typed}
+                ),
+                headers={"X-CSRF-Token": csrf},
+            )
+            assert edited.status_code == 200, edited.text
+            assert typed not in edited.text
+            run = await finished(api, started["run_id"])
+            assert run["status"] == "completed", run
+            page = (await alice.get(f"/inbox/runs/{started['run_id']}")).text
+            assert "The comment now reads" in page, page
+            assert typed not in page
+            assert typed not in (await alice.get("/inbox")).text
