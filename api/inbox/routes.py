@@ -41,7 +41,13 @@ from api.routes import approvals as approval_routes
 from api.routes.runs import visible_run
 from roundtable.models import RunState
 from roundtable.names import STATE_QUERY
-from roundtable.security import REDACTED, action_to_public_dict, redact_text
+from roundtable.security import (
+    REDACTED,
+    ActionSecretKeyError,
+    ArgumentsDecryptionError,
+    action_to_public_dict,
+    redact_text,
+)
 from roundtable.store import NotFoundError
 from roundtable.views import approval_pair_view, event_view, run_view
 
@@ -349,15 +355,38 @@ async def unknown(request: Request, ctx: Ctx) -> Response:
 # ------------------------------------------------------------------ a run
 
 
-def _transcript(state: RunState | None) -> list[dict[str, Any]] | None:
+async def _written_secrets(ctx: ApiContext, actions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The secret (not safe) argument values each of the run's writes holds
+    now: with an operator's edits, which no seat's tool call carries. None
+    when they cannot be read (no key, a different key): the transcript is
+    then not shown at all, since nothing could be redacted from it."""
+    secrets: dict[str, Any] = {}
+    for action in actions:
+        try:
+            arguments = await ctx.store.get_action_arguments(action["id"])
+        except NotFoundError:
+            continue
+        except (ActionSecretKeyError, ArgumentsDecryptionError):
+            return None
+        safe = set(action.get("safe_argument_fields") or ())
+        for name, value in arguments.items():
+            if name not in safe:
+                secrets[f"{action['id']}:{name}"] = value
+    return secrets
+
+
+def _transcript(
+    state: RunState | None, written: dict[str, Any] | None = None
+) -> list[dict[str, Any]] | None:
     """What the seats said. Tool calls by name only (the actions table shows
     their arguments' public view), and every secret argument value any seat
-    passed a tool is redacted from the text, however escaped (``redact_text``,
-    the rule error messages follow; it also bounds each message)."""
+    passed a tool, or a write ran with (``written``: an operator's edits), is
+    redacted from the text, however escaped (``redact_text``, the rule error
+    messages follow; it also bounds each message)."""
     if state is None:
         return None
     messages = [*state.transcript, *(m for thread in state.threads.values() for m in thread)]
-    secrets: dict[str, Any] = {}
+    secrets: dict[str, Any] = dict(written or {})
     for message in messages:
         for call in message.tool_calls:
             spec = state.snapshot.tool(call.name) if state.snapshot else None
@@ -395,10 +424,11 @@ async def run_page(run_id: str, request: Request, ctx: Ctx) -> Response:
     except NotFoundError:
         task = None
     events = await ctx.store.list_events(run_id)
+    written = await _written_secrets(ctx, snapshot["actions"])
     body = render.run_page(
         view,
         task,
-        _transcript(await _run_state(ctx, run_id)),
+        None if written is None else _transcript(await _run_state(ctx, run_id), written),
         fencing,
         [event_view(ev) for ev in events],
         await ctx.store.verify_audit_chain(run_id),
