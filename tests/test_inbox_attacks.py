@@ -386,3 +386,49 @@ async def test_a_secret_an_operator_typed_into_an_edit_stays_out_of_the_run_page
             assert "The comment now reads" in page, page
             assert typed not in page
             assert typed not in (await alice.get("/inbox")).text
+
+
+async def test_the_transcript_works_out_each_secret_once_not_once_per_message(
+    tmp_path, monkeypatch
+) -> None:
+    """Redaction's cost grows with the secret values' length (every spelling,
+    every 12-character window). A run page spent it again for every message
+    of the transcript, on the API's event loop: a seat passing one long
+    secret and then talking a lot made every view of its run page stall the
+    API. The secrets' spellings are worked out once per page."""
+    from roundtable import security
+
+    calls = 0
+    spellings = security._spellings
+
+    def counted(value: str) -> set[str]:
+        nonlocal calls
+        calls += 1
+        return spellings(value)
+
+    monkeypatch.setattr(security, "_spellings", counted)
+    call = ticket_call("ticket_comment", "T-3", body="a-long-secret-body " * 50)
+    turns = [{"seat": "seat-1", "round": 1, "text": "posting", "tool_calls": [call]}]
+    turns += [
+        {"seat": seat, "round": r, "text": f"{seat} talks in round {r}"}
+        for r in range(2, 6)
+        for seat in ("seat-1", "seat-2")
+    ]
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started = await start(api, script={"turns": turns, "final": "done"}, max_rounds=5)
+        approval = await pending_approval(api, started["run_id"])
+        async with browser(api) as alice:
+            csrf = await sign_in(alice, api.tokens["alice"])
+            done = await alice.post(
+                f"/inbox/approvals/{approval['id']}/decision",
+                json=decision(approval),
+                headers={"X-CSRF-Token": csrf},
+            )
+            assert done.status_code == 200
+            await finished(api, started["run_id"])
+            calls = 0
+            page = (await alice.get(f"/inbox/runs/{started['run_id']}")).text
+            assert page.count('<p class="speaker">') >= 8
+            # Two secret leaves (the body, as the seat passed it and as it was
+            # written), however many messages.
+            assert calls <= 2, calls

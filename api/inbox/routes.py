@@ -46,7 +46,7 @@ from roundtable.security import (
     ActionSecretKeyError,
     ArgumentsDecryptionError,
     action_to_public_dict,
-    redact_text,
+    text_redactor,
 )
 from roundtable.store import NotFoundError
 from roundtable.views import approval_pair_view, event_view, run_view
@@ -394,10 +394,11 @@ def _transcript(
             for name, value in call.arguments.items():
                 if name not in safe:
                     secrets[f"{call.id}:{name}"] = value
+    redact = text_redactor(secrets)  # the secrets' spellings, once for every message
     return [
         {
             "speaker": m.name or m.role,
-            "text": redact_text(m.content, secrets),
+            "text": redact(m.content),
             "calls": [c.name for c in m.tool_calls],
         }
         for m in state.transcript
