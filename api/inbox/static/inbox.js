@@ -308,8 +308,12 @@
       if (s.maxLength !== undefined && value.length > s.maxLength) {
         problems.push(path + ": at most " + s.maxLength + " characters");
       }
-      if (s.pattern && !new RegExp(s.pattern, "u").test(value)) {
-        problems.push(path + ": does not match " + s.pattern);
+      if (s.pattern) {
+        /* The pattern is the tool's (Python) regex: one this browser cannot
+           compile is left to the server, which checks every edit anyway. */
+        let re = null;
+        try { re = new RegExp(s.pattern, "u"); } catch (err) { re = null; }
+        if (re && !re.test(value)) problems.push(path + ": does not match " + s.pattern);
       }
     }
     if (typeof value === "number") {
