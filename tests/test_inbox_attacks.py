@@ -432,3 +432,38 @@ async def test_the_transcript_works_out_each_secret_once_not_once_per_message(
             # Two secret leaves (the body, as the seat passed it and as it was
             # written), however many messages.
             assert calls <= 2, calls
+
+
+async def test_the_unknown_page_never_shows_what_an_attempt_reported_of_a_secret(
+    tmp_path,
+) -> None:
+    """An unknown write's result keeps, as evidence, what its attempt reported
+    after it was made unknown: the tool's own result, which may quote the
+    secret argument (a created comment's body). With no error message to
+    show, the page's "last error" printed that whole result."""
+    from tests.helpers import new_action, new_run, target_for
+
+    secret = "s3cret-comment-body-4242"
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        run = await new_run(h.store, user_id="alice")
+        action = await new_action(
+            h.store,
+            run,
+            key="u2",
+            target_key=target_for("task-u2"),
+            arguments={"ticket_id": "T-1", "body": secret},
+            safe_argument_fields=["ticket_id"],
+        )
+        await h.store.claim_action_for_execution(action["id"], 600)
+        await h.store.record_action_terminal_result(
+            action["id"], "unknown", {"error_code": "execution_interrupted"}
+        )
+        await h.store.record_action_terminal_result(
+            action["id"], "succeeded", {"comment": {"id": 7, "body": secret}}
+        )
+        async with browser(api) as ops:
+            await sign_in(ops, api.tokens["ops"])
+            page = (await ops.get("/inbox/unknown")).text
+            assert f'data-action-id="{action["id"]}"' in page
+            assert "execution_interrupted" in page
+            assert secret not in page
