@@ -46,6 +46,7 @@ from roundtable.security import (
     ActionSecretKeyError,
     ArgumentsDecryptionError,
     action_to_public_dict,
+    redact_text,
     text_redactor,
 )
 from roundtable.store import NotFoundError
@@ -336,6 +337,22 @@ def _last_error(result: dict[str, Any] | None) -> str | None:
     return json.dumps(result, sort_keys=True)
 
 
+async def _shown_error(ctx: ApiContext, action: dict[str, Any], error: str | None) -> str | None:
+    """The last error as the page shows it: redacted of the action's secret
+    argument values (the result may hold what a late attempt reported: the
+    tool's own result, quoting them), and bounded; withheld when the
+    arguments cannot be read to redact it."""
+    if error is None:
+        return None
+    try:
+        arguments = await ctx.store.get_action_arguments(action["id"])
+    except NotFoundError:
+        arguments = {}
+    except (ActionSecretKeyError, ArgumentsDecryptionError):
+        return "[withheld: the arguments it might quote cannot be read to redact it]"
+    return redact_text(error, arguments, action.get("safe_argument_fields"))
+
+
 @router.get("/unknown")
 async def unknown(request: Request, ctx: Ctx) -> Response:
     signed = await signed_in(request, ctx)
@@ -347,7 +364,8 @@ async def unknown(request: Request, ctx: Ctx) -> Response:
     for action, _run in pairs:
         public = action_to_public_dict(action)
         target = action.get("target_scope") or action["target_key"]
-        rows.append({"action": public, "target": target, "error": _last_error(public["result"])})
+        error = await _shown_error(ctx, action, _last_error(public["result"]))
+        rows.append({"action": public, "target": target, "error": error})
     body = render.unknown(rows, operator=who.role == "operator")
     return _html(render.page("Unknown actions", body, signed))
 
