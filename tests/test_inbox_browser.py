@@ -407,3 +407,33 @@ async def test_an_edit_against_a_schema_whose_pattern_only_python_reads(stack: S
         assert (await finished(stack.api, run_id))["status"] == "completed"
     finally:
         await context.close()
+
+
+async def test_the_outcome_shows_even_when_the_live_list_drops_the_entry_first(
+    stack: Stack,
+) -> None:
+    """The live list drops an approval the moment it is no longer pending,
+    which can be before the decision's own answer reaches the page (a slow
+    answer, a busy server): the person must still read what happened."""
+    from api.routes import approvals
+
+    real = approvals.decide
+
+    async def slow_answer(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        done = await real(*args, **kwargs)
+        await asyncio.sleep(3)  # the live list (polled every second) sees it first
+        return done
+
+    context, page = await stack.sign_in("ops")
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(approvals, "decide", slow_answer)
+            run_id, approval = await stack.run("T-110")
+            item = entry(page, approval["id"])
+            await item.wait_for(timeout=WAIT_MS)
+            await item.locator('[data-action="approve"]').click()
+            await item.locator(".outcome").filter(has_text="Approved").wait_for(timeout=WAIT_MS)
+        await item.wait_for(state="detached", timeout=WAIT_MS)
+        assert (await finished(stack.api, run_id))["status"] == "completed"
+    finally:
+        await context.close()
