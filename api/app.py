@@ -27,6 +27,21 @@ from roundtable.temporal import temporal_connection
 MAX_BODY_BYTES = 256 * 1024
 
 
+class NotForTheInbox(CORSMiddleware):
+    """The Temporal UI's CORS grant (its origins, with credentials), for
+    everything but the inbox. The UI's origin is same-site with the API (the
+    same host on another port), so a browser sends it the inbox's
+    SameSite=Strict cookie: with the grant, a script there could read the
+    inbox's pages, and the CSRF token in them. The inbox is same-origin only."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path == "/inbox" or path.startswith("/inbox/"):
+            await self.app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 # Past the limit, up to this much more of a body is read and dropped, so the
 # connection can carry the client's next request; a larger one is closed.
 DRAIN_BYTES = 1024 * 1024
@@ -144,7 +159,7 @@ def create_app(
     app.state.codec = EncryptionCodec(keys_from_environment())
     # The Temporal UI calls the codec endpoints from the browser.
     app.add_middleware(
-        CORSMiddleware,
+        NotForTheInbox,
         allow_origins=settings.ui_origins,
         allow_methods=["POST", "OPTIONS"],
         allow_headers=["Authorization", "Content-Type", "X-Namespace"],

@@ -18,7 +18,7 @@ import os
 import re
 import secrets
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -58,6 +58,7 @@ __all__ = [
     "read_action_secret",
     "redact_arguments",
     "redact_text",
+    "text_redactor",
 ]
 
 
@@ -339,6 +340,15 @@ def redact_text(
     replaced by ``[redacted]``, however it was escaped; a message that still
     quotes a long value in part (truncated, re-encoded) is withheld whole.
     The result is bounded."""
+    return text_redactor(arguments, safe_fields)(text)
+
+
+def text_redactor(
+    arguments: Mapping[str, Any] | None, safe_fields: Iterable[str] | None = None
+) -> Callable[[str], str]:
+    """:func:`redact_text` for many texts and the same arguments: the values'
+    spellings and quote windows (the costly part, growing with the values'
+    length) are worked out once, not once per text."""
     safe = set(safe_fields or ())
     values = {
         leaf
@@ -348,22 +358,28 @@ def redact_text(
         if len(leaf) >= _MIN_REDACTED_LENGTH
     }
     spelled = sorted({form for v in values for form in _spellings(v)}, key=len, reverse=True)
-    for form in spelled:  # longest first, so a value containing another goes whole
-        text = re.sub(re.escape(form), REDACTED, text, flags=re.IGNORECASE)
+    # Longest first, so a value containing another goes whole.
+    patterns = [re.compile(re.escape(form), re.IGNORECASE) for form in spelled]
     windows = {
         form[i : i + _QUOTE_WINDOW].casefold()
         for form in spelled
         if len(form) >= _QUOTE_WINDOW
         for i in range(len(form) - _QUOTE_WINDOW + 1)
     }
-    folded = text.casefold()
-    if windows and any(
-        folded[i : i + _QUOTE_WINDOW] in windows for i in range(len(folded) - _QUOTE_WINDOW + 1)
-    ):
-        return WITHHELD
-    if len(text) > MAX_ERROR_MESSAGE_CHARS:
-        text = text[:MAX_ERROR_MESSAGE_CHARS] + "…"
-    return text
+
+    def redact(text: str) -> str:
+        for pattern in patterns:
+            text = pattern.sub(REDACTED, text)
+        folded = text.casefold()
+        if windows and any(
+            folded[i : i + _QUOTE_WINDOW] in windows for i in range(len(folded) - _QUOTE_WINDOW + 1)
+        ):
+            return WITHHELD
+        if len(text) > MAX_ERROR_MESSAGE_CHARS:
+            text = text[:MAX_ERROR_MESSAGE_CHARS] + "…"
+        return text
+
+    return redact
 
 
 def argument_changes(

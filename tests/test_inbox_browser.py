@@ -370,3 +370,70 @@ async def test_the_demo_of_make_run_is_decided_from_the_inbox(stack: Stack, tmp_
             await asyncio.to_thread(dev.wait_for, r"run demo-\S+ completed", 1, 120)
         finally:
             await context.close()
+
+
+async def test_an_edit_against_a_schema_whose_pattern_only_python_reads(stack: Stack) -> None:
+    """A tool schema's ``pattern`` is a Python (MCP server's) regex; one the
+    browser cannot compile (a named group ``(?P<…>)``) must not break the edit
+    form: the page leaves that check to the server, which makes it."""
+    from api.inbox import routes
+
+    real = routes._tool_schema
+
+    async def python_only(ctx: Any, run_id: str, tool_name: str) -> dict[str, Any]:
+        schema = json.loads(json.dumps(await real(ctx, run_id, tool_name)))
+        schema["properties"]["ticket_id"]["pattern"] = "^(?P<prefix>T)-[0-9]+$"
+        return schema
+
+    context, page = await stack.sign_in("ops")
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(routes, "_tool_schema", python_only)
+            run_id, approval = await stack.run("T-109")
+            item = entry(page, approval["id"])
+            await item.wait_for(timeout=WAIT_MS)
+            await item.locator('[data-action="edit"]').click()
+            fields = item.locator('textarea[data-name="fields"]')
+            await fields.wait_for(timeout=WAIT_MS)
+            await fields.fill('{"priority": "low"}')
+            await item.locator('[data-action="review-edit"]').click()
+            await item.locator(".edit-diff table").wait_for(timeout=WAIT_MS)
+            await item.locator('[data-action="submit-edit"]').click()
+            await (
+                item.locator(".outcome")
+                .filter(has_text="with your edits")
+                .wait_for(timeout=WAIT_MS)
+            )
+        assert (await finished(stack.api, run_id))["status"] == "completed"
+    finally:
+        await context.close()
+
+
+async def test_the_outcome_shows_even_when_the_live_list_drops_the_entry_first(
+    stack: Stack,
+) -> None:
+    """The live list drops an approval the moment it is no longer pending,
+    which can be before the decision's own answer reaches the page (a slow
+    answer, a busy server): the person must still read what happened."""
+    from api.routes import approvals
+
+    real = approvals.decide
+
+    async def slow_answer(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        done = await real(*args, **kwargs)
+        await asyncio.sleep(3)  # the live list (polled every second) sees it first
+        return done
+
+    context, page = await stack.sign_in("ops")
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(approvals, "decide", slow_answer)
+            run_id, approval = await stack.run("T-110")
+            item = entry(page, approval["id"])
+            await item.wait_for(timeout=WAIT_MS)
+            await item.locator('[data-action="approve"]').click()
+            await item.locator(".outcome").filter(has_text="Approved").wait_for(timeout=WAIT_MS)
+        await item.wait_for(state="detached", timeout=WAIT_MS)
+        assert (await finished(stack.api, run_id))["status"] == "completed"
+    finally:
+        await context.close()

@@ -12,13 +12,20 @@ from typing import Annotated, Any
 
 import jsonschema
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from pydantic import BaseModel, ValidationError
 
 from api.auth import Principal
 from api.context import ApiContext, context
 from api.inbox import render
 from api.inbox.session import (
+    COOKIE,
     CSRF_FIELD,
     Signed,
     clear_cookie,
@@ -34,7 +41,14 @@ from api.routes import approvals as approval_routes
 from api.routes.runs import visible_run
 from roundtable.models import RunState
 from roundtable.names import STATE_QUERY
-from roundtable.security import REDACTED, action_to_public_dict, redact_text
+from roundtable.security import (
+    REDACTED,
+    ActionSecretKeyError,
+    ArgumentsDecryptionError,
+    action_to_public_dict,
+    redact_text,
+    text_redactor,
+)
 from roundtable.store import NotFoundError
 from roundtable.views import approval_pair_view, event_view, run_view
 
@@ -88,6 +102,11 @@ async def login(request: Request, ctx: Ctx) -> Response:
         _, session_id = await sign_in(ctx, token)
     except Problem as refused:
         return _html(render.login(refused.detail), refused.status)
+    # The session this browser held (if any) ends: a new sign-in never leaves
+    # an old session live behind the new cookie.
+    held = request.cookies.get(COOKIE)
+    if held:
+        await ctx.store.revoke_inbox_session(held)
     response = RedirectResponse("/inbox", status_code=303, headers=HEADERS)
     set_cookie(response, ctx, session_id)
     return response
@@ -198,12 +217,17 @@ async def _live(ctx: ApiContext, signed: Signed, request: Request) -> AsyncItera
 
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:
+    raw = await request.body()
     try:
-        return model.model_validate(json.loads(await request.body() or b"null"))
-    except (ValueError, ValidationError) as exc:
-        errors = exc.errors() if isinstance(exc, ValidationError) else []
+        parsed = json.loads(raw or b"null")
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
+        raise Problem(422, "validation_error", "send a JSON object") from None
+    try:
+        return model.model_validate(parsed)
+    except ValidationError as exc:
         detail = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in errors
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+            for err in exc.errors()
         )
         raise Problem(422, "validation_error", detail or "send a JSON object") from None
 
@@ -235,31 +259,39 @@ def _edit_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[di
         for name, value in arguments.items()
         if value == REDACTED
     ]
-    validator = jsonschema.Draft202012Validator(schema)
-    for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path)):
+    try:
+        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
+    except Exception as exc:  # the schema is an MCP server's word, never checked
+        # A bad regex, an unresolvable (never fetched) $ref, a keyword of the
+        # wrong type: the schema cannot check this edit, so it is refused.
+        reason = f"{type(exc).__name__}: {exc}"[:200]
+        return [{"field": "(arguments)", "message": f"the tool's schema is broken ({reason})"}]
+    for error in sorted(errors, key=lambda e: list(e.path)):
         field = ".".join(str(p) for p in error.path) or "(arguments)"
         found.append({"field": field, "message": error.message})
     return found
 
 
 @router.get("/approvals/{approval_id}/edit")
-async def edit_form(approval_id: str, request: Request, ctx: Ctx) -> dict[str, Any]:
+async def edit_form(approval_id: str, request: Request, ctx: Ctx) -> Response:
     """What the edit form is built from: the tool's schema and the public
     arguments (secret values redacted: the operator must enter them again)."""
     signed = await signed_in(request, ctx)
     if signed is None:
         raise Problem(401, "unauthorized", "sign in at /inbox/login first")
-    await approval_routes._decidable(ctx, signed.principal, approval_id, "decide")
+    await approval_routes.decidable_approval(ctx, signed.principal, approval_id, "decide")
     view = await approval_routes.get_approval(approval_id, signed.principal, ctx)
     schema = await _tool_schema(ctx, view["run_id"], view["tool_name"])
     arguments = view["arguments"] or {}
-    return {
+    form = {
         "tool_name": view["tool_name"],
         "schema": schema,
         "arguments": arguments,
         "redacted": [k for k, v in arguments.items() if v == REDACTED],
         "arguments_digest": view["arguments_digest"],
     }
+    # Arguments and a digest: no cache keeps them after sign-out.
+    return JSONResponse(form, headers={"Cache-Control": "no-store"})
 
 
 @router.post("/approvals/{approval_id}/decision")
@@ -267,7 +299,10 @@ async def decide(approval_id: str, request: Request, ctx: Ctx) -> dict[str, Any]
     signed = await require_post(request, ctx, None)
     body = await _body(request, approval_routes.DecisionBody)
     if body.arguments is not None:
-        approval, _ = await approval_routes._visible(ctx, signed.principal, approval_id)
+        # Who may decide first: one who may not learns nothing from the edit check.
+        approval, _ = await approval_routes.decidable_approval(
+            ctx, signed.principal, approval_id, "decide"
+        )
         tool = (await ctx.store.get_action(approval["action_id"]))["tool_name"]
         problems = _edit_problems(await _tool_schema(ctx, approval["run_id"], tool), body.arguments)
         if problems:
@@ -302,6 +337,22 @@ def _last_error(result: dict[str, Any] | None) -> str | None:
     return json.dumps(result, sort_keys=True)
 
 
+async def _shown_error(ctx: ApiContext, action: dict[str, Any], error: str | None) -> str | None:
+    """The last error as the page shows it: redacted of the action's secret
+    argument values (the result may hold what a late attempt reported: the
+    tool's own result, quoting them), and bounded; withheld when the
+    arguments cannot be read to redact it."""
+    if error is None:
+        return None
+    try:
+        arguments = await ctx.store.get_action_arguments(action["id"])
+    except NotFoundError:
+        arguments = {}
+    except (ActionSecretKeyError, ArgumentsDecryptionError):
+        return "[withheld: the arguments it might quote cannot be read to redact it]"
+    return redact_text(error, arguments, action.get("safe_argument_fields"))
+
+
 @router.get("/unknown")
 async def unknown(request: Request, ctx: Ctx) -> Response:
     signed = await signed_in(request, ctx)
@@ -313,7 +364,8 @@ async def unknown(request: Request, ctx: Ctx) -> Response:
     for action, _run in pairs:
         public = action_to_public_dict(action)
         target = action.get("target_scope") or action["target_key"]
-        rows.append({"action": public, "target": target, "error": _last_error(public["result"])})
+        error = await _shown_error(ctx, action, _last_error(public["result"]))
+        rows.append({"action": public, "target": target, "error": error})
     body = render.unknown(rows, operator=who.role == "operator")
     return _html(render.page("Unknown actions", body, signed))
 
@@ -321,15 +373,38 @@ async def unknown(request: Request, ctx: Ctx) -> Response:
 # ------------------------------------------------------------------ a run
 
 
-def _transcript(state: RunState | None) -> list[dict[str, Any]] | None:
+async def _written_secrets(ctx: ApiContext, actions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The secret (not safe) argument values each of the run's writes holds
+    now: with an operator's edits, which no seat's tool call carries. None
+    when they cannot be read (no key, a different key): the transcript is
+    then not shown at all, since nothing could be redacted from it."""
+    secrets: dict[str, Any] = {}
+    for action in actions:
+        try:
+            arguments = await ctx.store.get_action_arguments(action["id"])
+        except NotFoundError:
+            continue
+        except (ActionSecretKeyError, ArgumentsDecryptionError):
+            return None
+        safe = set(action.get("safe_argument_fields") or ())
+        for name, value in arguments.items():
+            if name not in safe:
+                secrets[f"{action['id']}:{name}"] = value
+    return secrets
+
+
+def _transcript(
+    state: RunState | None, written: dict[str, Any] | None = None
+) -> list[dict[str, Any]] | None:
     """What the seats said. Tool calls by name only (the actions table shows
     their arguments' public view), and every secret argument value any seat
-    passed a tool is redacted from the text, however escaped (``redact_text``,
-    the rule error messages follow; it also bounds each message)."""
+    passed a tool, or a write ran with (``written``: an operator's edits), is
+    redacted from the text, however escaped (``redact_text``, the rule error
+    messages follow; it also bounds each message)."""
     if state is None:
         return None
     messages = [*state.transcript, *(m for thread in state.threads.values() for m in thread)]
-    secrets: dict[str, Any] = {}
+    secrets: dict[str, Any] = dict(written or {})
     for message in messages:
         for call in message.tool_calls:
             spec = state.snapshot.tool(call.name) if state.snapshot else None
@@ -337,10 +412,11 @@ def _transcript(state: RunState | None) -> list[dict[str, Any]] | None:
             for name, value in call.arguments.items():
                 if name not in safe:
                     secrets[f"{call.id}:{name}"] = value
+    redact = text_redactor(secrets)  # the secrets' spellings, once for every message
     return [
         {
             "speaker": m.name or m.role,
-            "text": redact_text(m.content, secrets),
+            "text": redact(m.content),
             "calls": [c.name for c in m.tool_calls],
         }
         for m in state.transcript
@@ -367,10 +443,11 @@ async def run_page(run_id: str, request: Request, ctx: Ctx) -> Response:
     except NotFoundError:
         task = None
     events = await ctx.store.list_events(run_id)
+    written = await _written_secrets(ctx, snapshot["actions"])
     body = render.run_page(
         view,
         task,
-        _transcript(await _run_state(ctx, run_id)),
+        None if written is None else _transcript(await _run_state(ctx, run_id), written),
         fencing,
         [event_view(ev) for ev in events],
         await ctx.store.verify_audit_chain(run_id),

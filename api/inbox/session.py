@@ -85,11 +85,18 @@ def clear_cookie(response: Response, ctx: ApiContext) -> None:
 
 
 def same_origin(request: Request) -> bool:
-    """A browser names the page a POST came from (Origin); when it does, it
-    must be this server. (No Origin: a non-browser client, or an old one.)"""
+    """A POST from this site. A browser names the page a POST came from
+    (Origin; else Referer), and says whether it is cross-site (Sec-Fetch-Site):
+    whatever it names must be this server. (None of them: a non-browser
+    client, which a CSRF attack cannot be.)"""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return False
     origin = request.headers.get("origin")
     if origin is None:
-        return True
+        referer = request.headers.get("referer")
+        if referer is None:
+            return True
+        origin = referer
     if origin == "null":
         return False
     host = request.headers.get("host", "")

@@ -46,9 +46,11 @@ class DecisionBody(BaseModel):
         return self
 
 
-async def _visible(
+async def visible_approval(
     ctx: ApiContext, caller: Principal, approval_id: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The approval and its run; 404 unless the caller may see it. (The
+    inbox's pages use it too: one rule for the API and the page.)"""
     try:
         approval = await ctx.store.get_approval(approval_id)
         run = await ctx.store.get_run(approval["run_id"])
@@ -59,11 +61,15 @@ async def _visible(
     return approval, run
 
 
-async def _decidable(ctx: ApiContext, caller: Principal, approval_id: str, verb: str) -> None:
-    """404 unless the caller may see it, 403 unless the caller may act on it."""
-    _, run = await _visible(ctx, caller, approval_id)
+async def decidable_approval(
+    ctx: ApiContext, caller: Principal, approval_id: str, verb: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The approval and its run; 404 unless the caller may see it, 403 unless
+    the caller may act on it."""
+    approval, run = await visible_approval(ctx, caller, approval_id)
     if not caller.may_decide(run["user_id"]):
         raise Problem(403, "forbidden", f"a {caller.role} token cannot {verb} approvals")
+    return approval, run
 
 
 @router.get("", response_model=ApprovalPage)
@@ -88,7 +94,7 @@ async def list_approvals(
 
 @router.get("/{approval_id}", response_model=ApprovalView, responses=problems(404))
 async def get_approval(approval_id: str, caller: Caller, ctx: Context) -> dict[str, Any]:
-    approval, _ = await _visible(ctx, caller, approval_id)
+    approval, _ = await visible_approval(ctx, caller, approval_id)
     return await approval_view(ctx.store, approval)
 
 
@@ -102,7 +108,7 @@ async def decide(
 ) -> dict[str, Any]:
     """Approve or reject, bound to the arguments you saw. 409 when the approval
     is no longer pending or the arguments changed; the decider is the token's owner."""
-    await _decidable(ctx, caller, approval_id, "decide")
+    await decidable_approval(ctx, caller, approval_id, "decide")
     return await operations.decide(
         await ctx.temporal(),
         ctx.store,
@@ -130,7 +136,7 @@ async def extend(
     approval_id: str, body: ExtendBody, caller: Caller, ctx: Context
 ) -> dict[str, Any]:
     """Give people more time to decide; bounded by the server's maximum."""
-    await _decidable(ctx, caller, approval_id, "extend")
+    await decidable_approval(ctx, caller, approval_id, "extend")
     return await operations.extend(
         await ctx.temporal(),
         ctx.store,

@@ -36,7 +36,12 @@ def csrf_token(session_id: str) -> str:
 
 
 def csrf_matches(session_id: str, offered: str | None) -> bool:
-    return bool(offered) and hmac.compare_digest(csrf_token(session_id), offered or "")
+    """In constant time; as bytes, since compare_digest refuses (raises on) a
+    str that is not ASCII, and the offered token is whatever a client sent."""
+    if not offered:
+        return False
+    expected = csrf_token(session_id).encode()
+    return hmac.compare_digest(expected, offered.encode("utf-8", "surrogatepass"))
 
 
 @complete_every_public_coroutine

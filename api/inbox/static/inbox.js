@@ -7,6 +7,7 @@
   const meta = document.querySelector('meta[name="csrf-token"]');
   const csrf = meta ? meta.content : "";
   const announcer = document.getElementById("announce");
+  const OUTCOME_SHOWN_MS = 4000;
 
   function announce(text) {
     if (announcer) announcer.textContent = text;
@@ -100,6 +101,12 @@
       const keep = new Set(data.ids);
       section.querySelectorAll("article[data-approval-id]").forEach(function (el) {
         if (!keep.has(el.dataset.approvalId)) {
+          if (el.dataset.deciding === "yes") {
+            /* Our own decision, its answer not here yet: it leaves once its
+               outcome has been shown (decide() below). */
+            el.dataset.gone = "yes";
+            return;
+          }
           el.remove();
           announce("An approval left the list (decided or expired).");
         }
@@ -308,8 +315,12 @@
       if (s.maxLength !== undefined && value.length > s.maxLength) {
         problems.push(path + ": at most " + s.maxLength + " characters");
       }
-      if (s.pattern && !new RegExp(s.pattern, "u").test(value)) {
-        problems.push(path + ": does not match " + s.pattern);
+      if (s.pattern) {
+        /* The pattern is the tool's (Python) regex: one this browser cannot
+           compile is left to the server, which checks every edit anyway. */
+        let re = null;
+        try { re = new RegExp(s.pattern, "u"); } catch (err) { re = null; }
+        if (re && !re.test(value)) problems.push(path + ": does not match " + s.pattern);
       }
     }
     if (typeof value === "number") {
@@ -412,7 +423,13 @@
     const id = entry.dataset.approvalId;
     body.arguments_digest = entry.dataset.digest;
     busy(entry, true);
+    entry.dataset.deciding = "yes";
     const result = await post("/inbox/approvals/" + encodeURIComponent(id) + "/decision", body);
+    delete entry.dataset.deciding;
+    if (entry.dataset.gone === "yes") {
+      /* The live list dropped it meanwhile: show the outcome, then let it go. */
+      window.setTimeout(function () { entry.remove(); }, OUTCOME_SHOWN_MS);
+    }
     if (result.ok) {
       const edited = body.arguments ? " with your edits" : "";
       say(entry, body.decision === "approved"
