@@ -358,3 +358,118 @@ async def test_lease_rows_match_executing_and_unknown_actions(store) -> None:
             )
         ).all()
     assert [(r[0], r[1]) for r in rows] == [(first["id"], "executing")]
+
+
+async def test_the_handed_over_action_is_the_row_as_committed(store) -> None:
+    """What claim_for_execution hands the executor (built from the claim's
+    RETURNING, no longer read back through the ORM) equals the action as
+    stored, types included (aware datetimes, JSON, the token), and the sealed
+    arguments are the stored ones."""
+    from roundtable.store.schema import ActionSecretRow
+
+    run = await new_run(store)
+    action = await new_action(
+        store,
+        run,
+        key="handed",
+        arguments={"tenant_id": "tenant-a", "object_id": "handed", "note": "é'\""},
+        **target_fields("handed", namespace="hand"),
+    )
+    claim = await store.claim_for_execution(action["id"], 30)
+    assert claim.outcome == "claimed"
+    stored = await store.get_action(action["id"])
+    assert claim.action == stored
+    for name, value in claim.action.items():
+        assert type(value) is type(stored[name]), name
+        if isinstance(value, datetime):
+            assert value.tzinfo is not None, name
+    async with store.session_factory() as session:
+        sealed = (
+            await session.execute(
+                select(ActionSecretRow.arguments_encrypted).where(
+                    ActionSecretRow.action_id == action["id"]
+                )
+            )
+        ).scalar_one()
+    assert claim.sealed_arguments == sealed
+
+
+async def test_two_executors_claiming_one_write_at_once_start_it_once(store) -> None:
+    """Both wait for the run; the first claims, the second finds the write
+    executing under a live lease (in_progress): one attempt, one event."""
+    run = await new_run(store)
+    action = await new_action(store, run, key="twice", **target_fields("twice"))
+    async with store.db.transaction() as session:
+        await store.db.lock_run(session, run["id"])
+        tasks = [
+            asyncio.create_task(store.claim_action_for_execution(action["id"], 30))
+            for _ in range(2)
+        ]
+        if _pg(store):
+            await _blocked_on_locks(store, 2)
+        else:
+            await asyncio.sleep(0.2)
+    assert sorted(await asyncio.gather(*tasks)) == ["claimed", "in_progress"]
+    row = await store.get_action(action["id"])
+    assert row["attempt_count"] == 1 and row["status"] == "executing"
+    async with store.session_factory() as session:
+        started = (
+            await session.execute(
+                select(AuditEventRow.seq).where(
+                    AuditEventRow.run_id == run["id"],
+                    AuditEventRow.event_type == "action.executing",
+                )
+            )
+        ).all()
+    assert len(started) == 1
+    assert await store.verify_audit_chain(run["id"])
+
+
+async def test_one_key_in_two_scopes_is_one_target_with_rising_tokens(store) -> None:
+    """The same key written under two scopes: still one lease at a time, and
+    each grant outranks the last on the key (its own counter), whichever
+    scope's counter is behind."""
+    runs = [await new_run(store) for _ in range(3)]
+    key = target_fields("shared", namespace="one")["target_key"]
+    a = await new_action(store, runs[0], key="a", target_key=key, target_scope="scope-one")
+    b = await new_action(store, runs[1], key="b", target_key=key, target_scope="scope-two")
+    c = await new_action(store, runs[2], key="c", target_key=key)
+    first = await store.claim_for_execution(a["id"], 30)
+    assert first.outcome == "claimed"
+    assert await store.claim_action_for_execution(b["id"], 30) == "target_busy"
+    assert await store.claim_action_for_execution(c["id"], 30) == "target_busy"
+    assert await store.record_action_terminal_result(a["id"], "succeeded", {})
+    second = await store.claim_for_execution(b["id"], 30)
+    assert second.outcome == "claimed"
+    assert await store.record_action_terminal_result(b["id"], "succeeded", {})
+    third = await store.claim_for_execution(c["id"], 30)
+    assert third.outcome == "claimed"
+    tokens = [g.action["fencing_token"] for g in (first, second, third)]
+    assert tokens == sorted(set(tokens)), tokens
+
+
+async def test_a_counter_row_left_at_zero_by_a_refused_claim_changes_no_token(store) -> None:
+    """PostgreSQL creates a new key's counter row at 0 even when the claim is
+    refused (SQLite writes nothing): the key's next token still outranks
+    every grant before it in its scope, on both."""
+    from roundtable.store.schema import TargetFencingRow
+
+    runs = [await new_run(store) for _ in range(2)]
+    wide = await new_action(store, runs[0], key="wide", **target_fields(WIDE, namespace="zero"))
+    fresh = await new_action(store, runs[1], key="fresh", **target_fields("new", namespace="zero"))
+    held = await store.claim_for_execution(wide["id"], 30)
+    assert held.outcome == "claimed"
+    assert await store.claim_action_for_execution(fresh["id"], 30) == "target_busy"
+    async with store.session_factory() as session:
+        counter = (
+            await session.execute(
+                select(TargetFencingRow.last_token).where(
+                    TargetFencingRow.target_key == fresh["target_key"]
+                )
+            )
+        ).scalar_one_or_none()
+    assert counter == (0 if _pg(store) else None)
+    assert await store.record_action_terminal_result(wide["id"], "succeeded", {})
+    got = await store.claim_for_execution(fresh["id"], 30)
+    assert got.outcome == "claimed"
+    assert got.action["fencing_token"] == held.action["fencing_token"] + 1
