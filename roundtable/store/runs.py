@@ -294,11 +294,13 @@ class Runs:
         made_unknown, withdrawn = [], []
         for action in unsettled:
             if action["status"] != ActionStatus.EXECUTING:
-                if (await self.actions.withdraw(action["id"], RUN_ENDED_REASON))["status"] == (
-                    ActionStatus.REJECTED
-                ):
+                # Read without locks: a claim may have made it executing since
+                # (withdraw then leaves it as it is, and it is settled below).
+                now_status = (await self.actions.withdraw(action["id"], RUN_ENDED_REASON))["status"]
+                if now_status == ActionStatus.REJECTED:
                     withdrawn.append(action["id"])
-                continue
+                if now_status != ActionStatus.EXECUTING:
+                    continue
             async with self.db.transaction() as session:
                 run, row = await self.db.lock_row(session, ActionRow, action["id"])
                 lease = await lease_of(session, row.id)
