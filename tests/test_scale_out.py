@@ -162,7 +162,7 @@ async def test_a_hundred_contending_runs_across_role_workers_keep_every_promise(
             1 for a in evidence.actions if (a.get("result") or {}).get("reconciled_outcome")
         )
         say(t0, f"ticket log {dict(writes)}; actions {dict(actions)}; reconciled {reconciled}")
-        assert [str(v) for v in violations] == []
+        assert not violations, "\n".join(str(v) for v in violations)
         statuses = Counter(r["status"] for r in evidence.runs)
         assert statuses == Counter({"completed": RUNS}), statuses
         # The load was what it says: every ticket written, by many runs.
@@ -297,7 +297,7 @@ async def settle(store: Any, temporal: Any, started: set[str], t0: float) -> set
         handle = temporal.get_workflow_handle(run_id)
         state = await handle.query(STATE_QUERY, result_type=RunState, rpc_timeout=QUERY_TIMEOUT)
         assert state.unknown_actions or state.blocked_writes, (run_id, state.status)
-    say(t0, f"waiting for reconciliation: {sorted(open_ids)}")
+    say(t0, f"{len(open_ids)} waiting for reconciliation, {sorted(open_ids)[:5]}…")
     return open_ids
 
 
