@@ -65,6 +65,7 @@ MAX_KILLS = 3
 SETTLED = FINAL_RUN_STATUSES | {"waiting_input"}
 QUERY_TIMEOUT = timedelta(seconds=60)  # a loaded machine answers slowly
 # Deadlines against hangs only (a failure then says where the load stood).
+LOAD_WITHIN = 600.0
 SETTLE_WITHIN = 300.0
 FINISH_WITHIN = 180.0
 
@@ -197,16 +198,18 @@ async def load(
 
     # Read from the store, not by querying each workflow: a query needs the
     # workflows worker, which is the busiest process here.
-    index, moving = 0, 0
+    index, moving = 0, set()
+    deadline = time.monotonic() + LOAD_WITHIN
     while index < RUNS or moving:
-        while index < RUNS and moving < OPEN_AT_ONCE:
+        while index < RUNS and len(moving) < OPEN_AT_ONCE:
             await start(index)
-            index, moving = index + 1, moving + 1
+            index += 1
+            moving.add(f"scale-{index - 1}")
         await asyncio.sleep(1)
         runs = [r for r in await store.list_runs() if r["id"] in started]
-        settled = {r["id"] for r in runs if r["status"] in SETTLED}
-        moving = len(started - settled)
+        moving = started - {r["id"] for r in runs if r["status"] in SETTLED}
         await killer.step()
+        assert time.monotonic() < deadline, f"runs still moving: {sorted(moving)}"
     say(t0, f"all {RUNS} runs started and settled or waiting")
     assert killer.kills, "the load ended before a tool worker could be killed mid-write"
     assert killer.unknowns, f"{killer.kills} kills, none mid-write (no unknown action)"
