@@ -116,8 +116,11 @@ def _print(figures: dict[str, Any]) -> None:
         f"target {k['target_s']} s)"
     )
     s = figures["scale"]
-    print(f"scale curve on PostgreSQL, {s['runs_at_once']} runs at once, {s['cores']} cores:")
-    for point in s["curve"]:
+    if "skipped" in s:
+        print(f"scale curve on PostgreSQL skipped: {s['skipped']}")
+    else:
+        print(f"scale curve on PostgreSQL, {s['runs_at_once']} runs at once, {s['cores']} cores:")
+    for point in s.get("curve", []):
         cpu = ", ".join(f"{part} {ms} ms" for part, ms in point["cpu_ms_per_run"].items())
         print(
             f"  {point['workers']} process(es) ({point['split']}): {point['runs_per_s']} runs/s; "

@@ -81,7 +81,9 @@ def rows(figures: dict[str, Any]) -> list[str]:
             f"| {s['ratio_runs_per_s']}; {s['ratio_cpu_per_run']} | |"
         )
     sc = figures.get("scale")
-    if isinstance(sc, dict):
+    if isinstance(sc, dict) and "skipped" in sc:
+        out.append(f"| scale curve (postgresql) | | {sc['skipped']} | | |")
+    elif isinstance(sc, dict):
         for point in sc["curve"]:
             cpu = "; ".join(f"{part} {ms} ms" for part, ms in point["cpu_ms_per_run"].items())
             out.append(
