@@ -46,6 +46,7 @@ from roundtable.temporal import connect
 from roundtable.tools.tickets import TicketSystem
 from tests.ci import unavailable
 from tests.pg_cluster import PgCluster, PostgresUnavailable, start_cluster
+from workflows.timeouts import RETRY_BLOCKED_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = 100
@@ -58,16 +59,18 @@ WRITE_DELAY = "0.3"
 # Started runs may be in flight at once (the rest start as these end): enough
 # to keep every ticket contended, few enough for a loaded 2-core machine.
 OPEN_AT_ONCE = 30
-# Kill a tool worker once this many writes have applied, with one under way.
-KILL_AFTER_APPLIED = 40
+# Kill a tool worker once this many writes (of about 400) have applied, with
+# one under way: late enough that not every run is left behind the unknown.
+KILL_AFTER_APPLIED = 150
 MAX_KILLS = 3
 # A run no longer moves once it has ended or waits for a person.
 SETTLED = FINAL_RUN_STATUSES | {"waiting_input"}
 QUERY_TIMEOUT = timedelta(seconds=60)  # a loaded machine answers slowly
-# Deadlines against hangs only (a failure then says where the load stood).
-LOAD_WITHIN = 600.0
-SETTLE_WITHIN = 300.0
-FINISH_WITHIN = 180.0
+# Against hangs only, never a judgement of speed: a phase fails when no run
+# has moved on for this long (a failure then says where the load stood).
+# Longer than a blocked write's longest retry timer, in case its wake-up
+# (a refresh signal, best effort) was missed.
+STALL_SECONDS = RETRY_BLOCKED_MAX.total_seconds() + 90
 
 
 @pytest.fixture
@@ -102,6 +105,22 @@ async def until(probe: Any, within: float, what: str, step: float = 0.5) -> None
     raise AssertionError(f"not within {within:.0f} s: {what}")
 
 
+class Progress:
+    """Fails when ``remaining`` has not fallen for STALL_SECONDS: the
+    machine may be slow (other suites run beside this one), never stuck."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.best, self.since = what, None, time.monotonic()
+
+    def check(self, remaining: set[str] | int) -> None:
+        count = remaining if isinstance(remaining, int) else len(remaining)
+        if self.best is None or count < self.best:
+            self.best, self.since = count, time.monotonic()
+        stalled = time.monotonic() - self.since
+        shown = remaining if isinstance(remaining, int) else sorted(remaining)
+        assert stalled < STALL_SECONDS, f"{self.what}: no progress in {stalled:.0f} s: {shown}"
+
+
 async def start_tool_worker(stack: Stack) -> Proc:
     delay = {"ROUNDTABLE_DEMO_TICKET_WRITE_DELAY_SECONDS": WRITE_DELAY}
     worker = await asyncio.to_thread(stack.start_worker, "--role", "tools", **delay)
@@ -113,7 +132,7 @@ async def start_tool_worker(stack: Stack) -> Proc:
     return worker
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)  # a backstop: Progress fails a stuck phase first
 async def test_a_hundred_contending_runs_across_role_workers_keep_every_promise(
     postgres: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -199,7 +218,7 @@ async def load(
     # Read from the store, not by querying each workflow: a query needs the
     # workflows worker, which is the busiest process here.
     index, moving = 0, set()
-    deadline = time.monotonic() + LOAD_WITHIN
+    progress = Progress("runs still moving")
     while index < RUNS or moving:
         while index < RUNS and len(moving) < OPEN_AT_ONCE:
             await start(index)
@@ -209,7 +228,7 @@ async def load(
         runs = [r for r in await store.list_runs() if r["id"] in started]
         moving = started - {r["id"] for r in runs if r["status"] in SETTLED}
         await killer.step()
-        assert time.monotonic() < deadline, f"runs still moving: {sorted(moving)}"
+        progress.check(RUNS - index + len(moving))
     say(t0, f"all {RUNS} runs started and settled or waiting")
     assert killer.kills, "the load ended before a tool worker could be killed mid-write"
     assert killer.unknowns, f"{killer.kills} kills, none mid-write (no unknown action)"
@@ -283,19 +302,14 @@ async def settle(store: Any, temporal: Any, started: set[str], t0: float) -> set
     """Wait until every run is final or waiting for a reconciliation; the ids
     of those waiting. A waiting run must say why: an unknown write of its own,
     or a write blocked behind another's (RunState.blocked_writes)."""
-    open_ids: set[str] = set()
 
-    async def quiet() -> bool:
-        nonlocal open_ids
-        runs = [r for r in await store.list_runs() if r["id"] in started]
-        open_ids = {r["id"] for r in runs if r["status"] not in FINAL_RUN_STATUSES}
-        moving = [r for r in runs if r["id"] in open_ids and r["status"] != "waiting_input"]
-        return len(runs) == len(started) and not moving
+    async def moving() -> set[str]:
+        runs = {r["id"]: r["status"] for r in await store.list_runs() if r["id"] in started}
+        return {i for i in started if runs.get(i) not in SETTLED}
 
-    try:
-        await until(quiet, SETTLE_WITHIN, "every run final or waiting", step=2)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; still moving: {sorted(open_ids)}") from None
+    await until_none(moving, "runs neither final nor waiting")
+    runs = [r for r in await store.list_runs() if r["id"] in started]
+    open_ids = {r["id"] for r in runs if r["status"] not in FINAL_RUN_STATUSES}
     for run_id in sorted(open_ids):
         handle = temporal.get_workflow_handle(run_id)
         state = await handle.query(STATE_QUERY, result_type=RunState, rpc_timeout=QUERY_TIMEOUT)
@@ -313,12 +327,12 @@ async def reconcile_and_finish(
     stop = asyncio.Event()
     task = asyncio.create_task(bot.run(stop))
 
-    async def all_final() -> bool:
+    async def open_runs() -> set[str]:
         runs = [r for r in await store.list_runs() if r["id"] in started]
-        return all(r["status"] in FINAL_RUN_STATUSES for r in runs)
+        return {r["id"] for r in runs if r["status"] not in FINAL_RUN_STATUSES}
 
     try:
-        await until(all_final, FINISH_WITHIN, "every run final after reconciliation", step=2)
+        await until_none(open_runs, "runs not final after reconciliation")
     finally:
         stop.set()
         await task
@@ -329,10 +343,18 @@ async def until_closed(temporal: Any, started: set[str]) -> None:
     """Store-final runs close in Temporal a moment later: judge the two once closed."""
     remaining = set(started)
 
-    async def closed() -> bool:
+    async def still_open() -> set[str]:
         for run_id in sorted(remaining):
             if await workflow_closed(temporal, run_id) is not False:
                 remaining.discard(run_id)
-        return not remaining
+        return remaining
 
-    await until(closed, 120, f"workflows closed in Temporal ({len(remaining)} open)", step=1)
+    await until_none(still_open, "workflows open in Temporal")
+
+
+async def until_none(probe: Any, what: str) -> None:
+    """Until ``probe()`` (a set of run ids) is empty, while it keeps shrinking."""
+    progress = Progress(what)
+    while remaining := await probe():
+        progress.check(remaining)
+        await asyncio.sleep(2)
