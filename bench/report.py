@@ -80,6 +80,18 @@ def rows(figures: dict[str, Any]) -> list[str]:
             f"| {s['ours']['runs_per_s']}; {s['ours']['cpu_ms_per_run']} ms "
             f"| {s['ratio_runs_per_s']}; {s['ratio_cpu_per_run']} | |"
         )
+    sc = figures.get("scale")
+    if isinstance(sc, dict) and "skipped" in sc:
+        out.append(f"| scale curve (postgresql) | | {sc['skipped']} | | |")
+    elif isinstance(sc, dict):
+        for point in sc["curve"]:
+            cpu = "; ".join(f"{part} {ms} ms" for part, ms in point["cpu_ms_per_run"].items())
+            out.append(
+                f"| scale: {point['workers']} worker process(es) ({point['split']}), "
+                f"{sc['runs_at_once']} runs at once, PostgreSQL: runs/s | "
+                f"| {point['runs_per_s']} (CPU per run: {cpu}; machine busy "
+                f"{point['machine_busy']}) | | |"
+            )
     return out
 
 

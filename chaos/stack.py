@@ -174,9 +174,11 @@ class Stack:
 
     # ----------------------------------------------------------------- workers and API
 
-    def start_worker(self, **extra: str) -> Proc:
+    def start_worker(self, *options: str, **extra: str) -> Proc:
+        """``roundtable worker OPTIONS`` (say ``--role tools``), ``extra``
+        added to its environment."""
         worker = self._spawn(
-            "worker", [str(BIN / "roundtable"), "worker"], self.env(**extra), False
+            "worker", [str(BIN / "roundtable"), "worker", *options], self.env(**extra), False
         )
         self.workers.append(worker)
         return worker

@@ -56,11 +56,18 @@ class RunPlan:
         }
 
 
-def _call(rng: random.Random, canary: str, index: int, n: int) -> dict[str, Any]:
-    ticket = rng.choice(TICKETS)
+def _call(
+    rng: random.Random,
+    canary: str,
+    index: int,
+    n: int,
+    tickets: tuple[str, ...] = TICKETS,
+    wide_share: float = 0.06,
+) -> dict[str, Any]:
+    ticket = rng.choice(tickets)
     roll = rng.random()
     base = {"tenant_id": TENANT, "ticket_id": ticket}
-    if roll < 0.06:
+    if roll < wide_share:
         base["ticket_id"] = NAMESPACE_WIDE_TICKET
         return {"name": "ticket_update", "args": {**base, "fields": {"sweep": f"r{index}"}}}
     if roll < 0.45:
@@ -72,7 +79,15 @@ def _call(rng: random.Random, canary: str, index: int, n: int) -> dict[str, Any]
     return {"name": "ticket_close", "args": {**base, "resolution": f"fixed; {canary}"}}
 
 
-def plan_run(rng: random.Random, canary: str, index: int) -> RunPlan:
+def plan_run(
+    rng: random.Random,
+    canary: str,
+    index: int,
+    tickets: tuple[str, ...] = TICKETS,
+    wide_share: float = 0.06,
+) -> RunPlan:
+    """A run of 1-3 seats and 1-2 rounds, each seat's turn making one or two
+    writes to ``tickets`` (``wide_share`` of them namespace-wide)."""
     seats = [f"seat-{i}" for i in range(1, rng.choice([2, 2, 3]) + 1)]
     rounds = rng.choice([1, 1, 2])
     turns, n = [], 0
@@ -81,7 +96,8 @@ def plan_run(rng: random.Random, canary: str, index: int) -> RunPlan:
             calls = []
             for _ in range(rng.choice([1, 1, 2])):
                 n += 1
-                calls.append({**_call(rng, canary, index, n), "id": f"c{n}"})
+                call = _call(rng, canary, index, n, tickets, wide_share)
+                calls.append({**call, "id": f"c{n}"})
             turns.append(
                 {"seat": seat, "round": rnd, "text": f"{seat} r{rnd}", "tool_calls": calls}
             )

@@ -6,7 +6,9 @@ Pure functions over plain rows (:class:`Evidence`), so each rule can be fed a
 hand-made broken history in a unit test; :mod:`roundtable.evidence` gathers
 the rows from the real parts. Rules, numbered as in the chaos issue:
 
-1. each action's write reached the ticket system at most once (per idempotency key);
+1. each action's write reached the ticket system at most once (per idempotency key:
+   one log entry, and that entry's call arrived once, even where the ticket
+   system's own idempotency absorbed a repeat);
 2. applied writes to one ticket never overlap in time, their fencing tokens grow
    in the order they started, and no scope accepted one token twice;
 3. every action of a finished run is final or ``unknown``; nothing is left
@@ -114,6 +116,12 @@ def _at_most_once(ev: Evidence) -> Iterator[Violation]:
     for key, count in sorted(reached.items()):
         if count > 1:
             yield Violation(1, key, f"reached the ticket system {count} times")
+    for write in ev.ticket_writes:
+        arrivals = write.get("arrivals", 1)
+        if arrivals > 1:
+            yield Violation(
+                1, write["idempotency_key"], f"was sent to the ticket system {arrivals} times"
+            )
     per_key = Counter(a["idempotency_key"] for a in ev.actions)
     for key, count in sorted(per_key.items()):
         if count > 1:

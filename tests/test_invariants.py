@@ -127,6 +127,12 @@ def test_a_double_write_is_caught() -> None:
     assert 1 in rules_broken(evidence)
 
 
+def test_a_repeat_the_ticket_system_absorbed_is_caught() -> None:
+    evidence = clean()
+    evidence.ticket_writes[0] = {**evidence.ticket_writes[0], "arrivals": 2}
+    assert [v.rule for v in check(evidence)] == [1]
+
+
 def test_two_actions_with_one_key_are_caught() -> None:
     evidence = clean()
     evidence.actions.append({**evidence.actions[0], "id": "a9"})

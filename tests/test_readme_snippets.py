@@ -55,6 +55,10 @@ NOT_RUN = {
         "tool workers under load; tests/test_worker_roles.py runs each role and the "
         "worker command's refusals"
     ),
+    ".venv/bin/python -m bench.scale             # 1 all; 2 workflows+tools; 3 workflows+2 tools": (
+        "minutes of load on a throwaway PostgreSQL cluster: `make bench` runs it, and "
+        "tests/test_bench_smoke.py runs its smoke form (every point of the curve is produced)"
+    ),
     "ROUNDTABLE_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres \\": (
         "this is what `make test` does, on the throwaway cluster tests/conftest.py starts"
     ),

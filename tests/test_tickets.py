@@ -62,3 +62,30 @@ async def test_a_write_whose_caller_went_away_is_logged_as_abandoned(
     (entry,) = await tickets.write_log()
     assert entry["outcome"] == "abandoned" and entry["finished_at"]
     assert (await tickets.read("acme", "T-1") or {}).get("fields", {}) == {}  # never applied
+
+
+async def test_a_repeated_key_is_answered_once_and_counted(tickets: TicketSystem) -> None:
+    """The ticket system absorbs a repeat (nothing written again), but its log
+    counts it: the invariant checker must see a write Roundtable sent twice."""
+    first = await tickets.update(ARGS, writer("k", 1))
+    again = await tickets.update(ARGS, writer("k", 1))
+    assert again == {**first, "replayed": True}
+    (entry,) = await tickets.write_log()
+    assert entry["outcome"] == "applied" and entry["arrivals"] == 2
+
+
+async def test_a_log_made_before_arrivals_gets_the_column(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import text
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'old.db'}"
+    system = await TicketSystem.open(url)
+    async with system.engine.begin() as conn:
+        await conn.execute(text("ALTER TABLE demo_ticket_writes DROP COLUMN arrivals"))
+    await system.close()
+    system = await TicketSystem.open(url)
+    try:
+        await system.update(ARGS, writer("k", 1))
+        (entry,) = await system.write_log()
+        assert entry["arrivals"] == 1
+    finally:
+        await system.close()

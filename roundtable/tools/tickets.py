@@ -4,7 +4,10 @@ It behaves like a well-built customer API should, and it is the ground truth
 tests and the chaos harness compare against:
 - every write is logged with the idempotency key and fencing token it got,
   with the time it started and finished;
-- a repeated idempotency key gets the first answer, nothing is written again;
+- a repeated idempotency key gets the first answer, nothing is written again,
+  and the log counts the repeat (``arrivals``): Roundtable sends each write
+  once, so a second arrival is a broken promise the invariant checker reports
+  even though this system absorbed it;
 - a fencing token lower than one already seen for the ticket is refused (a
   writer whose lease expired cannot clobber its successor).
 Its tables live beside Roundtable's (same database by default) but belong to it.
@@ -13,11 +16,13 @@ Its tables live beside Roundtable's (same database by default) but belong to it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, select
+from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, inspect, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -62,6 +67,8 @@ class TicketWriteRow(_Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     outcome: Mapped[str] = mapped_column(String(32))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # How many calls brought this idempotency key (1: the write ran once).
+    arrivals: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class TicketRef(BaseModel):
@@ -115,7 +122,29 @@ class TicketSystem:
         system = cls(create_engine_for(database_url), write_delay_seconds, drop_after_write)
         async with system.engine.begin() as conn:
             await conn.run_sync(_Base.metadata.create_all)
+        await system._add_arrivals_column()
         return system
+
+    async def _add_arrivals_column(self) -> None:
+        """A write log made before ``arrivals`` existed gets the column (the
+        demo's tables are made by create_all, which adds no columns). Several
+        workers may open at once: one adds it, the others find it there."""
+
+        def missing(conn: Any) -> bool:
+            columns = inspect(conn).get_columns(TicketWriteRow.__tablename__)
+            return "arrivals" not in {c["name"] for c in columns}
+
+        async with self.engine.connect() as conn:
+            if not await conn.run_sync(missing):
+                return
+        with contextlib.suppress(DBAPIError):
+            async with self.engine.begin() as conn:
+                await conn.execute(
+                    text(
+                        f"ALTER TABLE {TicketWriteRow.__tablename__} "
+                        "ADD COLUMN arrivals INTEGER NOT NULL DEFAULT 1"
+                    )
+                )
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -157,6 +186,7 @@ class TicketSystem:
                     "started_at": _utc(r.started_at),
                     "finished_at": _utc(r.finished_at),
                     "outcome": r.outcome,
+                    "arrivals": r.arrivals,
                 }
                 for r in rows
             ]
@@ -201,29 +231,39 @@ class TicketSystem:
 
     @to_completion
     async def _start(self, operation: str, args: TicketRef, ctx: ToolContext) -> dict | None:
+        replay: tuple[str, dict | None] | None = None
         async with self._sessions() as session, session.begin():
             seen = await _log_entry(session, ctx)
             if seen is not None:
-                if seen.outcome == REJECTED_STALE:
-                    raise ToolDefiniteFailure("stale_fencing_token", "this write was refused")
-                return {**(seen.result or {}), "replayed": True}
-            ticket = await self._ticket(session, args)
-            stale = ctx.fencing_token < ticket.highest_fencing_token
-            if not stale:
-                ticket.highest_fencing_token = max(ticket.highest_fencing_token, ctx.fencing_token)
-            session.add(
-                TicketWriteRow(
-                    idempotency_key=ctx.idempotency_key,
-                    fencing_token=ctx.fencing_token,
-                    tenant_id=args.tenant_id,
-                    ticket_id=args.ticket_id,
-                    operation=operation,
-                    started_at=datetime.now(UTC),
-                    # A refusal is logged as durably as a write: the log is the truth.
-                    finished_at=datetime.now(UTC) if stale else None,
-                    outcome=REJECTED_STALE if stale else "started",
+                # The repeat is counted (committed), then answered as the first time.
+                seen.arrivals += 1
+                replay = (seen.outcome, seen.result)
+            else:
+                ticket = await self._ticket(session, args)
+                stale = ctx.fencing_token < ticket.highest_fencing_token
+                if not stale:
+                    ticket.highest_fencing_token = max(
+                        ticket.highest_fencing_token, ctx.fencing_token
+                    )
+                session.add(
+                    TicketWriteRow(
+                        idempotency_key=ctx.idempotency_key,
+                        fencing_token=ctx.fencing_token,
+                        tenant_id=args.tenant_id,
+                        ticket_id=args.ticket_id,
+                        operation=operation,
+                        started_at=datetime.now(UTC),
+                        # A refusal is logged as durably as a write: the log is the truth.
+                        finished_at=datetime.now(UTC) if stale else None,
+                        outcome=REJECTED_STALE if stale else "started",
+                        arrivals=1,
+                    )
                 )
-            )
+        if replay is not None:
+            outcome, first = replay
+            if outcome == REJECTED_STALE:
+                raise ToolDefiniteFailure("stale_fencing_token", "this write was refused")
+            return {**(first or {}), "replayed": True}
         if stale:
             raise ToolDefiniteFailure(
                 "stale_fencing_token",
