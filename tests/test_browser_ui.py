@@ -6,29 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import importlib.util
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
-from tests.ci import unavailable
+from tests.browser import ARTIFACTS, CHROMIUM, FLAGS, require_browser
 from tests.dev_stack import dev_stack
 from tests.workflow_harness import venv_binary
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 DEMO_TASK = "Triage ticket acme/T-100"
-
-
-def _require_browser() -> None:
-    missing = []
-    if not Path(CHROMIUM).exists():
-        missing.append("Debian's chromium")
-    if importlib.util.find_spec("playwright") is None:
-        missing.append("the playwright package")
-    if missing:
-        unavailable(" and ".join(missing), "make test installs them")
 
 
 def _inspect(address: str, workflow_id: str) -> tuple[str, str]:
@@ -63,7 +49,7 @@ def _inspect(address: str, workflow_id: str) -> tuple[str, str]:
 
 
 async def test_temporal_ui_shows_decoded_payloads(tmp_path: Path) -> None:
-    _require_browser()
+    require_browser()
     from playwright.async_api import async_playwright
 
     with dev_stack(tmp_path) as stack:
@@ -82,15 +68,7 @@ async def test_temporal_ui_shows_decoded_payloads(tmp_path: Path) -> None:
         async with async_playwright() as playwright:
             browser = await playwright.chromium.launch(
                 executable_path=CHROMIUM,
-                args=[
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-quic",
-                    "--no-first-run",
-                    "--disable-background-networking",
-                    "--disable-component-update",
-                    "--disable-sync",
-                ],
+                args=FLAGS,
             )
             try:
                 page = await browser.new_page(viewport={"width": 1400, "height": 1600})

@@ -17,24 +17,14 @@ import pytest
 import pytest_asyncio
 
 from tests.api_server import Api, serve_api
+from tests.browser import ARTIFACTS, CHROMIUM, FLAGS, require_browser
 from tests.conftest import TEST_SECRET
 from tests.dev_stack import dev_stack
 from tests.test_api import finished, pending_approval, start
-from tests.test_browser_ui import ARTIFACTS, CHROMIUM, _require_browser
 from tests.workflow_harness import Harness, harness, script, ticket_call
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WAIT_MS = 30_000
 
 
@@ -73,7 +63,7 @@ class Stack:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
-    _require_browser()
+    require_browser()
     tmp = tmp_path_factory.mktemp("inbox")
     with pytest.MonkeyPatch.context() as env:  # the autouse secret is per test; this is per module
         env.setenv("ROUNDTABLE_ACTION_SECRET_KEY", TEST_SECRET)

@@ -136,17 +136,7 @@ class Database:
         """Lock the run an action or approval belongs to (found by a subquery,
         in the locking statement itself), then read the row afresh (stable
         while the run lock is held)."""
-        owner = select(model.run_id).where(model.id == row_id).scalar_subquery()  # type: ignore[attr-defined]
-        run = (
-            await session.execute(
-                select(RunRow)
-                .where(RunRow.id == owner)
-                .with_for_update()
-                .execution_options(populate_existing=True)
-            )
-        ).scalar_one_or_none()
-        if run is None:  # every row has its run (a foreign key): the row is missing
-            raise NotFoundError(f"{_NOUNS[model]} {row_id!r} not found")
+        run = await _lock_owner_run(session, model, row_id)
         return run, await reload(session, model, row_id)
 
     async def lock_row_and_clock(
@@ -159,17 +149,7 @@ class Database:
         if clock is None:
             run, row = await self.lock_row(session, model, row_id)
             return run, row, await database_now(session)
-        owner = select(model.run_id).where(model.id == row_id).scalar_subquery()  # type: ignore[attr-defined]
-        run = (
-            await session.execute(
-                select(RunRow)
-                .where(RunRow.id == owner)
-                .with_for_update()
-                .execution_options(populate_existing=True)
-            )
-        ).scalar_one_or_none()
-        if run is None:
-            raise NotFoundError(f"{_NOUNS[model]} {row_id!r} not found")
+        run = await _lock_owner_run(session, model, row_id)
         row, now = (
             await session.execute(
                 select(model, clock)
@@ -278,3 +258,21 @@ async def logged(session: AsyncSession, run_id: str, dedupe_key: str) -> bool:
         )
     )
     return hit.scalar_one_or_none() is not None
+
+
+async def _lock_owner_run(session: AsyncSession, model: type[R], row_id: str) -> RunRow:
+    """Lock the run a row belongs to, found by a subquery in the locking
+    statement itself; NotFoundError when the row is missing (every row has
+    its run, a foreign key)."""
+    owner = select(model.run_id).where(model.id == row_id).scalar_subquery()  # type: ignore[attr-defined]
+    run = (
+        await session.execute(
+            select(RunRow)
+            .where(RunRow.id == owner)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+    ).scalar_one_or_none()
+    if run is None:
+        raise NotFoundError(f"{_NOUNS[model]} {row_id!r} not found")
+    return run
