@@ -7,7 +7,9 @@
   const meta = document.querySelector('meta[name="csrf-token"]');
   const csrf = meta ? meta.content : "";
   const announcer = document.getElementById("announce");
-  const OUTCOME_SHOWN_MS = 4000;
+  /* How long an entry that left the list stays to show its outcome: long
+     enough to read (and for a loaded test browser to see), not forever. */
+  const OUTCOME_SHOWN_MS = 8000;
 
   function announce(text) {
     if (announcer) announcer.textContent = text;
@@ -56,7 +58,25 @@
     if (!box) return;
     box.textContent = (failed ? "⚠ " : "✔ ") + text;
     box.dataset.result = failed ? "refused" : "done";
+    entry.dataset.shownAt = String(Date.now());
     announce(text);
+  }
+
+  /* An entry the live list dropped: at once, or, when it shows an outcome
+     (a decision made here), once that outcome has been up OUTCOME_SHOWN_MS;
+     the stream drops a decided approval within a second of its answer, which
+     would otherwise flash the outcome too briefly to read. */
+  function leave(entry) {
+    if (entry.dataset.leaving === "yes") return;
+    entry.dataset.leaving = "yes";
+    const shown = Number(entry.dataset.shownAt || 0);
+    const wait = shown ? shown + OUTCOME_SHOWN_MS - Date.now() : 0;
+    if (wait <= 0) {
+      entry.remove();
+      announce("An approval left the list (decided or expired).");
+      return;
+    }
+    window.setTimeout(function () { entry.remove(); }, wait);
   }
 
   function busy(entry, on) {
@@ -107,8 +127,7 @@
             el.dataset.gone = "yes";
             return;
           }
-          el.remove();
-          announce("An approval left the list (decided or expired).");
+          leave(el);
         }
       });
       let previous = null;
@@ -426,19 +445,17 @@
     entry.dataset.deciding = "yes";
     const result = await post("/inbox/approvals/" + encodeURIComponent(id) + "/decision", body);
     delete entry.dataset.deciding;
-    if (entry.dataset.gone === "yes") {
-      /* The live list dropped it meanwhile: show the outcome, then let it go. */
-      window.setTimeout(function () { entry.remove(); }, OUTCOME_SHOWN_MS);
-    }
     if (result.ok) {
       const edited = body.arguments ? " with your edits" : "";
       say(entry, body.decision === "approved"
         ? "Approved" + edited + ": the write runs now."
         : "Rejected: the seat is told your reason.", false);
-      return;
+    } else {
+      busy(entry, false);
+      say(entry, refusal(result), true);
     }
-    busy(entry, false);
-    say(entry, refusal(result), true);
+    /* The live list dropped it meanwhile: show the outcome, then let it go. */
+    if (entry.dataset.gone === "yes") leave(entry);
   }
 
   async function act(entry, action) {
