@@ -35,6 +35,7 @@ from api.inbox.session import (
     sign_in,
     signed_in,
 )
+from api.keepalive import KeepAlive
 from api.problems import Problem
 from api.routes import actions as action_routes
 from api.routes import approvals as approval_routes
@@ -194,7 +195,7 @@ async def live(request: Request, ctx: Ctx) -> Response:
 
 async def _live(ctx: ApiContext, signed: Signed, request: Request) -> AsyncIterator[str]:
     last: list[tuple[str, str]] | None = None
-    quiet = 0.0
+    keep_alive = KeepAlive(LIVE_POLL_SECONDS, LIVE_KEEPALIVE_SECONDS)
     while not await request.is_disconnected():
         if await ctx.store.inbox_session(signed.session_id) is None:
             yield "event: signed-out\ndata: {}\n\n"
@@ -202,14 +203,11 @@ async def _live(ctx: ApiContext, signed: Signed, request: Request) -> AsyncItera
         entries = await _pending(ctx, signed)
         now = [(i, x) for i, x, _ in entries]
         if now != last:
-            last, quiet = now, 0.0
+            last = now
             data = {"ids": [i for i, *_ in entries], "html": {i: h for i, _, h in entries}}
             yield f"event: pending\ndata: {json.dumps(data)}\n\n"
-        else:
-            quiet += LIVE_POLL_SECONDS
-            if quiet >= LIVE_KEEPALIVE_SECONDS:
-                quiet = 0.0
-                yield ": keep-alive\n\n"
+        if line := keep_alive.after_poll(sent=last is now):
+            yield line
         await asyncio.sleep(LIVE_POLL_SECONDS)
 
 

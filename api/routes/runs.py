@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
+from api.keepalive import KeepAlive
 from api.openapi import AUTHENTICATED, problems
 from api.pagination import (
     DEFAULT_LIMIT,
@@ -183,7 +184,7 @@ async def run_events(
 
 
 async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> AsyncIterator[str]:
-    quiet = 0.0
+    keep_alive = KeepAlive(SSE_POLL_SECONDS, SSE_KEEPALIVE_SECONDS)
     while not await request.is_disconnected():
         # The status before the events: a run's last events commit with its
         # final status, so once it reads final the read after has them all
@@ -196,15 +197,10 @@ async def _stream(ctx: ApiContext, run_id: str, seen: int, request: Request) -> 
                 f"id: {event['seq']}\nevent: {event['event_type']}\n"
                 f"data: {json.dumps(event_view(event))}\n\n"
             )
-        if fresh:
-            quiet = 0.0
-        elif ended:
+        if not fresh and ended:
             return
-        else:
-            quiet += SSE_POLL_SECONDS
-            if quiet >= SSE_KEEPALIVE_SECONDS:
-                quiet = 0.0
-                yield ": keep-alive\n\n"
+        if line := keep_alive.after_poll(sent=bool(fresh)):
+            yield line
         await asyncio.sleep(SSE_POLL_SECONDS)
 
 
