@@ -66,15 +66,32 @@ SMOKE = Sizes(
 async def run(sizes: Sizes, profile: Path | None) -> dict[str, Any]:
     started = time.monotonic()
     figures: dict[str, Any] = {}
-    figures["claims"] = await claims.measure(sizes.claims)
+    # How long each figure took: the ten minutes are a target too.
+    took: dict[str, float] = {}
+
+    async def timed(name: str, taking: Any) -> Any:
+        begun = time.monotonic()
+        try:
+            return await taking
+        finally:
+            took[name] = round(time.monotonic() - begun, 1)
+
+    figures["claims"] = await timed("claims", claims.measure(sizes.claims))
     async with stack(WORKER_ENV) as made:
-        figures["approvals"] = await approvals.measure(made, sizes.approvals, profile=profile)
-        figures["throughput"] = await throughput.measure(made, sizes.runs_at_once, profile=profile)
-        figures["scaling"] = [await throughput.measure(made, n) for n in sizes.scales]
-        figures["crash_to_unknown"] = await crash.measure(made, sizes.crashes)
-        figures["waiting_memory"] = await waiting.measure(made, sizes.waiting)
-    figures["scale"] = await scale.measure(sizes.scale_runs)
+        figures["approvals"] = await timed(
+            "approvals", approvals.measure(made, sizes.approvals, profile=profile)
+        )
+        figures["throughput"] = await timed(
+            "throughput", throughput.measure(made, sizes.runs_at_once, profile=profile)
+        )
+        figures["scaling"] = [
+            await timed(f"scaling_{n}", throughput.measure(made, n)) for n in sizes.scales
+        ]
+        figures["crash_to_unknown"] = await timed("crash", crash.measure(made, sizes.crashes))
+        figures["waiting_memory"] = await timed("waiting", waiting.measure(made, sizes.waiting))
+    figures["scale"] = await timed("scale", scale.measure(sizes.scale_runs))
     figures["seconds"] = round(time.monotonic() - started)
+    figures["seconds_by_figure"] = took
     return figures
 
 
@@ -127,6 +144,7 @@ def _print(figures: dict[str, Any]) -> None:
             f"CPU per run: {cpu}; machine busy {point['machine_busy']}"
         )
     print(f"all figures in {figures['seconds']} s")
+    print("  " + ", ".join(f"{name} {s} s" for name, s in figures["seconds_by_figure"].items()))
 
 
 def main() -> None:
