@@ -200,17 +200,13 @@ async def test_a_claim_refuses_a_snapshot_taken_before_its_locks(postgres_url) -
     """PostgreSQL: the claim's checks are safe because its second statement
     reads a snapshot taken after its first statement's locks, which READ
     COMMITTED gives. A writer configured otherwise is refused, not trusted."""
-    from sqlalchemy.ext.asyncio import async_sessionmaker
-
     from roundtable.store import ConflictError, open_store
 
     async with open_store(postgres_url) as store:
         run = await new_run(store)
         action = await new_action(store, run, key="rr", **target_fields("rr"))
-        store.db.session_factory = async_sessionmaker(
-            store.engine.execution_options(isolation_level="REPEATABLE READ"),
-            expire_on_commit=False,
-        )
+        # The claim's transaction is the engine's (a Core connection).
+        store.db.engine = store.engine.execution_options(isolation_level="REPEATABLE READ")
         with pytest.raises(ConflictError, match="READ COMMITTED"):
             await store.claim_action_for_execution(action["id"], 30)
         assert (await store.get_action(action["id"]))["status"] == "approved"

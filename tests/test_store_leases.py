@@ -405,3 +405,38 @@ async def test_a_claim_hands_the_executor_its_action_and_sealed_arguments(store)
     busy = await store.claim_for_execution(second["id"], 30)
     assert busy.outcome == ClaimOutcome.TARGET_BUSY
     assert busy.action is None and busy.sealed_arguments is None
+
+
+@pytest.mark.parametrize(
+    ("ending", "told"), [("succeeded", "already_finished"), ("unknown", "unknown")]
+)
+async def test_an_attempt_ending_between_the_claims_two_transactions(
+    store, ending: str, told: str
+) -> None:
+    """A claim that finds its action executing settles it in a second
+    transaction, under the run lock. If the attempt's result lands between
+    the two, the claim answers with the action's end and changes nothing:
+    no second attempt, no unknown made of a recorded result."""
+    run = await new_run(store)
+    action = await new_action(store, run, key="between", target_key=target_for())
+    assert await store.claim_action_for_execution(action["id"], 30) == "claimed"
+    token = (await store.get_action(action["id"]))["fencing_token"]
+    leases = store.leases
+    settle = leases._settle_executing
+
+    async def result_lands_first(action_id: str) -> ClaimOutcome:
+        assert await store.record_action_terminal_result(
+            action_id, ending, {"error_code": "tool_error"}, fencing_token=token
+        )
+        return await settle(action_id)
+
+    leases._settle_executing = result_lands_first
+    try:
+        assert await store.claim_action_for_execution(action["id"], 30) == told
+    finally:
+        leases._settle_executing = settle
+    after = await store.get_action(action["id"])
+    assert after["status"] == ending
+    assert after["attempt_count"] == 1
+    assert after["result"] == {"error_code": "tool_error"}
+    assert await store.verify_audit_chain(run["id"])

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import event, func, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from roundtable.store.errors import InvalidInputError
 from roundtable.store.text import check_parameters, dumps_storable
@@ -106,8 +106,9 @@ def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
     return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
-def is_postgresql(session: AsyncSession) -> bool:
-    return session.bind.dialect.name == "postgresql"
+def is_postgresql(session: AsyncSession | AsyncConnection) -> bool:
+    dialect = session.dialect if isinstance(session, AsyncConnection) else session.bind.dialect
+    return dialect.name == "postgresql"
 
 
 def insert_for(session: AsyncSession, table: Any) -> Any:

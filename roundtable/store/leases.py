@@ -43,7 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from roundtable import chaos_hook
 from roundtable.completion import complete_every_public_coroutine
@@ -112,24 +112,42 @@ class Leases:
         PostgreSQL: two statements, the locks (run, scope, target counter)
         and one data-modifying CTE that checks and writes. SQLite (BEGIN
         IMMEDIATE's write lock serialises claimers): one read, then one
-        statement per table written."""
+        statement per table written. Both on a Core connection (the ORM
+        session around them cost more than they did). An action found
+        ``executing`` already (a redelivered attempt, or a lapsed one) is
+        settled in a transaction of its own, under the run lock."""
         length = _lease_length(lease_seconds)
-        async with self.db.transaction() as session:
-            if is_postgresql(session):
-                facts, executing = await _claim_postgresql(session, action_id, length)
+        async with self.db.core_transaction() as (connection, notes):
+            if is_postgresql(connection):
+                facts, executing = await _claim_postgresql(connection, action_id, length)
             else:
-                facts, executing = await _claim_sqlite(session, action_id, length)
+                facts, executing = await _claim_sqlite(connection, action_id, length)
             outcome = _claim_outcome(facts, executing is not None)
-            if outcome is None:  # executing already: our own attempt, or a lapsed one
-                run, action, now = await self.db.lock_row_and_clock(session, ActionRow, action_id)
-                return Claim(await self._claim_own_executing(session, run, action, now))
             if outcome == ClaimOutcome.TARGET_BUSY or (
                 outcome == ClaimOutcome.TARGET_RECONCILIATION_REQUIRED and facts.blocked_by_unknown
             ):
-                commit_notes.note(session, commit_notes.LeaseBusy(facts.tool_name))
-            if outcome != ClaimOutcome.CLAIMED or not hand_over:
-                return Claim(outcome)
-            return Claim(outcome, executing, facts.sealed)
+                notes.append(commit_notes.LeaseBusy(facts.tool_name))
+        if outcome is None:
+            return Claim(await self._settle_executing(action_id))
+        if outcome != ClaimOutcome.CLAIMED or not hand_over:
+            return Claim(outcome)
+        return Claim(outcome, executing, facts.sealed)
+
+    async def _settle_executing(self, action_id: str) -> ClaimOutcome:
+        """The claim found the action executing (the claim wrote nothing).
+        Under the run lock, in a transaction of its own, it is read again: an
+        attempt whose lease is live is in progress; one whose lease lapsed is
+        unknown; one that has since ended (its result recorded between the two
+        transactions) is claimed no more, and its own status is the answer."""
+        async with self.db.transaction() as session:
+            run, action, now = await self.db.lock_row_and_clock(session, ActionRow, action_id)
+            if action.status in FINAL_ACTION_STATUSES:
+                return ClaimOutcome.ALREADY_FINISHED
+            if action.status == ActionStatus.UNKNOWN:
+                return ClaimOutcome.UNKNOWN
+            if action.status != ActionStatus.EXECUTING:  # executing never goes back
+                raise ConflictError(f"action {action_id!r} changed while being claimed")
+            return await self._claim_own_executing(session, run, action, now)
 
     async def waiting_on_target(self, action: Mapping[str, Any], limit: int = 3) -> list[str]:
         """The runs with an approved write waiting for ``action``'s target (or
@@ -738,7 +756,7 @@ def _executing_dict(values: Mapping[Any, Any], prefix: str = "") -> dict[str, An
 
 
 async def _claim_sqlite(
-    session: AsyncSession, action_id: str, length: timedelta
+    connection: AsyncConnection, action_id: str, length: timedelta
 ) -> tuple[_Facts, dict[str, Any] | None]:
     """BEGIN IMMEDIATE (the transaction's) holds SQLite's write lock: every
     claimer, in every process, waits for it, so what the one read finds stays
@@ -746,7 +764,7 @@ async def _claim_sqlite(
     lease, the target's and the scope's counters, the action, its audit event,
     the run's chain head (SQLite has no data-modifying CTEs)."""
     row = (
-        await session.execute(_facts_query(with_counters=True), {"claim_action_id": action_id})
+        await connection.execute(_facts_query(with_counters=True), {"claim_action_id": action_id})
     ).one_or_none()
     if row is None:
         raise NotFoundError(f"action {action_id!r} not found")
@@ -759,21 +777,21 @@ async def _claim_sqlite(
         values,
         values["target_last"],
         values["scope_claims"],
-        await database_now(session),  # SQLite: this process's clock, no statement
+        datetime.now(UTC),  # SQLite: this process's clock (engine.database_now)
         length,
     )
     params = grant.params()
     lease, counter, scope, executing, event, head = _sqlite_writes()
-    if (await session.execute(lease, params)).scalar_one_or_none() is None:
+    if (await connection.execute(lease, params)).scalar_one_or_none() is None:
         return facts, None  # impossible under the write lock; refuse
-    await session.execute(counter, params)
+    await connection.execute(counter, params)
     if grant.scope is not None:
-        await session.execute(scope, params)
-    started = (await session.execute(executing, params)).one_or_none()
+        await connection.execute(scope, params)
+    started = (await connection.execute(executing, params)).one_or_none()
     if started is None:  # impossible under the write lock; refuse rather than guess
         raise ConflictError(f"action {action_id!r} changed while being claimed")
-    await session.execute(event, params)
-    await session.execute(head, params)
+    await connection.execute(event, params)
+    await connection.execute(head, params)
     return facts, _executing_dict(started._mapping)
 
 
@@ -803,7 +821,7 @@ def _sqlite_writes() -> tuple[Any, ...]:
 
 
 async def _claim_postgresql(
-    session: AsyncSession, action_id: str, length: timedelta
+    connection: AsyncConnection, action_id: str, length: timedelta
 ) -> tuple[_Facts, dict[str, Any] | None]:
     """Two statements. The first takes the claim's locks, in the order every
     claim takes them (the run, the scope's counter row, the target's counter
@@ -818,7 +836,7 @@ async def _claim_postgresql(
     claim refuse where it could have claimed. The lease insert's primary key
     still arbitrates the key itself (ON CONFLICT DO NOTHING)."""
     locked = (
-        await session.execute(_lock_statement(), {"claim_action_id": action_id})
+        await connection.execute(_lock_statement(), {"claim_action_id": action_id})
     ).one_or_none()
     if locked is None:
         raise NotFoundError(f"action {action_id!r} not found")
@@ -834,7 +852,7 @@ async def _claim_postgresql(
         length,
     )
     statement = _claim_statement(scoped=grant.scope is not None)
-    row = (await session.execute(statement, grant.params())).one()
+    row = (await connection.execute(statement, grant.params())).one()
     facts = _Facts.of(row)
     executing = row._mapping["executing_id"]
     if row._mapping["leased"] is not None and executing is None:
