@@ -73,6 +73,7 @@
 #define R_NOCLAIM  2  /* target_busy, in_progress, unknown, target_reconciliation_required,
                          not_approved, already_finished: the workflow reads the action */
 #define R_DB_ERROR 3
+#define R_SETTLE   4  /* the claim found its action executing: settle_claim */
 
 /* where the tool call is */
 #define CP_BEFORE 0   /* not yet at the tool */
@@ -243,18 +244,15 @@ next:
     fi
   }
 
-claim:  /* Leases.claim (store.claim_action_for_execution), one transaction */
+claim:  /* Leases.claim (store.claim_action_for_execution), one transaction; an
+          action found executing is settled by settle_claim, in another */
   atomic {
     if
     :: DB_FAILS; res = R_DB_ERROR
     :: true ->
        res = R_NOCLAIM;
        if
-       :: st[a] == EXECUTING ->                           /* _claim_own_executing */
-            if
-            :: lease_act == a && lease_live -> skip       /* in_progress */
-            :: else -> mark_unknown(a)                    /* unknown */
-            fi
+       :: st[a] == EXECUTING -> res = R_SETTLE            /* settled in settle_claim */
        :: st[a] == APPROVED ->
             if
             :: (st[0] == UNKNOWN || st[1] == UNKNOWN) -> skip   /* _facts_query: blocked_by_unknown */
@@ -278,7 +276,28 @@ claim:  /* Leases.claim (store.claim_action_for_execution), one transaction */
     if
     :: res == R_DB_ERROR -> res = R_OK; goto settle
     :: res == R_NOCLAIM -> goto next
+    :: res == R_SETTLE -> res = R_OK; goto settle_claim
     :: res == R_CLAIMED -> res = R_OK
+    fi
+  };
+  goto first_hold;
+
+settle_claim:  /* Leases._settle_executing: the claim found its action executing
+                  and wrote nothing; a transaction of its own re-reads it */
+  atomic {
+    if
+    :: CRASH                                              /* died between the two */
+    :: DB_FAILS; goto settle
+    :: true ->
+       if
+       :: st[a] == EXECUTING ->                           /* _claim_own_executing */
+            if
+            :: lease_act == a && lease_live -> skip       /* in_progress */
+            :: else -> mark_unknown(a)                    /* unknown */
+            fi
+       :: else -> skip         /* ended in between: already_finished / unknown */
+       fi;
+       goto next
     fi
   }
 

@@ -199,16 +199,21 @@ async def test_a_hold_is_one_statement_and_a_result_reads_the_clock_with_the_act
 async def test_a_claim_refuses_a_snapshot_taken_before_its_locks(postgres_url) -> None:
     """PostgreSQL: the claim's checks are safe because its second statement
     reads a snapshot taken after its first statement's locks, which READ
-    COMMITTED gives. A writer configured otherwise is refused, not trusted."""
+    COMMITTED gives. The claim's transaction pins it (tests/
+    test_core_claim_attacks.py); a transaction at another level reaching the
+    statements anyway is refused, not trusted."""
+    from datetime import timedelta
+
     from roundtable.store import ConflictError, open_store
+    from roundtable.store.leases import _claim_postgresql
 
     async with open_store(postgres_url) as store:
         run = await new_run(store)
         action = await new_action(store, run, key="rr", **target_fields("rr"))
-        # The claim's transaction is the engine's (a Core connection).
-        store.db.engine = store.engine.execution_options(isolation_level="REPEATABLE READ")
-        with pytest.raises(ConflictError, match="READ COMMITTED"):
-            await store.claim_action_for_execution(action["id"], 30)
+        snapshot = store.engine.execution_options(isolation_level="REPEATABLE READ")
+        async with snapshot.begin() as connection:
+            with pytest.raises(ConflictError, match="READ COMMITTED"):
+                await _claim_postgresql(connection, action["id"], timedelta(seconds=30))
         assert (await store.get_action(action["id"]))["status"] == "approved"
 
 

@@ -4,7 +4,9 @@ Metrics count terminal transitions, approval waits and busy targets. Counting in
 transaction would count work a rollback then undid (the chaos harness fails
 transactions on purpose), so the code that makes a transition notes it on the
 session, and ``Database.transaction`` hands the notes on after the commit.
-A rolled-back transaction's notes are dropped with its session.
+A rolled-back transaction's notes are dropped with its session. The claim,
+on a Core connection, appends to ``Database.core_transaction``'s list instead,
+handed on the same way.
 """
 
 from __future__ import annotations

@@ -97,13 +97,24 @@ class Database:
         statements are all Core (the claim): no ORM session, identity map or
         flush around them, which on PostgreSQL cost more than the claim's own
         statements. The same writer queue and BEGIN (IMMEDIATE on SQLite) as
-        :meth:`transaction`; notes appended to the list are told once the
-        transaction has committed, and dropped with a rollback."""
+        :meth:`transaction`, at READ COMMITTED on PostgreSQL; notes appended
+        to the list are told once the transaction has committed, and dropped
+        with a rollback."""
         notes: list[commit_notes.Note] = []
         async with contextlib.AsyncExitStack() as stack:
             if self._local_writer is not None:
                 await stack.enter_async_context(self._local_writer)
-            connection = await stack.enter_async_context(self.engine.begin())
+            connection = await stack.enter_async_context(self.engine.connect())
+            if self.engine.dialect.name == "postgresql":
+                # The claim's checks rely on READ COMMITTED and its locks on one
+                # transaction: pinned on this connection (an engine's option
+                # would lose to one set on an engine beneath it), whatever the
+                # engine or the database's default says. Under AUTOCOMMIT the
+                # first statement's locks would be gone before the second, and
+                # current_setting would still say read committed. asyncpg
+                # sends the level with its BEGIN: no round trip of its own.
+                await connection.execution_options(isolation_level="READ COMMITTED")
+            await stack.enter_async_context(connection.begin())
             yield connection, notes
         if notes:
             self._tell(notes)
