@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint proofs bench venv system-deps clean chaos
+.PHONY: run test lint proofs bench bench-scale venv system-deps clean chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ proofs:
 PROFILE ?=
 bench: venv system-deps
 	$(VENV)/bin/python -m bench --json bench/results/latest.json $(if $(PROFILE),--profile $(PROFILE))
+
+# The scale curve (issue 14): runs/s with 1, 2 and 3 worker processes on
+# PostgreSQL, CPU per part; writes bench/results/scale.json. `make test`
+# runs its smoke form inside the bench smoke.
+bench-scale: venv system-deps
+	$(VENV)/bin/python -m bench.scale --json bench/results/scale.json
 
 # Chaos (issue 10): a contended workload under seeded faults for DURATION
 # seconds, then the invariant checker and the canary scan; exit 1 on any

@@ -1,7 +1,9 @@
 """The figures of one `make bench` run as the rows of bench/README.md's table,
 so the README is copied from the JSON, never typed:
 
-    .venv/bin/python -m bench.report bench/results/latest.json
+    .venv/bin/python -m bench.report bench/results/latest.json [bench/results/scale.json]
+
+(the second, `make bench-scale`'s, adds the scale curve's rows).
 """
 
 from __future__ import annotations
@@ -97,10 +99,13 @@ def rows(figures: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     figures = json.loads(Path(sys.argv[1]).read_text())
+    for more in sys.argv[2:]:
+        figures.update(json.loads(Path(more).read_text()))
     print("| figure | bare | ours | ratio | target |")
     print("| --- | --- | --- | --- | --- |")
     print("\n".join(rows(figures)))
-    print(f"\nAll figures in {figures['seconds']} s.")
+    took = ", ".join(f"{k} {v} s" for k, v in figures.get("seconds_by_figure", {}).items())
+    print(f"\nAll figures in {figures['seconds']} s ({took}).")
 
 
 if __name__ == "__main__":

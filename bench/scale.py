@@ -193,8 +193,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=40, help="runs at once at each point")
     parser.add_argument("--all-role", action="store_true", help="N all-role workers instead")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(measure(args.runs, all_role=args.all_role)), indent=2))
+    figures = asyncio.run(measure(args.runs, all_role=args.all_role))
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"scale": figures}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
