@@ -44,9 +44,8 @@ PROFILE ?=
 bench: venv system-deps
 	$(VENV)/bin/python -m bench --json bench/results/latest.json $(if $(PROFILE),--profile $(PROFILE))
 
-# The scale curve (issue 14): runs/s with 1, 2 and 3 worker processes on
-# PostgreSQL, CPU per part; writes bench/results/scale.json. `make test`
-# runs its smoke form inside the bench smoke.
+# The scale curve alone (part of `make bench` too): runs/s with 1, 2 and 3
+# worker processes on PostgreSQL, CPU per part; writes bench/results/scale.json.
 bench-scale: venv system-deps
 	$(VENV)/bin/python -m bench.scale --json bench/results/scale.json
 

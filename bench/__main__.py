@@ -11,8 +11,7 @@ run, printed as a table and written as JSON.
 6. crash → unknown (bench/crash.py)
 7. throughput and CPU per run at 10, 100 and 1,000 runs at once
 8. the scale curve: runs/s with 1, 2 and 3 worker processes on PostgreSQL
-   (bench/scale.py): in the smoke only; measured in full by `make bench-scale`
-   (issue 14's figure; the ten minutes of `make bench` are issue 12's)
+   (bench/scale.py; alone: `make bench-scale`)
 
 ``--smoke`` takes each figure with a handful of runs (``make test`` checks
 that every figure is produced, never what it says). Compare ratios, not
@@ -36,6 +35,8 @@ from bench import approvals, claims, crash, scale, throughput, waiting
 from bench.stack import stack
 from bench.throughput import WORKER_ENV
 
+SCALE_RUNS = 40  # runs at once at each point of the scale curve
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -45,7 +46,7 @@ class Sizes:
     waiting: int
     crashes: int
     claims: int
-    scale_runs: int  # 0: no scale curve (`make bench-scale` takes it in full)
+    scale_runs: int  # 0: no scale curve
 
 
 FULL = Sizes(
@@ -55,7 +56,7 @@ FULL = Sizes(
     waiting=1000,
     crashes=3,
     claims=100,
-    scale_runs=0,
+    scale_runs=SCALE_RUNS,
 )
 SMOKE = Sizes(
     approvals=3, runs_at_once=4, scales=(2, 4), waiting=5, crashes=1, claims=10, scale_runs=3
@@ -132,7 +133,7 @@ def _print(figures: dict[str, Any]) -> None:
         f"{k['unknown_after_s_max']} s (heartbeat timeout {k['heartbeat_timeout_s']} s, "
         f"target {k['target_s']} s)"
     )
-    s = figures.get("scale", {"skipped": "not in make bench: make bench-scale"})
+    s = figures.get("scale", {"skipped": "not taken"})
     if "skipped" in s:
         print(f"scale curve on PostgreSQL skipped: {s['skipped']}")
     else:
