@@ -419,12 +419,18 @@ async def test_redelivered_claims_racing_the_result_never_claim_twice(store) -> 
 # ------------------------------------------------- notes
 
 
-async def test_busy_claim_tells_lease_busy_once_after_commit(store) -> None:
+async def holder_and_waiter(store: Any, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two writes of one run on one target; the first claimed."""
     run = await new_run(store)
-    target = target_fields("busy")
-    holder = await new_action(store, run, key="busy-1", **target)
-    waiter = await new_action(store, run, key="busy-2", **target)
+    target = target_fields(name)
+    holder = await new_action(store, run, key=f"{name}-1", **target)
+    waiter = await new_action(store, run, key=f"{name}-2", **target)
     assert await store.claim_action_for_execution(holder["id"], 30) == "claimed"
+    return holder, waiter
+
+
+async def test_busy_claim_tells_lease_busy_once_after_commit(store) -> None:
+    holder, waiter = await holder_and_waiter(store, "busy")
     told: list[list[Any]] = []
     committed: list[bool] = []
     writer = store.db._local_writer
@@ -444,11 +450,7 @@ async def test_blocked_claim_tells_lease_busy_and_the_unknown_once(store) -> Non
     """A claim blocked by an unknown write on its target tells LeaseBusy once;
     the claim that made the lapsed attempt unknown (second transaction) tells
     ActionEnded(unknown) once; an in_progress claim tells nothing."""
-    run = await new_run(store)
-    target = target_fields("blocked")
-    holder = await new_action(store, run, key="bl-1", **target)
-    waiter = await new_action(store, run, key="bl-2", **target)
-    assert await store.claim_action_for_execution(holder["id"], 30) == "claimed"
+    holder, waiter = await holder_and_waiter(store, "blocked")
     told: list[list[Any]] = []
     store.db.observers.append(lambda notes: told.append(list(notes)))
     assert await store.claim_action_for_execution(holder["id"], 30) == "in_progress"
@@ -467,11 +469,7 @@ async def test_busy_claim_whose_commit_fails_tells_nothing_and_leaks_nothing(sto
     """Attack: the claim's commit fails (a database error at COMMIT). Its
     LeaseBusy note must be dropped, the error surfaced, the connection
     returned, the writer queue released, and the next claim must work."""
-    run = await new_run(store)
-    target = target_fields("busy-fail")
-    holder = await new_action(store, run, key="bf-1", **target)
-    waiter = await new_action(store, run, key="bf-2", **target)
-    assert await store.claim_action_for_execution(holder["id"], 30) == "claimed"
+    _, waiter = await holder_and_waiter(store, "busy-fail")
     told: list[Any] = []
     store.db.observers.append(told.append)
     armed = [True]
