@@ -430,7 +430,7 @@ async def holder_and_waiter(store: Any, name: str) -> tuple[dict[str, Any], dict
 
 
 async def test_busy_claim_tells_lease_busy_once_after_commit(store) -> None:
-    holder, waiter = await holder_and_waiter(store, "busy")
+    _, waiter = await holder_and_waiter(store, "busy")
     told: list[list[Any]] = []
     committed: list[bool] = []
     writer = store.db._local_writer
