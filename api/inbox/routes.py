@@ -202,11 +202,12 @@ async def _live(ctx: ApiContext, signed: Signed, request: Request) -> AsyncItera
             return
         entries = await _pending(ctx, signed)
         now = [(i, x) for i, x, _ in entries]
-        if now != last:
+        changed = now != last
+        if changed:
             last = now
             data = {"ids": [i for i, *_ in entries], "html": {i: h for i, _, h in entries}}
             yield f"event: pending\ndata: {json.dumps(data)}\n\n"
-        if line := keep_alive.after_poll(sent=last is now):
+        if line := keep_alive.after_poll(sent=changed):
             yield line
         await asyncio.sleep(LIVE_POLL_SECONDS)
 
