@@ -21,6 +21,9 @@ from roundtable.store import Store, open_store
 from tests.ci import unavailable
 from tests.pg_cluster import PgCluster, PostgresUnavailable, start_cluster
 
+# Failures, slow tests and the machine's state printed as they happen (CI logs).
+pytest_plugins = ["tests.run_watch"]
+
 TEST_SECRET = "test-only-action-secret-please-rotate"
 _PG_STATE: dict[str, object] = {}
 
