@@ -57,6 +57,7 @@ from roundtable.security import (
     ArgumentsDecryptionError,
     CapabilityError,
     decrypt_arguments,
+    redact_result,
     redact_text,
     target_of,
 )
@@ -670,7 +671,10 @@ def _judged(
             result["tool_call_abandoned"] = True  # it ignored cancellation
         return ActionStatus.UNKNOWN, result, over, outcome.interrupted
     if outcome.error is None:
-        return ActionStatus.SUCCEEDED, outcome.result, True, False
+        # What the tool answered is stored in plain text, shown by the API and
+        # given to the agents: whatever of the arguments it echoes is redacted.
+        shown = redact_result(outcome.result, arguments, action["safe_argument_fields"])
+        return ActionStatus.SUCCEEDED, shown, True, False
     if isinstance(outcome.error, ToolDefiniteFailure):
         failure = {"error_code": outcome.error.code, "message": said}
         return ActionStatus.FAILED, failure, True, False

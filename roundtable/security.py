@@ -42,6 +42,7 @@ _NONCE_BYTES = 12
 __all__ = [
     "PUBLIC_ACTION_FIELDS",
     "REDACTED",
+    "RESULT_VALUE_WITHHELD",
     "ActionSecretKeyError",
     "ArgumentsDecryptionError",
     "CapabilityError",
@@ -57,6 +58,7 @@ __all__ = [
     "encrypt_arguments",
     "read_action_secret",
     "redact_arguments",
+    "redact_result",
     "redact_text",
     "text_redactor",
 ]
@@ -315,6 +317,21 @@ def _leaves(value: Any) -> Iterable[str]:
         yield str(value)
 
 
+def _secret_leaves(
+    arguments: Mapping[str, Any] | None, safe_fields: Iterable[str] | None
+) -> set[str]:
+    """The argument values to hide: every leaf of a field not marked safe,
+    four characters or longer."""
+    safe = set(safe_fields or ())
+    return {
+        leaf
+        for name, value in (arguments or {}).items()
+        if name not in safe
+        for leaf in _leaves(value)
+        if len(leaf) >= _MIN_REDACTED_LENGTH
+    }
+
+
 def _spellings(value: str) -> set[str]:
     """How a value may appear in a message: as is, JSON-, repr- or
     URL-escaped, or base64-encoded (as in an echoed Basic credential)."""
@@ -344,19 +361,18 @@ def redact_text(
 
 
 def text_redactor(
-    arguments: Mapping[str, Any] | None, safe_fields: Iterable[str] | None = None
+    arguments: Mapping[str, Any] | None,
+    safe_fields: Iterable[str] | None = None,
+    *,
+    limit: int | None = MAX_ERROR_MESSAGE_CHARS,
+    withheld: str = WITHHELD,
 ) -> Callable[[str], str]:
     """:func:`redact_text` for many texts and the same arguments: the values'
     spellings and quote windows (the costly part, growing with the values'
-    length) are worked out once, not once per text."""
-    safe = set(safe_fields or ())
-    values = {
-        leaf
-        for name, value in (arguments or {}).items()
-        if name not in safe
-        for leaf in _leaves(value)
-        if len(leaf) >= _MIN_REDACTED_LENGTH
-    }
+    length) are worked out once, not once per text. ``limit`` bounds each
+    text (None: no bound); ``withheld`` replaces a text that quotes a value
+    in part."""
+    values = _secret_leaves(arguments, safe_fields)
     spelled = sorted({form for v in values for form in _spellings(v)}, key=len, reverse=True)
     # Longest first, so a value containing another goes whole.
     patterns = [re.compile(re.escape(form), re.IGNORECASE) for form in spelled]
@@ -374,12 +390,43 @@ def text_redactor(
         if windows and any(
             folded[i : i + _QUOTE_WINDOW] in windows for i in range(len(folded) - _QUOTE_WINDOW + 1)
         ):
-            return WITHHELD
-        if len(text) > MAX_ERROR_MESSAGE_CHARS:
-            text = text[:MAX_ERROR_MESSAGE_CHARS] + "…"
+            return withheld
+        if limit is not None and len(text) > limit:
+            text = text[:limit] + "…"
         return text
 
     return redact
+
+
+RESULT_VALUE_WITHHELD = "[value withheld: it quoted the tool's arguments]"
+
+
+def redact_result(
+    result: Any, arguments: Mapping[str, Any] | None, safe_fields: Iterable[str] | None = None
+) -> Any:
+    """A tool's result, safe to store and show: a tool may echo what it was
+    given (a token, a password), and the result is stored in plain text,
+    returned by the API and handed to the agents. Every text in it, keys
+    included, goes through :func:`text_redactor` (unbounded: results have
+    their own bound); a number or other scalar whose text is a redacted
+    argument value becomes ``[redacted]``."""
+    secrets = _secret_leaves(arguments, safe_fields)
+    if not secrets:
+        return result
+    redact = text_redactor(arguments, safe_fields, limit=None, withheld=RESULT_VALUE_WITHHELD)
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return redact(value)
+        if isinstance(value, Mapping):
+            return {walk(str(key)): walk(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [walk(item) for item in value]
+        if value is not None and not isinstance(value, bool) and str(value) in secrets:
+            return REDACTED
+        return value
+
+    return walk(result)
 
 
 def argument_changes(

@@ -185,3 +185,31 @@ def test_the_target_from_a_spec_is_the_target_derive_target_gives() -> None:
         assert target_of(spec, arguments) == derive_target(
             WRITE_TOOL, arguments, snapshot(), "seat-1"
         )
+
+
+def test_a_result_loses_every_argument_it_echoes_and_nothing_else() -> None:
+    from roundtable.security import RESULT_VALUE_WITHHELD, redact_result
+
+    arguments = {"ticket_id": "T-1", "token": "tok-9f8e7d6c5b4a", "pin": 482913, "tags": ["vip"]}
+    long_text = "ok " * 400  # results are bounded elsewhere: not cut here
+    result = {
+        "ticket_id": "T-1",
+        "headers": {"Authorization": "Bearer tok-9f8e7d6c5b4a", "tok-9f8e7d6c5b4a": True},
+        "codes": [482913, 482914, "482913"],
+        "partial": "prefix 9f8e7d6c5b4a suffix",
+        "long": long_text,
+        "flag": True,
+        "nothing": None,
+    }
+    shown = redact_result(result, arguments, ["ticket_id"])
+    assert shown == {
+        "ticket_id": "T-1",
+        "headers": {"Authorization": "Bearer [redacted]", "[redacted]": True},
+        "codes": [REDACTED, 482914, REDACTED],
+        "partial": RESULT_VALUE_WITHHELD,
+        "long": long_text,
+        "flag": True,
+        "nothing": None,
+    }
+    # With nothing to hide, the result is the very object the tool gave.
+    assert redact_result(result, {"ticket_id": "T-1"}, ["ticket_id"]) is result
