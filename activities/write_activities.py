@@ -676,7 +676,9 @@ def _judged(
         shown = redact_result(outcome.result, arguments, action["safe_argument_fields"])
         return ActionStatus.SUCCEEDED, shown, True, False
     if isinstance(outcome.error, ToolDefiniteFailure):
-        failure = {"error_code": outcome.error.code, "message": said}
+        # The code is the tool's too (stored, audited, shown): redacted alike.
+        code = redact_text(str(outcome.error.code), arguments, action["safe_argument_fields"])
+        failure = {"error_code": code, "message": said}
         return ActionStatus.FAILED, failure, True, False
     # Any other error: the tool may or may not have acted. Keep what it
     # said (redacted of the arguments) for whoever reconciles it.

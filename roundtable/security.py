@@ -13,10 +13,13 @@ import base64
 import functools
 import hashlib
 import hmac
+import html
 import json
+import math
 import os
 import re
 import secrets
+import unicodedata
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -333,20 +336,62 @@ def _secret_leaves(
 
 
 def _spellings(value: str) -> set[str]:
-    """How a value may appear in a message: as is, JSON-, repr- or
-    URL-escaped, or base64-encoded (as in an echoed Basic credential)."""
+    """How a value may appear in a message: as is, JSON-, repr-, HTML- or
+    URL-escaped, hex- or base64-encoded (as in an echoed Basic credential,
+    where the value follows ``user:`` at any offset)."""
     raw = value.encode()
-    return {
+    forms = {
         value,
         json.dumps(value)[1:-1],
         json.dumps(value, ensure_ascii=False)[1:-1],
+        json.dumps(json.dumps(value)[1:-1])[1:-1],  # JSON inside a JSON string
         repr(value)[1:-1],
         value.encode("unicode_escape").decode("ascii"),
         urllib.parse.quote(value, safe=""),
         urllib.parse.quote_plus(value),
+        html.escape(value),
+        html.escape(value, quote=False),
         base64.b64encode(raw).decode().rstrip("="),
         base64.urlsafe_b64encode(raw).decode().rstrip("="),
     }
+    return forms | _encodings(raw)
+
+
+_MAX_REPLACED_ENCODING = 256  # a longer encoded value is withheld, not replaced
+
+
+def _encodings(raw: bytes) -> set[str]:
+    """The value hex-encoded, or base64-encoded at any offset."""
+    return {raw.hex()} | _base64_cores(raw)
+
+
+_MIN_BASE64_CORE = 6  # shorter cores would match ordinary base64 by chance
+
+
+def _base64_cores(raw: bytes) -> set[str]:
+    """The base64 characters that spell ``raw`` whatever precedes and follows
+    it: it may start at any of the three byte offsets of a group (``user:``
+    before a password), and its last character mixes with the next byte."""
+    cores = set()
+    for shift in range(3):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            text = encode(b"\0" * shift + raw).decode().rstrip("=")
+            start = (0, 2, 3)[shift]  # characters that mix with the bytes before
+            end = len(text) - (1 if (shift + len(raw)) % 3 else 0)
+            core = text[start:end]
+            if len(core) >= _MIN_BASE64_CORE:
+                cores.add(core)
+    return cores
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def _fold(text: str) -> str:
+    """Text as compared for quotes: compatibility-normalised (NFD, full-width),
+    case-folded, whitespace runs as one space: a tool that reflows or
+    re-normalises what it echoes still quotes it."""
+    return _SPACES.sub(" ", unicodedata.normalize("NFKC", text).casefold())
 
 
 def redact_text(
@@ -373,20 +418,30 @@ def text_redactor(
     text (None: no bound); ``withheld`` replaces a text that quotes a value
     in part."""
     values = _secret_leaves(arguments, safe_fields)
-    spelled = sorted({form for v in values for form in _spellings(v)}, key=len, reverse=True)
-    # Longest first, so a value containing another goes whole.
-    patterns = [re.compile(re.escape(form), re.IGNORECASE) for form in spelled]
+    spelled = {form for v in values for form in _spellings(v)}
+    # A long value's encodings are not replaced (compiling them costs seconds
+    # for a 64 KB value): a text quoting one is withheld by its windows.
+    encoded = {form for v in values for form in _encodings(v.encode())}
+    replaced = sorted(
+        (f for f in spelled if f not in encoded or len(f) <= _MAX_REPLACED_ENCODING),
+        key=len,
+        reverse=True,
+    )
+    # Longest first, so a value containing another goes whole; one pattern
+    # for all, so each text is scanned once, not once per spelling.
+    pattern = re.compile("|".join(map(re.escape, replaced)), re.IGNORECASE) if replaced else None
+    folded_forms = {_fold(form) for form in spelled}
     windows = {
-        form[i : i + _QUOTE_WINDOW].casefold()
-        for form in spelled
+        form[i : i + _QUOTE_WINDOW]
+        for form in folded_forms
         if len(form) >= _QUOTE_WINDOW
         for i in range(len(form) - _QUOTE_WINDOW + 1)
     }
 
     def redact(text: str) -> str:
-        for pattern in patterns:
+        if pattern is not None:
             text = pattern.sub(REDACTED, text)
-        folded = text.casefold()
+        folded = _fold(text)
         if windows and any(
             folded[i : i + _QUOTE_WINDOW] in windows for i in range(len(folded) - _QUOTE_WINDOW + 1)
         ):
@@ -408,25 +463,59 @@ def redact_result(
     given (a token, a password), and the result is stored in plain text,
     returned by the API and handed to the agents. Every text in it, keys
     included, goes through :func:`text_redactor` (unbounded: results have
-    their own bound); a number or other scalar whose text is a redacted
-    argument value becomes ``[redacted]``."""
+    their own bound); a number or other scalar whose text or numeric value is
+    a redacted argument value becomes ``[redacted]``, and so does a value of
+    any length under a key named after a secret argument that holds it (a
+    three-digit code echoed as ``{"cvv": "123"}``). Keys that redact alike
+    are all kept, numbered."""
+    safe = set(safe_fields or ())
     secrets = _secret_leaves(arguments, safe_fields)
-    if not secrets:
+    by_name = {
+        str(name): {leaf for leaf in _leaves(value) if leaf}
+        for name, value in (arguments or {}).items()
+        if name not in safe
+    }
+    if not secrets and not any(by_name.values()):
         return result
+    numbers = {n for n in map(_number, secrets) if n is not None}
     redact = text_redactor(arguments, safe_fields, limit=None, withheld=RESULT_VALUE_WITHHELD)
 
-    def walk(value: Any) -> Any:
-        if isinstance(value, str):
-            return redact(value)
-        if isinstance(value, Mapping):
-            return {walk(str(key)): walk(item) for key, item in value.items()}
-        if isinstance(value, list | tuple):
-            return [walk(item) for item in value]
-        if value is not None and not isinstance(value, bool) and str(value) in secrets:
+    def scalar(value: Any, name: str | None) -> Any:
+        if value is None or isinstance(value, bool):
+            return value
+        text = str(value)
+        if text in secrets or (name is not None and text in by_name.get(name, ())):
             return REDACTED
-        return value
+        if isinstance(value, int | float) and _number(value) in numbers:
+            return REDACTED
+        return redact(value) if isinstance(value, str) else value
+
+    def walk(value: Any, name: str | None = None) -> Any:
+        if isinstance(value, Mapping):
+            shown: dict[str, Any] = {}
+            for key, item in value.items():
+                label = redact(str(key))
+                unique, n = label, 1
+                while unique in shown:  # two keys redacted alike: keep both
+                    n += 1
+                    unique = f"{label} ({n})"
+                shown[unique] = walk(item, str(key))
+            return shown
+        if isinstance(value, list | tuple):
+            return [walk(item, name) for item in value]
+        return scalar(value, name)
 
     return walk(result)
+
+
+def _number(value: Any) -> float | None:
+    """The numeric value of a number or of a text that spells one (``1e3``,
+    ``1000``, ``1000.0`` alike), or None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def argument_changes(
