@@ -273,3 +273,77 @@ def test_not_fixed_redaction_of_a_big_result_against_many_secrets_is_slow() -> N
     # The difference leaves out building the patterns, paid once per result.
     per_leaf = (timed(1_100) - timed(100)) / 1_000
     assert per_leaf * 100_000 < 1.0, f"~{per_leaf * 100_000:.0f} s for 100k leaves"
+
+
+def _echoing_earlier_comments(handler):  # type: ignore[no-untyped-def]
+    """A ticket system that answers a write with the whole ticket, earlier
+    comments included (as many do)."""
+    seen: list[str] = []
+
+    async def handle(args, ctx):  # type: ignore[no-untyped-def]
+        done = await handler(args, ctx)
+        seen.append(args.body)
+        return {**done, "comments": list(seen)}
+
+    return handle
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING (not fixed): redaction is per action")
+async def test_not_fixed_a_result_quoting_another_actions_secret_keeps_it(tmp_path) -> None:
+    """A write's result is redacted of its own arguments only. A tool that
+    answers with the ticket's comments hands back the secret body of an
+    earlier write (another seat's, say) in plain text: stored in this
+    action's row and served by the API."""
+    canary = "CANARY-sk-live-7f3a"
+    first = ticket_call("ticket_comment", "T-7", body=f"note {canary} please")
+    second = ticket_call("ticket_comment", "T-7", body="a harmless second comment")
+    async with (
+        harness(
+            tmp_path,
+            customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", _echoing_earlier_comments),
+        ) as h,
+        serve_api(h) as api,
+    ):
+        turns = script(("seat-1", 1, [first]), ("seat-2", 1, [second]))
+        handle = await h.start(task_text="t", script=turns, write_policy=AUTO)
+        assert (await handle.result()).status == "completed"
+        actions = await h.store.list_actions(handle.id)
+        assert [a["status"] for a in actions] == ["succeeded", "succeeded"]
+        shown = await api.http.get(f"/v1/runs/{handle.id}/actions", headers=api.auth("ops"))
+        assert shown.status_code == 200, shown.text
+        assert canary not in shown.text
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING (not fixed): rows written before e982f90")
+async def test_not_fixed_a_result_stored_before_the_change_is_served_as_stored(
+    tmp_path, monkeypatch
+) -> None:
+    """Redaction happens once, before the row is written; the API serves
+    ``result`` as stored (``action_to_public_dict`` re-redacts the arguments,
+    not the result). Rows written before e982f90 (simulated by the old
+    identity in ``_judged``) keep serving the echoed secret: no migration
+    or read-time redaction covers them."""
+    import activities.write_activities as writes
+
+    monkeypatch.setattr(writes, "redact_result", lambda result, *_a, **_k: result)
+    canary = "CANARY-sk-live-7f3a"
+
+    def echoes(handler):  # type: ignore[no-untyped-def]
+        async def handle(args, ctx):  # type: ignore[no-untyped-def]
+            return {**(await handler(args, ctx)), "echo": args.body}
+
+        return handle
+
+    comment = ticket_call("ticket_comment", "T-7", body=f"note {canary} please")
+    async with (
+        harness(tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", echoes))
+        as h,
+        serve_api(h) as api,
+    ):
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, [comment])), write_policy=AUTO
+        )
+        assert (await handle.result()).status == "completed"
+        shown = await api.http.get(f"/v1/runs/{handle.id}/actions", headers=api.auth("ops"))
+        assert shown.status_code == 200, shown.text
+        assert canary not in shown.text
