@@ -493,12 +493,16 @@ def redact_result(
     def walk(value: Any, name: str | None = None) -> Any:
         if isinstance(value, Mapping):
             shown: dict[str, Any] = {}
+            taken: dict[str, int] = {}  # the last number given to a label
             for key, item in value.items():
                 label = redact(str(key))
-                unique, n = label, 1
+                unique, n = label, taken.get(label, 1)
+                if n > 1:
+                    unique = f"{label} ({n})"
                 while unique in shown:  # two keys redacted alike: keep both
                     n += 1
                     unique = f"{label} ({n})"
+                taken[label] = n
                 shown[unique] = walk(item, str(key))
             return shown
         if isinstance(value, list | tuple):

@@ -79,7 +79,8 @@ def test_finding_a_reflowed_or_renormalised_echo_is_withheld() -> None:
     french = "Café crème brûlée à côté élève"
     shown = redact_result({"body": unicodedata.normalize("NFD", french)}, {"body": french})
     assert shown == {"body": RESULT_VALUE_WITHHELD}
-    full_width = "ｓｅｃｒｅｔ－ｐａｓｓｐｈｒａｓｅ"  # NFKC: secret-passphrase
+    # Full-width letters (U+FF41...), NFKC: secret-passphrase.
+    full_width = "".join(chr(ord(c) + 0xFEE0) for c in "secret-passphrase")
     shown = redact_result({"x": unicodedata.normalize("NFKC", full_width)}, {"p": full_width})
     assert shown == {"x": RESULT_VALUE_WITHHELD}
 
@@ -118,6 +119,12 @@ def test_finding_keys_redacted_alike_are_all_kept() -> None:
         {"t": TOKEN, "u": other},
     )
     assert sorted(shown.values()) == [1, 2, 3, 4]
+    # Numbering many alike stays linear: 20,000 keys quoting a body in part
+    # (all withheld alike) take well under the seconds a quadratic search would.
+    body = "a long and secret comment body"
+    began = time.monotonic()
+    shown = redact_result({f"{body[:20]} #{i}": i for i in range(20_000)}, {"body": body})
+    assert len(shown) == 20_000 and time.monotonic() - began < 2
 
 
 def test_finding_a_short_secret_echoed_under_its_own_name_is_redacted() -> None:
@@ -208,8 +215,9 @@ async def test_defended_a_large_echoing_result_is_redacted_before_it_is_bounded(
 
     comment = ticket_call("ticket_comment", "T-7", body=f"note <{canary}> & please")
     async with (
-        harness(tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", answers_big))
-        as h,
+        harness(
+            tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", answers_big)
+        ) as h,
         serve_api(h) as api,
     ):
         handle = await h.start(
@@ -237,7 +245,8 @@ async def test_defended_a_large_echoing_result_is_redacted_before_it_is_bounded(
 def test_not_fixed_a_secret_split_across_items_is_kept() -> None:
     """A tool that echoes a body as lines, or a token in chunks, each under
     the 12-character quote window, gives every piece of it back."""
-    shown = redact_result({"lines": ["sk-live-7f3", "a9b2c1d0e9f"]}, {"t": "sk-live-7f3a9b2c1d0e9f"})
+    token = "sk-live-7f3a9b2c1d0e9f"
+    shown = redact_result({"lines": ["sk-live-7f3", "a9b2c1d0e9f"]}, {"t": token})
     assert "a9b2c1d0e9f" not in _text(shown)
 
 
@@ -257,7 +266,7 @@ def test_not_fixed_redaction_of_a_big_result_against_many_secrets_is_slow() -> N
     spellings, synchronously on the tool worker's event loop (heartbeats and
     lease renewals wait). Measured on a slice and scaled to a 1 MB result of
     100,000 leaves: minutes, not the one second this test allows."""
-    rnd = random.Random(7)
+    rnd = random.Random(7)  # noqa: S311 (test data, not secrets)
 
     def word(n: int) -> str:
         return "".join(rnd.choice(string.ascii_letters) for _ in range(n))
@@ -336,8 +345,7 @@ async def test_not_fixed_a_result_stored_before_the_change_is_served_as_stored(
 
     comment = ticket_call("ticket_comment", "T-7", body=f"note {canary} please")
     async with (
-        harness(tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", echoes))
-        as h,
+        harness(tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", echoes)) as h,
         serve_api(h) as api,
     ):
         handle = await h.start(
