@@ -1,15 +1,21 @@
 """Where a worker's time goes, from py-spy's collapsed stacks (`make bench
 PROFILE=DIR`): each sample is put in the first category its stack matches,
-idle samples (the event loop waiting) left out.
+idle samples (the event loop waiting, a database or pool thread waiting for
+work) left out.
 
     .venv/bin/python -m bench.flame DIR/approvals-ours.txt [more files]
 """
 
 from __future__ import annotations
 
+import concurrent.futures.thread
+import inspect
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
+
+import aiosqlite.core
 
 # (category, any of these in the stack), first match wins.
 CATEGORIES = (
@@ -31,6 +37,26 @@ CATEGORIES = (
 IDLE = "EpollSelector.select"
 
 
+def _blocking_get(module: Any, function: str, call: str) -> str:
+    """How py-spy names the frame of a thread blocked on its queue (``call``
+    inside ``function``): ``function (path:line)``. py-spy counts such a
+    thread as busy, and the database's threads (one per aiosqlite
+    connection) and the thread pools spend most of their time there: the
+    first profiles put a third of the worker's time in "SQLite's thread",
+    which per-thread CPU time showed was mostly this wait."""
+    lines, first = inspect.getsourcelines(getattr(module, function))
+    offset = next(i for i, text in enumerate(lines) if call in text)
+    # py-spy names files from their package down: aiosqlite/core.py.
+    path = module.__name__.replace(".", "/") + ".py"
+    return f"{function} ({path}:{first + offset})"
+
+
+WAITS = (
+    _blocking_get(aiosqlite.core, "_connection_worker_thread", "tx.get()"),
+    _blocking_get(concurrent.futures.thread, "_worker", "work_queue.get(block=True)"),
+)
+
+
 def summary(paths: list[Path]) -> list[tuple[str, float]]:
     counts: Counter[str] = Counter()
     for path in paths:
@@ -39,7 +65,7 @@ def summary(paths: list[Path]) -> list[tuple[str, float]]:
             if not stack or not number.isdigit():
                 continue
             leaf = stack.rsplit(";", 1)[-1]
-            if IDLE in leaf:
+            if IDLE in leaf or leaf in WAITS:
                 continue
             name = next((c for c, marks in CATEGORIES if any(m in stack for m in marks)), "other")
             counts[name] += int(number)
@@ -47,9 +73,23 @@ def summary(paths: list[Path]) -> list[tuple[str, float]]:
     return [(name, 100 * n / busy) for name, n in counts.most_common()]
 
 
+def busy_samples(paths: list[Path]) -> int:
+    """Samples counted in :func:`summary` (at ``make bench``'s 200 a second)."""
+    total = 0
+    for path in paths:
+        for line in path.read_text().splitlines():
+            stack, _, number = line.rpartition(" ")
+            leaf = stack.rsplit(";", 1)[-1]
+            if stack and number.isdigit() and IDLE not in leaf and leaf not in WAITS:
+                total += int(number)
+    return total
+
+
 def main() -> None:
-    for name, share in summary([Path(p) for p in sys.argv[1:]]):
+    paths = [Path(p) for p in sys.argv[1:]]
+    for name, share in summary(paths):
         print(f"{share:5.1f}%  {name}")
+    print(f"busy samples: {busy_samples(paths)}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,36 @@
+"""bench.flame: what counts as a worker's busy time. A thread blocked on its
+queue is idle, whatever py-spy says; the first profiles counted the database
+threads' waits as a third of the worker's time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.flame import WAITS, busy_samples, summary
+
+LOOP = "<module> (roundtable/cli/main.py:1);BaseEventLoop.run_forever (asyncio/base_events.py:607)"
+THREAD = "Thread._bootstrap (threading.py:995);Thread.run (threading.py:982)"
+
+
+def test_idle_waits_are_left_out_and_busy_time_is_sorted(tmp_path: Path) -> None:
+    aiosqlite_wait, pool_wait = WAITS
+    stacks = tmp_path / "worker.txt"
+    stacks.write_text(
+        "\n".join(
+            [
+                f"{LOOP};EpollSelector.select (selectors.py:468) 500",
+                f"{THREAD};{aiosqlite_wait} 400",
+                f"{THREAD};{pool_wait} 100",
+                f"{THREAD};_connection_worker_thread (aiosqlite/core.py:62) 10",
+                f"{LOOP};Session.execute (sqlalchemy/orm/session.py:2300) 30",
+                f"{LOOP};EncryptionCodec.encode (roundtable/codec.py:105) 10",
+                "not a sample line",
+            ]
+        )
+    )
+    assert busy_samples([stacks]) == 50
+    assert summary([stacks]) == [
+        ("database: SQLAlchemy and the driver, on the event loop", 60.0),
+        ("database: SQLite's thread (aiosqlite, the statement itself)", 20.0),
+        ("payloads: conversion, encryption, visiting", 20.0),
+    ]
