@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
+from roundtable.store import sqlite_driver
 from roundtable.store.errors import InvalidInputError
 from roundtable.store.text import check_parameters, dumps_storable
 
@@ -65,7 +66,13 @@ def _sqlite_engine(database_url: str) -> AsyncEngine:
         path = Path(url.database).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         private_file(path)
-    engine = create_async_engine(database_url, hide_parameters=True, json_serializer=dumps_storable)
+    engine = create_async_engine(
+        database_url,
+        hide_parameters=True,
+        json_serializer=dumps_storable,
+        # One trip to aiosqlite's thread per statement (sqlite_driver.py).
+        connect_args={"async_creator_fn": sqlite_driver.connect},
+    )
 
     # SQLAlchemy's documented recipe: stop pysqlite from managing transactions
     # and emit BEGIN IMMEDIATE ourselves. A deferred transaction that reads and
