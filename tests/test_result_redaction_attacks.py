@@ -27,7 +27,13 @@ from roundtable.security import (
 )
 from roundtable.tools.registry import ToolDefiniteFailure
 from tests.api_server import serve_api
-from tests.test_workflow_execution import AUTO, wrap_tool
+from tests.test_workflow_execution import (
+    AUTO,
+    CANARY,
+    one_comment,
+    where_results_are_seen,
+    wrap_tool,
+)
 from tests.workflow_harness import harness, script, ticket_call
 
 TOKEN = "tok-9f8e7d6c5b4a"
@@ -139,7 +145,6 @@ async def test_finding_a_definite_failures_code_is_redacted(tmp_path) -> None:
     """FINDING (fixed): a tool's ToolDefiniteFailure ``code`` was stored as
     the action's ``error_code`` unredacted (only the message was): it is in
     the row, the API's actions view and the audit event payload."""
-    canary = "CANARY-sk-live-7f3a"
 
     def refuses_quoting_the_body(handler):  # type: ignore[no-untyped-def]
         async def handle(args, ctx):  # type: ignore[no-untyped-def]
@@ -147,28 +152,11 @@ async def test_finding_a_definite_failures_code_is_redacted(tmp_path) -> None:
 
         return handle
 
-    comment = ticket_call("ticket_comment", "T-7", body=f"note {canary} please")
-    async with (
-        harness(
-            tmp_path,
-            customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", refuses_quoting_the_body),
-        ) as h,
-        serve_api(h) as api,
-    ):
-        handle = await h.start(
-            task_text="t", script=script(("seat-1", 1, [comment])), write_policy=AUTO
-        )
-        await handle.result()
+    async with one_comment(tmp_path, refuses_quoting_the_body) as (h, api, handle):
         (action,) = await h.store.list_actions(handle.id)
         assert action["status"] == "failed"
-        shown = await api.http.get(f"/v1/runs/{handle.id}/actions", headers=api.auth("ops"))
-        assert shown.status_code == 200, shown.text
-        events = _text([e["payload"] for e in await h.store.list_events(handle.id)])
-        thread = (await h.state(handle)).threads["seat-1"]
-        answers = [m.content for m in thread if m.role == "tool"]
-        assert answers
-        for seen in (_text(action["result"]), shown.text, events, *answers):
-            assert canary.lower() not in seen.lower()
+        for seen in await where_results_are_seen(h, api, handle):
+            assert CANARY.lower() not in seen.lower()
 
 
 # ------------------------------------------------------------------- DEFENDED
@@ -306,7 +294,6 @@ async def test_not_fixed_a_result_stored_before_the_change_is_served_as_stored(
     import activities.write_activities as writes
 
     monkeypatch.setattr(writes, "redact_result", lambda result, *_a, **_k: result)
-    canary = "CANARY-sk-live-7f3a"
 
     def echoes(handler):  # type: ignore[no-untyped-def]
         async def handle(args, ctx):  # type: ignore[no-untyped-def]
@@ -314,15 +301,7 @@ async def test_not_fixed_a_result_stored_before_the_change_is_served_as_stored(
 
         return handle
 
-    comment = ticket_call("ticket_comment", "T-7", body=f"note {canary} please")
-    async with (
-        harness(tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", echoes)) as h,
-        serve_api(h) as api,
-    ):
-        handle = await h.start(
-            task_text="t", script=script(("seat-1", 1, [comment])), write_policy=AUTO
-        )
-        assert (await handle.result()).status == "completed"
+    async with one_comment(tmp_path, echoes) as (_h, api, handle):
         shown = await api.http.get(f"/v1/runs/{handle.id}/actions", headers=api.auth("ops"))
         assert shown.status_code == 200, shown.text
-        assert canary not in shown.text
+        assert CANARY not in shown.text

@@ -268,37 +268,59 @@ async def test_a_tool_errors_message_is_kept_without_the_arguments(tmp_path) -> 
         await handle.terminate()
 
 
+CANARY = "CANARY-sk-live-7f3a"
+
+
+@contextlib.asynccontextmanager
+async def one_comment(tmp_path, wrapper):  # type: ignore[no-untyped-def]
+    """One auto-approved ticket comment whose body holds ``CANARY``, through a
+    wrapped ticket_comment tool, run to its end; yields the harness, the API
+    and the workflow's handle."""
+    comment = ticket_call("ticket_comment", "T-7", body=f"note {CANARY} please")
+    async with (
+        harness(tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", wrapper)) as h,
+        serve_api(h) as api,
+    ):
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, [comment])), write_policy=AUTO
+        )
+        await handle.result()
+        yield h, api, handle
+
+
+async def where_results_are_seen(h: Harness, api, handle) -> list[str]:  # type: ignore[no-untyped-def]
+    """Each place a write's outcome is kept or shown: the action rows, the
+    API's actions view, the audit events, and the tool's answers as the
+    agent reads them (its own call carries the arguments: it wrote them)."""
+    actions = await h.store.list_actions(handle.id)
+    shown = await api.http.get(f"/v1/runs/{handle.id}/actions", headers=api.auth("ops"))
+    assert shown.status_code == 200, shown.text
+    events = [e["payload"] for e in await h.store.list_events(handle.id)]
+    thread = (await h.state(handle)).threads["seat-1"]
+    answers = [m.content for m in thread if m.role == "tool"]
+    assert answers
+    return [json.dumps([a["result"] for a in actions]), shown.text, json.dumps(events), *answers]
+
+
 async def test_a_result_that_echoes_the_arguments_is_kept_without_them(tmp_path) -> None:
     """A tool that succeeds may answer with what it was given (the ticket
     system returns the ticket, its new comment included). The result is
     stored in plain text, served by the API and read by the agents: the
     secret argument was in all three."""
-    canary = "CANARY-sk-live-7f3a"
 
     def answers_with_its_arguments(handler):  # type: ignore[no-untyped-def]
         async def handle(args, ctx):  # type: ignore[no-untyped-def]
             done = await handler(args, ctx)
             return {
                 **done,
-                "echo": {"body": args.body, canary: [1, args.body.upper()]},
+                "echo": {"body": args.body, CANARY: [1, args.body.upper()]},
                 "quoted": f"posted {args.body[5:17]!r}",
                 "pin": 73519,
             }
 
         return handle
 
-    comment = ticket_call("ticket_comment", "T-7", body=f"note {canary} please")
-    async with (
-        harness(
-            tmp_path,
-            customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", answers_with_its_arguments),
-        ) as h,
-        serve_api(h) as api,
-    ):
-        handle = await h.start(
-            task_text="t", script=script(("seat-1", 1, [comment])), write_policy=AUTO
-        )
-        assert (await handle.result()).status == "completed"
+    async with one_comment(tmp_path, answers_with_its_arguments) as (h, api, handle):
         (action,) = await h.store.list_actions(handle.id)
         assert action["status"] == "succeeded"
         stored = action["result"]
@@ -307,16 +329,8 @@ async def test_a_result_that_echoes_the_arguments_is_kept_without_them(tmp_path)
         assert stored["echo"] == {"body": "[redacted]", withheld: [1, "[redacted]"]}
         assert stored["quoted"] == withheld
         assert stored["pin"] == 73519  # not an argument: kept
-        shown = await api.http.get(f"/v1/runs/{handle.id}/actions", headers=api.auth("ops"))
-        assert shown.status_code == 200, shown.text
-        # The agent's own call carries the arguments (it wrote them); what the
-        # tool answered, as the agent reads it, does not.
-        thread = (await h.state(handle)).threads["seat-1"]
-        answers = [m.content for m in thread if m.role == "tool"]
-        assert answers and "[redacted]" in answers[0]
-        events = json.dumps([e["payload"] for e in await h.store.list_events(handle.id)])
-        for seen in (json.dumps(stored), shown.text, *answers, events):
-            assert canary not in seen and canary.lower() not in seen.lower()
+        for seen in await where_results_are_seen(h, api, handle):
+            assert CANARY.lower() not in seen.lower()
 
 
 async def test_a_write_whose_arguments_cannot_be_opened_fails_and_never_runs(tmp_path) -> None:
