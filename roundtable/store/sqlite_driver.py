@@ -53,7 +53,11 @@ class OneTripCursor:
             cursor.close()
 
     async def execute(self, sql: str, parameters: Any = None) -> OneTripCursor:
-        await self._connection._execute(self._run, "execute", sql, parameters or ())
+        # None only, as aiosqlite: an empty dict stays a dict, so a statement
+        # with named parameters fails with sqlite3's own message for it.
+        if parameters is None:
+            parameters = ()
+        await self._connection._execute(self._run, "execute", sql, parameters)
         return self
 
     async def executemany(self, sql: str, parameters: Any) -> OneTripCursor:
