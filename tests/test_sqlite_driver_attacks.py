@@ -326,10 +326,15 @@ async def test_defended_a_closed_driver_connection_is_a_disconnect(tmp_path: Pat
         "/file:{path}?mode=rwc&uri=true",
     ],
 )
-async def test_defended_url_forms_and_same_thread_check(tmp_path: Path, url_tail: str) -> None:
+async def test_defended_url_forms_and_same_thread_check(
+    tmp_path: Path, url_tail: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """DEFENDED: in-memory databases and check_same_thread=True (any sqlite3
     object touched off its thread would raise ProgrammingError), URI file
-    names: statements, RETURNING and row counts as with plain aiosqlite."""
+    names: statements, RETURNING and row counts as with plain aiosqlite.
+    (engine.py, not the driver, takes a URI name for a path and makes a
+    ``file:/…`` directory tree in the working directory: hence the chdir.)"""
+    monkeypatch.chdir(tmp_path)
 
     seen: dict[str, list[Any]] = {}
     for driver in (PLAIN, ONE_TRIP):
@@ -382,5 +387,78 @@ async def test_defended_stream_partitions_match(tmp_path: Path) -> None:
                 text("WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < 5) SELECT x FROM s")
             )
             return [[list(part) async for part in streamed.partitions(2)]]
+
+    assert_same(await both(tmp_path, scenario))
+
+
+def _reuse_one_cursor(sync_conn: Any) -> list[Any]:
+    cursor = sync_conn.connection.dbapi_connection.cursor()
+    seen: list[Any] = []
+    try:
+        cursor.execute("SELECT 5 AS five UNION ALL SELECT 6")
+        for failing in (
+            "SELEC nonsense",
+            "INSERT INTO t (id, v) VALUES (1, 'dup')",
+            "SELECT CASE WHEN x = 2 THEN abs(-9223372036854775808) ELSE x END AS y "
+            "FROM (SELECT 1 AS x UNION ALL SELECT 2)",
+        ):
+            try:
+                cursor.execute(failing)
+            except sqlite3.Error as error:
+                seen.append((type(error).__name__, cursor.description, cursor.rowcount))
+        cursor.execute("INSERT INTO t (v) VALUES ('b')")
+        seen.append((cursor.description, cursor.rowcount, cursor.lastrowid))
+    finally:
+        cursor.close()
+    return seen
+
+
+async def test_finding_a_failed_statement_leaves_no_state_of_the_one_before(tmp_path: Path) -> None:
+    """FINDING (fixed): one DBAPI cursor, two statements, the second failing:
+    the driver's cursor still described the first statement's columns (stale
+    ``description``); sqlite3's cursor, under plain aiosqlite, resets it."""
+
+    async def scenario(engine: AsyncEngine, _path: Path) -> list[Any]:
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+            await conn.exec_driver_sql("INSERT INTO t (v) VALUES ('a')")
+            return await conn.run_sync(_reuse_one_cursor)
+
+    assert_same(await both(tmp_path, scenario))
+
+
+async def test_defended_dispose_with_a_connection_in_use_and_invalidation(tmp_path: Path) -> None:
+    """DEFENDED: engine.dispose() while a statement runs on a checked-out
+    connection, and a connection invalidated mid-transaction: the same
+    outcomes, nothing half-written, no lock left, the engine works after."""
+
+    async def scenario(engine: AsyncEngine, path: Path) -> list[Any]:
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        seen: list[Any] = []
+
+        async def job() -> Any:
+            async with engine.begin() as conn:
+                await conn.execute(text("INSERT INTO t (v) VALUES ('x')"))
+                return (await conn.execute(text(HEAVY))).scalar()
+
+        task = asyncio.ensure_future(job())
+        await asyncio.sleep(0.02)
+        await engine.dispose()
+        seen.append(await task)
+        async with engine.connect() as conn:
+            await conn.execute(text("INSERT INTO t (v) VALUES ('invalidated')"))
+            await conn.invalidate()
+            await conn.rollback()
+        other = sqlite3.connect(path, isolation_level=None, timeout=60)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+            seen.append(other.execute("SELECT v FROM t ORDER BY id").fetchall())
+        finally:
+            other.close()
+        async with engine.begin() as conn:
+            seen.append((await conn.execute(text("SELECT count(*) FROM t"))).scalar_one())
+        return seen
 
     assert_same(await both(tmp_path, scenario))
