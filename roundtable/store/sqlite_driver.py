@@ -42,18 +42,28 @@ class OneTripCursor:
     def _run(self, method: str, sql: str, parameters: Any) -> None:
         """On the connection's thread: the statement, all its rows, and the
         cursor closed, so no statement is left half-stepped."""
+        # Nothing of a previous statement outlives this one, even if it fails
+        # (SQLAlchemy runs several statements on one cursor: insertmanyvalues,
+        # the connect pragmas); as sqlite3's cursor, which resets these.
+        self._rows = []
+        self.description = None
+        self.rowcount = -1
         cursor = self._connection._conn.cursor()
         try:
             getattr(cursor, method)(sql, parameters)
-            self._rows = cursor.fetchall() if cursor.description else []
             self.description = cursor.description
+            self._rows = cursor.fetchall() if cursor.description else []
             self.rowcount = cursor.rowcount
             self.lastrowid = cursor.lastrowid
         finally:
             cursor.close()
 
     async def execute(self, sql: str, parameters: Any = None) -> OneTripCursor:
-        await self._connection._execute(self._run, "execute", sql, parameters or ())
+        # None only, as aiosqlite: an empty dict stays a dict, so a statement
+        # with named parameters fails with sqlite3's own message for it.
+        if parameters is None:
+            parameters = ()
+        await self._connection._execute(self._run, "execute", sql, parameters)
         return self
 
     async def executemany(self, sql: str, parameters: Any) -> OneTripCursor:
