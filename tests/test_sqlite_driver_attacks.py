@@ -99,7 +99,10 @@ STATEMENTS: list[tuple[str, Any]] = [
     ("INSERT INTO t (v) VALUES ('a') ON CONFLICT DO NOTHING", None),
     ("INSERT INTO t (v) VALUES ('d') ON CONFLICT DO NOTHING", None),
     ("INSERT INTO t (v) VALUES ('a') ON CONFLICT (v) DO UPDATE SET n = n + 1", None),
-    ("INSERT INTO t (v) VALUES ('a') ON CONFLICT (v) DO UPDATE SET n = n + 1 RETURNING id, n", None),
+    (
+        "INSERT INTO t (v) VALUES ('a') ON CONFLICT (v) DO UPDATE SET n = n + 1 RETURNING id, n",
+        None,
+    ),
     ("INSERT INTO t (v) VALUES ('b') ON CONFLICT DO NOTHING RETURNING id", None),
     ("INSERT INTO t (v) VALUES ('e') RETURNING id, v", None),
     ("UPDATE t SET n = 5 WHERE id = 99 RETURNING id", None),
@@ -147,7 +150,8 @@ async def run_statements(engine: AsyncEngine, _path: Path) -> list[Any]:
 
             seen.append((sql, parameters, await outcome(one)))
             raw = await conn.get_raw_connection()
-            seen.append(("in_transaction", conn.in_transaction(), raw.driver_connection.in_transaction))
+            driver_in_transaction = raw.driver_connection.in_transaction
+            seen.append(("in_transaction", conn.in_transaction(), driver_in_transaction))
         seen.append((await conn.exec_driver_sql("SELECT id, v, n FROM t ORDER BY id")).all())
         await conn.commit()
     return seen
@@ -267,9 +271,7 @@ async def test_defended_a_cancelled_statement_leaves_no_lock_and_no_write(tmp_pa
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            other = sqlite3.connect(
-                path, isolation_level=None, timeout=60, check_same_thread=False
-            )
+            other = sqlite3.connect(path, isolation_level=None, timeout=60, check_same_thread=False)
             try:
                 await asyncio.to_thread(other.execute, "BEGIN IMMEDIATE")
                 other.execute("ROLLBACK")
@@ -384,7 +386,10 @@ async def test_defended_stream_partitions_match(tmp_path: Path) -> None:
     async def scenario(engine: AsyncEngine, _path: Path) -> list[Any]:
         async with engine.connect() as conn:
             streamed = await conn.stream(
-                text("WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < 5) SELECT x FROM s")
+                text(
+                    "WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < 5)"
+                    " SELECT x FROM s"
+                )
             )
             return [[list(part) async for part in streamed.partitions(2)]]
 
