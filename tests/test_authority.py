@@ -307,7 +307,7 @@ async def test_a_workflow_that_borrows_an_operator_runs_id_gets_no_grant(tmp_pat
             task_queue=h.task_queue,
         )
         with pytest.raises(WorkflowFailureError):
-            await handle.result()
+            await h.result(handle)
         assert not any(w["ticket_id"] == "T-EVIL" for w in await h.tickets.write_log())
         assert (await h.store.get_run(run_id))["status"] == "waiting_input"
 

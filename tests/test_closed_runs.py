@@ -107,7 +107,7 @@ async def test_an_unknown_of_a_closed_run_is_reconciled_and_unblocks_its_target(
         assert await reconcile_via(via, h, api, tmp_path, run_id, action_id) == "succeeded"
         settled = await h.store.get_action(action_id)
         assert settled["status"] == "succeeded" and settled["result"]["reconciled_outcome"]
-        assert (await waiting.result()).status == "completed"  # the ticket is free again
+        assert (await h.result(waiting)).status == "completed"  # the ticket is free again
         log = await h.tickets.write_log()
         assert [w["outcome"] for w in log] == ["applied", "applied"]
         events = [e["event_type"] for e in await h.store.list_events(run_id)]

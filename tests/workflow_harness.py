@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import temporalio.api.enums.v1
 from temporalio.client import Client, Interceptor, WorkflowHandle
 from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime
@@ -92,6 +93,34 @@ class Harness:
 
     async def state(self, handle: WorkflowHandle) -> RunState:
         return await handle.query(RoundtableWorkflow.state)
+
+    async def result(self, handle: WorkflowHandle, within: float = 120) -> Any:
+        """``handle.result()``, or, past ``within`` seconds, a failure that
+        tells where the run stood: its state, its actions in the store and
+        its history's last events. A bare result() that never comes holds
+        the test to pytest-timeout, and its teardown beyond (stop 23's CI)."""
+        try:
+            return await asyncio.wait_for(handle.result(), within)
+        except TimeoutError:
+            raise AssertionError(await self.story(handle)) from None
+
+    async def story(self, handle: WorkflowHandle) -> str:
+        lines = [f"run {handle.id} gave no result"]
+        try:
+            state = await self.state(handle)
+            lines.append(
+                f"state: {state.status}; blocked {state.blocked_writes}; "
+                f"unknown {state.unknown_actions}; pending {state.pending_approvals}"
+            )
+        except Exception as exc:  # the story must not hide the failure
+            lines.append(f"state: not readable ({exc!r})")
+        for action in await self.store.list_actions(handle.id):
+            lines.append(f"action {action['id']} {action['tool_name']} {action['status']}")
+        events = [event async for event in handle.fetch_history_events()]
+        for event in events[-25:]:
+            kind = temporalio.api.enums.v1.EventType.Name(event.event_type)
+            lines.append(f"  {event.event_id} {event.event_time.ToDatetime():%H:%M:%S.%f} {kind}")
+        return "\n".join(lines)
 
     async def wait_for(
         self, handle: WorkflowHandle, check: Callable[[RunState], bool], within: float = 20
