@@ -11,8 +11,9 @@ import asyncio
 
 import pytest
 
+from roundtable.store.engine import create_engine_for
 from roundtable.tools.registry import ToolContext, ToolDefiniteFailure
-from roundtable.tools.tickets import TicketSystem, TicketUpdateArgs
+from roundtable.tools.tickets import TicketSystem, TicketUpdateArgs, _Base
 
 
 def writer(key: str, token: int) -> ToolContext:
@@ -89,3 +90,16 @@ async def test_a_log_made_before_arrivals_gets_the_column(tmp_path) -> None:  # 
         assert entry["arrivals"] == 1
     finally:
         await system.close()
+
+
+async def test_workers_opening_the_ticket_system_at_once_all_open(postgres_url: str) -> None:
+    """The scale bench starts its workers together: two CREATE TABLEs of one
+    name raced on PostgreSQL and the loser's worker failed to start."""
+    for _ in range(3):
+        systems = await asyncio.gather(*(TicketSystem.open(postgres_url) for _ in range(4)))
+        for system in systems:
+            await system.engine.dispose()
+        engine = create_engine_for(postgres_url)
+        async with engine.begin() as conn:
+            await conn.run_sync(lambda sync: _Base.metadata.drop_all(sync))
+        await engine.dispose()

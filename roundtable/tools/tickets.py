@@ -120,10 +120,23 @@ class TicketSystem:
         drop_after_write: frozenset[str] = frozenset(),
     ) -> TicketSystem:
         system = cls(create_engine_for(database_url), write_delay_seconds, drop_after_write)
-        async with system.engine.begin() as conn:
-            await conn.run_sync(_Base.metadata.create_all)
+        await system._create_tables()
         await system._add_arrivals_column()
         return system
+
+    async def _create_tables(self) -> None:
+        """Several workers may open at once (the scale bench starts them
+        together): on PostgreSQL two CREATE TABLEs of one name race, and the
+        loser fails on the catalogue's unique index. It looks again: the
+        winner's tables are there, and create_all skips them."""
+        for attempt in range(2):
+            try:
+                async with self.engine.begin() as conn:
+                    await conn.run_sync(_Base.metadata.create_all)
+                return
+            except DBAPIError:
+                if attempt:
+                    raise
 
     async def _add_arrivals_column(self) -> None:
         """A write log made before ``arrivals`` existed gets the column (the
