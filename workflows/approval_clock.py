@@ -30,13 +30,19 @@ class ApprovalClock:
         same commands as before webhooks existed, so old histories replay."""
         self.write, self.lead = write, lead
         self._warned = not warn
+        self._timer_fired = False  # the warning's timer, not the deadline's
 
     def _warn_at(self):  # type: ignore[no-untyped-def]
         return self.write.approval_deadline - self.lead
 
     def warning_due(self) -> bool:
-        """True once, when the warning's time has come."""
-        if self._warned or workflow.now() < self._warn_at():
+        """True once, when the warning's time has come: its timer fired, or
+        the clock says so. The fired timer is enough on its own: a worker that
+        took the run over mid-way was seen to read a clock from before the
+        timer fired (workflow.now() of the task before), re-arm the timer
+        instead of warning, and leave a history no worker could replay
+        (tests/histories_nondeterministic/)."""
+        if self._warned or (not self._timer_fired and workflow.now() < self._warn_at()):
             return False
         self._warned = True
         return True
@@ -55,5 +61,8 @@ class ApprovalClock:
                 timeout_summary=summary,
             )
         except TimeoutError:
-            return Wake.DEADLINE if self._warned else Wake.WARNING
+            if self._warned:
+                return Wake.DEADLINE
+            self._timer_fired = True
+            return Wake.WARNING
         return Wake.WOKEN
