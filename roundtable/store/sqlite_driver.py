@@ -9,10 +9,25 @@ and that machinery, not SQLite, was most of the store's CPU (bench/README,
 rows, description, row count and last row id are read on the thread and
 kept, and the fetches that follow return them without a trip.
 
+Two more trips per transaction are saved where nothing can differ:
+
+- A ``BEGIN`` goes with the statement after it, in its trip. It is held
+  back only on a connection known to be idle outside a transaction, so the
+  ``BEGIN`` cannot fail for a transaction left open; if it fails otherwise
+  (the write lock's busy timeout) that error is the statement's, and the
+  statement is not run. A transaction with no statement sends nothing.
+- A rollback on a connection known to be idle outside a transaction is not
+  sent: the pool's rollback when a connection is returned after its commit,
+  or a second rollback. "Known" means the last call queued for the thread was
+  a commit or rollback that completed, no transaction open, and nothing was
+  queued since; any other call, or a call cancelled or failed, forgets it, and
+  the rollback is sent as before (queued behind whatever the thread still
+  runs).
+
 What does not change: every sqlite3 call still runs on the connection's own
 thread, in order, through aiosqlite's queue (``Connection._execute``), so
-transactions, errors and the writer lock behave as before; commit, rollback
-and close are aiosqlite's own. This relies on aiosqlite's ``Connection``
+transactions, errors and the writer lock behave as before; close is
+aiosqlite's own. This relies on aiosqlite's ``Connection``
 constructor and ``_execute``, which is why pyproject pins aiosqlite's
 minor version; ``tests/test_sqlite_driver.py`` checks the cursor's contract.
 """
@@ -26,6 +41,8 @@ from typing import Any
 import aiosqlite.core
 
 _ITER_CHUNK_SIZE = 64  # aiosqlite's default; unused here (rows come all at once)
+# The statements that open a transaction (the engine sends the first two).
+_BEGINS = frozenset({"BEGIN", "BEGIN IMMEDIATE", "BEGIN DEFERRED", "BEGIN EXCLUSIVE"})
 
 
 class OneTripCursor:
@@ -39,15 +56,21 @@ class OneTripCursor:
         self.lastrowid: int | None = None
         self.arraysize = 1
 
-    def _run(self, method: str, sql: str, parameters: Any) -> None:
-        """On the connection's thread: the statement, all its rows, and the
-        cursor closed, so no statement is left half-stepped."""
+    def _reset(self) -> None:
         # Nothing of a previous statement outlives this one, even if it fails
         # (SQLAlchemy runs several statements on one cursor: insertmanyvalues,
         # the connect pragmas); as sqlite3's cursor, which resets these.
         self._rows = []
         self.description = None
         self.rowcount = -1
+
+    def _run(self, method: str, sql: str, parameters: Any, begin: str | None) -> None:
+        """On the connection's thread: the held-back BEGIN if any, the
+        statement, all its rows, and the cursor closed, so no statement is
+        left half-stepped."""
+        self._reset()
+        if begin is not None:
+            self._connection._conn.execute(begin)
         cursor = self._connection._conn.cursor()
         try:
             getattr(cursor, method)(sql, parameters)
@@ -63,11 +86,16 @@ class OneTripCursor:
         # with named parameters fails with sqlite3's own message for it.
         if parameters is None:
             parameters = ()
-        await self._connection._execute(self._run, "execute", sql, parameters)
+        if not parameters and self._connection._hold_begin(sql):
+            self._reset()
+            return self
+        begin = self._connection._take_begin()
+        await self._connection._execute(self._run, "execute", sql, parameters, begin)
         return self
 
     async def executemany(self, sql: str, parameters: Any) -> OneTripCursor:
-        await self._connection._execute(self._run, "executemany", sql, parameters)
+        begin = self._connection._take_begin()
+        await self._connection._execute(self._run, "executemany", sql, parameters, begin)
         return self
 
     async def fetchall(self) -> list[Any]:
@@ -93,9 +121,60 @@ class OneTripCursor:
 
 
 class OneTripConnection(aiosqlite.core.Connection):
+    # A BEGIN not sent yet: it goes with the next statement.
+    _begin: str | None = None
+    # The thread is idle and its connection holds no transaction (see the
+    # module's docstring for when this is known).
+    _idle_outside_transaction = False
+
     def cursor(self) -> OneTripCursor:  # type: ignore[override]
         # No trip: the sqlite3 cursor is made on the thread, per statement.
         return OneTripCursor(self)
+
+    async def _execute(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # Forgotten before anything is queued: a call cancelled or failed
+        # leaves the thread's state unknown.
+        self._idle_outside_transaction = False
+        return await super()._execute(fn, *args, **kwargs)
+
+    def _hold_begin(self, sql: str) -> bool:
+        """Hold a BEGIN back for the next statement, if nothing can differ."""
+        if not self._idle_outside_transaction or sql.strip().upper() not in _BEGINS:
+            return False
+        self._begin = sql
+        self._idle_outside_transaction = False
+        return True
+
+    def _take_begin(self) -> str | None:
+        begin, self._begin = self._begin, None
+        return begin
+
+    def _ended(self, end: str) -> bool:
+        """On the thread: commit or roll back; whether a transaction is
+        still open (it is, if the commit failed)."""
+        getattr(self._conn, end)()
+        return self._conn.in_transaction
+
+    async def _end(self, end: str) -> None:
+        if self._take_begin() is not None:
+            # BEGIN and nothing else: nothing was sent, nothing to end.
+            self._idle_outside_transaction = True
+            return
+        still_open = await self._execute(self._ended, end)
+        self._idle_outside_transaction = not still_open
+
+    async def commit(self) -> None:
+        await self._end("commit")
+
+    async def rollback(self) -> None:
+        if self._idle_outside_transaction:
+            return  # nothing to roll back, and the thread is idle
+        await self._end("rollback")
+
+    async def close(self) -> None:
+        self._begin = None
+        self._idle_outside_transaction = False
+        await super().close()
 
 
 def connect(database: str, **kwargs: Any) -> OneTripConnection:
