@@ -15,7 +15,9 @@ Two more trips per transaction are saved where nothing can differ:
   back only on a connection known to be idle outside a transaction, so the
   ``BEGIN`` cannot fail for a transaction left open; if it fails otherwise
   (the write lock's busy timeout) that error is the statement's, and the
-  statement is not run. A transaction with no statement sends nothing.
+  statement is not run. A transaction with no statement sends nothing. A
+  call of aiosqlite's own (``execute``, ``executemany``, ...) takes the held
+  ``BEGIN`` with it too, so it runs inside the transaction, as before.
 - A rollback on a connection known to be idle outside a transaction is not
   sent: the pool's rollback when a connection is returned after its commit,
   or a second rollback. "Known" means the last call queued for the thread was
@@ -135,7 +137,22 @@ class OneTripConnection(aiosqlite.core.Connection):
         # Forgotten before anything is queued: a call cancelled or failed
         # leaves the thread's state unknown.
         self._idle_outside_transaction = False
+        begin = self._take_begin()
+        if begin is not None:
+            # One of aiosqlite's own calls (execute, executemany,
+            # execute_insert, ...; the cursor and the ends take the BEGIN
+            # before they get here): the held BEGIN goes first, in its trip,
+            # so the call runs inside the transaction, as it did when the
+            # BEGIN was sent at once. Left held, the call ran outside it
+            # (autocommit), and a rollback finding only the BEGIN sent nothing.
+            fn = partial(self._begun, begin, partial(fn, *args, **kwargs))
+            args, kwargs = (), {}
         return await super()._execute(fn, *args, **kwargs)
+
+    def _begun(self, begin: str, call: Any) -> Any:
+        """On the thread: the held-back BEGIN, then the call."""
+        self._conn.execute(begin)
+        return call()
 
     def _hold_begin(self, sql: str) -> bool:
         """Hold a BEGIN back for the next statement, if nothing can differ."""
