@@ -26,16 +26,20 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import aiosqlite
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import StaticPool
 
 import roundtable.store.engine as engine_module
 from roundtable.store import Store
 from roundtable.store.migrate import upgrade_database
 from roundtable.store.schema import ActionLeaseRow
+from roundtable.store.sqlite_driver import connect as one_trip_connect
 from tests.helpers import new_action, new_run, target_fields
 from tests.test_sqlite_driver_attacks import ONE_TRIP, PLAIN, both, outcome
 
@@ -588,3 +592,89 @@ async def test_finding_aiosqlite_calls_while_a_begin_is_held_run_inside_it(
     seen = await both(tmp_path, scenario)
     assert_same(seen)
     assert seen[ONE_TRIP][1] == ("rolled back", False, [], True)
+
+
+@pytest.mark.parametrize("driver", [PLAIN, ONE_TRIP])
+async def test_finding_an_end_that_completes_after_another_call_was_queued(
+    tmp_path: Path, driver: str
+) -> None:
+    """FINDING (fixed): "known idle" was set when a commit completed, even if
+    another call had been queued meanwhile, against the driver's own rule
+    ("nothing queued since"). Two tasks on one driver connection: a BEGIN
+    queued behind the commit opened a transaction, the commit's completion
+    then marked the connection idle, and the rollback that should end that
+    transaction was skipped: the connection kept the transaction and the
+    write lock (every other writer waits out its busy timeout). Plain
+    aiosqlite sends the rollback. Now the state is known only if nothing was
+    queued after the end. (Through SQLAlchemy this was not reached: see the
+    next test.)"""
+    path = tmp_path / "race.db"
+    if driver == PLAIN:
+        raw: Any = await aiosqlite.connect(path, isolation_level=None)
+    else:
+        raw = await one_trip_connect(str(path), isolation_level=None)
+    try:
+        await raw.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        await raw.execute("BEGIN IMMEDIATE")
+        await raw.execute("INSERT INTO t (v) VALUES ('committed')")
+        cursor = await raw.cursor() if driver == PLAIN else raw.cursor()  # a trip, on plain
+        with thread_held(raw):
+            ending = asyncio.ensure_future(raw.commit())
+            await asyncio.sleep(0.01)  # the commit is queued
+            beginning = asyncio.ensure_future(cursor.execute("BEGIN IMMEDIATE"))
+            await asyncio.sleep(0.01)  # and the BEGIN behind it
+        await ending
+        await beginning
+        assert raw.in_transaction  # the second task's transaction
+        await raw.rollback()
+        assert not raw.in_transaction
+        assert lock_free(path)
+    finally:
+        await raw.close()
+
+
+def static_pool_engine(path: Path, driver: str) -> AsyncEngine:
+    """``create_engine_for``'s engine on one DBAPI connection shared by all
+    its users (SQLAlchemy's StaticPool, its choice for ``sqlite://``)."""
+    real = engine_module.create_async_engine
+
+    def shared(*args: Any, **kwargs: Any) -> AsyncEngine:
+        if driver == PLAIN:
+            kwargs.pop("connect_args", None)
+        return real(*args, poolclass=StaticPool, **kwargs)
+
+    with mock.patch.object(engine_module, "create_async_engine", shared):
+        return engine_module.create_engine_for(f"sqlite+aiosqlite:///{path}")
+
+
+async def test_defended_two_users_of_one_shared_connection(tmp_path: Path) -> None:
+    """DEFENDED: the same race tried through SQLAlchemy, two AsyncConnections
+    of a StaticPool engine on its one DBAPI connection: one commits while
+    the other begins and writes. Not reachable this way (SQLAlchemy awaits
+    the BEGIN before queueing the statement, and the commit's completion is
+    handled first, so the statement forgets the state): the second's
+    rollback is sent, nothing of it is kept, the lock is free."""
+    seen: dict[str, list[Any]] = {}
+    for driver in (PLAIN, ONE_TRIP):
+        path = tmp_path / f"{driver}.db"
+        engine = static_pool_engine(path, driver)
+        try:
+            await with_schema(engine)
+            async with engine.connect() as first, engine.connect() as second:
+                await first.exec_driver_sql("INSERT INTO t (v) VALUES ('first')")
+                raw = await driver_of(first)
+                with thread_held(raw):
+                    ending = asyncio.ensure_future(first.commit())
+                    await asyncio.sleep(0.01)
+                    writing = asyncio.ensure_future(
+                        second.exec_driver_sql("INSERT INTO t (v) VALUES ('second')")
+                    )
+                    await asyncio.sleep(0.01)
+                await ending
+                await writing
+                await second.rollback()
+                seen[driver] = [in_transaction(raw), committed(path), lock_free(path)]
+        finally:
+            await engine.dispose()
+    assert_same(seen)
+    assert seen[ONE_TRIP] == [False, [(1, "first")], True]

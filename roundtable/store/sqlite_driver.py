@@ -22,7 +22,9 @@ Two more trips per transaction are saved where nothing can differ:
   sent: the pool's rollback when a connection is returned after its commit,
   or a second rollback. "Known" means the last call queued for the thread was
   a commit or rollback that completed, no transaction open, and nothing was
-  queued since; any other call, or a call cancelled or failed, forgets it, and
+  queued since (counted: another task's call queued while the end ran, on a
+  connection two tasks share, leaves it unknown); any other call, or a call
+  cancelled or failed, forgets it, and
   the rollback is sent as before (queued behind whatever the thread still
   runs).
 
@@ -128,6 +130,9 @@ class OneTripConnection(aiosqlite.core.Connection):
     # The thread is idle and its connection holds no transaction (see the
     # module's docstring for when this is known).
     _idle_outside_transaction = False
+    # Calls queued for the thread so far: an end knows the state it found
+    # only if nothing was queued after it.
+    _queued = 0
 
     def cursor(self) -> OneTripCursor:  # type: ignore[override]
         # No trip: the sqlite3 cursor is made on the thread, per statement.
@@ -137,6 +142,7 @@ class OneTripConnection(aiosqlite.core.Connection):
         # Forgotten before anything is queued: a call cancelled or failed
         # leaves the thread's state unknown.
         self._idle_outside_transaction = False
+        self._queued += 1
         begin = self._take_begin()
         if begin is not None:
             # One of aiosqlite's own calls (execute, executemany,
@@ -177,8 +183,13 @@ class OneTripConnection(aiosqlite.core.Connection):
             # BEGIN and nothing else: nothing was sent, nothing to end.
             self._idle_outside_transaction = True
             return
-        still_open = await self._execute(self._ended, end)
-        self._idle_outside_transaction = not still_open
+        ending = self._execute(self._ended, end)  # queued when awaited
+        this_call = self._queued + 1
+        still_open = await ending
+        # Known only if nothing was queued after this end (another task on
+        # this connection, say, whose BEGIN ran behind it): that call's
+        # effect on the transaction is not known here.
+        self._idle_outside_transaction = not still_open and self._queued == this_call
 
     async def commit(self) -> None:
         await self._end("commit")
