@@ -440,3 +440,46 @@ async def test_an_attempt_ending_between_the_claims_two_transactions(
     assert after["attempt_count"] == 1
     assert after["result"] == {"error_code": "tool_error"}
     assert await store.verify_audit_chain(run["id"])
+
+
+@pytest.mark.parametrize("extend", ["renew", "hold"])
+async def test_a_lease_that_lapses_while_its_renewal_waits_for_the_lock_is_not_renewed(
+    tmp_path, extend: str
+) -> None:
+    """SQLite: another process (a second worker, the CLI) holds the write lock
+    past the lease's end while a renewal waits for it. The renewal must judge
+    the lease by the clock once it holds the lock: judged by the clock it read
+    before waiting, a lease that had already lapsed was extended, and an
+    attempt whose outcome was already in doubt went on as if it held its
+    target. (PostgreSQL reads its clock in the statement, after its locks.)"""
+    import sqlite3
+
+    from roundtable.store import open_store
+
+    path = tmp_path / "roundtable.db"
+    async with open_store(f"sqlite+aiosqlite:///{path}") as store:
+        run = await new_run(store)
+        action = await new_action(store, run, key="lapsing", target_key=target_for("lapsing"))
+        assert await store.claim_action_for_execution(action["id"], lease_seconds=1) == "claimed"
+        token = (await store.get_action(action["id"]))["fencing_token"]
+        other = sqlite3.connect(path, isolation_level=None, timeout=30)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            if extend == "renew":
+                waiting = asyncio.ensure_future(store.renew_action_lease(action["id"], token, 30))
+            else:
+                waiting = asyncio.ensure_future(store.hold_action_lease(action["id"], token, 30))
+            await asyncio.sleep(1.5)  # the renewal waits; the lease's second runs out
+            assert not waiting.done()
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        assert not await waiting  # False / None: the lease was lost, not extended
+        async with store.session_factory() as session:
+            lease = (
+                await session.execute(
+                    select(ActionLeaseRow).where(ActionLeaseRow.action_id == action["id"])
+                )
+            ).scalar_one()
+        expires = lease.lease_expires_at.replace(tzinfo=UTC)
+        assert expires < datetime.now(UTC)  # still the lapsed lease

@@ -258,7 +258,12 @@ class Leases:
             # lease row: a lease that lapsed meanwhile is not held.
             now = database_clock(session)
             if now is None:
-                now = await database_now(session)  # SQLite: this process's clock
+                # SQLite: this process's clock, read once the write lock is
+                # held (BEGIN IMMEDIATE goes with this first statement). Read
+                # before it, a wait for another process's lock made it stale,
+                # and a lease that lapsed during the wait was extended.
+                await session.execute(select(literal(1)))
+                now = await database_now(session)
             status = select(ActionRow.status).where(ActionRow.id == action_id).scalar_subquery()
             held = (
                 await session.execute(

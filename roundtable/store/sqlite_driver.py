@@ -24,9 +24,8 @@ Two more trips per transaction are saved where nothing can differ:
   a commit or rollback that completed, no transaction open, and nothing was
   queued since (counted: another task's call queued while the end ran, on a
   connection two tasks share, leaves it unknown); any other call, or a call
-  cancelled or failed, forgets it, and
-  the rollback is sent as before (queued behind whatever the thread still
-  runs).
+  cancelled or failed, forgets it, and the rollback is sent as before (queued
+  behind whatever the thread still runs).
 
 What does not change: every sqlite3 call still runs on the connection's own
 thread, in order, through aiosqlite's queue (``Connection._execute``), so
