@@ -1,7 +1,8 @@
 """Where a worker's time goes, from py-spy's collapsed stacks (`make bench
 PROFILE=DIR`): each sample is put in the first category its stack matches,
 idle samples (the event loop waiting, a database or pool thread waiting for
-work) left out.
+work) left out; and each kind of thread's CPU from /proc, which the samples
+cannot show (SQLite and the SDK's Rust core run without the GIL).
 
     .venv/bin/python -m bench.flame DIR/approvals-ours.txt [more files]
 """
@@ -85,11 +86,33 @@ def busy_samples(paths: list[Path]) -> int:
     return total
 
 
+def thread_seconds(paths: list[Path]) -> dict[str, float]:
+    """CPU seconds by kind of thread, from the ``-threads.txt`` files
+    ``sampled`` writes beside the stacks (missing ones are skipped)."""
+    spent: Counter[str] = Counter()
+    for path in paths:
+        threads = path.with_name(path.stem + "-threads.txt")
+        if not threads.exists():
+            continue
+        for line in threads.read_text().splitlines():
+            kind, _, seconds = line.rpartition("\t")
+            if kind:
+                spent[kind] += float(seconds)
+    return dict(spent)
+
+
 def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]]
+    paths = [Path(p) for p in sys.argv[1:] if not p.endswith("-threads.txt")]
+    print("Python, by the thread holding the GIL:")
     for name, share in summary(paths):
         print(f"{share:5.1f}%  {name}")
     print(f"busy samples: {busy_samples(paths)}")
+    spent = thread_seconds(paths)
+    if spent:
+        total = sum(spent.values()) or 1.0
+        print("CPU by thread (/proc):")
+        for kind, seconds in sorted(spent.items(), key=lambda item: -item[1]):
+            print(f"{100 * seconds / total:5.1f}%  {kind} ({seconds:.1f} s)")
 
 
 if __name__ == "__main__":

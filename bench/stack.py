@@ -39,6 +39,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds each kind of thread of a worker has used so far: the event
+    loop (the process's first thread, where our code, SQLAlchemy and the
+    SDK's Python run), the SDK's core (Rust, named tokio-*), the workflow
+    activations' thread, and the rest (aiosqlite's threads, one per pooled
+    connection, running the statements; thread pools). A profile's Python
+    samples cannot show this: a thread waiting for the GIL is not busy,
+    and SQLite and the SDK's core run without it."""
+    spent: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        if task.name == str(pid):
+            kind = "event loop"
+        elif name.startswith("tokio"):
+            kind = "SDK core (Rust)"
+        elif name.startswith("workflow"):
+            kind = "workflow activations"
+        else:
+            kind = "database and pool threads"
+        spent[kind] = spent.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return spent
+
+
 def rss_kib(pid: int) -> int:
     """A process's resident memory now (VmRSS, KiB)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -166,14 +195,20 @@ async def stack(extra_env: dict[str, str] | None = None) -> AsyncIterator[Stack]
 @contextmanager
 def sampled(pids: dict[str, int], directory: Path | None, figure: str) -> Iterator[None]:
     """With ``directory``, py-spy samples each worker while the block runs,
-    into ``<directory>/<figure>-<side>.txt`` (collapsed stacks)."""
+    into ``<directory>/<figure>-<side>.txt`` (collapsed stacks), and each
+    kind of thread's CPU over the block goes to ``...-<side>-threads.txt``.
+    Only the thread holding the GIL is sampled (``--gil``): without it
+    py-spy counted the event loop waiting for the GIL, just after handing a
+    statement to SQLite's thread, as a quarter of the worker's time."""
     spies = []
+    threads_before: dict[str, dict[str, float]] = {}
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
         for side, pid in pids.items():
+            threads_before[side] = thread_cpu(pid)
             command = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw"]
             out = directory / f"{figure}-{side}.txt"
-            command += ["--rate", "200", "--nonblocking", "--output", str(out)]
+            command += ["--rate", "200", "--nonblocking", "--gil", "--output", str(out)]
             spies.append(
                 subprocess.Popen(  # noqa: S603
                     command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -185,6 +220,11 @@ def sampled(pids: dict[str, int], directory: Path | None, figure: str) -> Iterat
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
+        for side, before in threads_before.items():
+            after = thread_cpu(pids[side])
+            lines = [f"{kind}\t{after[kind] - before.get(kind, 0.0):.2f}" for kind in sorted(after)]
+            assert directory is not None
+            (directory / f"{figure}-{side}-threads.txt").write_text("\n".join(lines) + "\n")
 
 
 def summary(values_s: list[float]) -> dict[str, Any]:

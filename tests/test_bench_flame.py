@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.flame import WAITS, busy_samples, summary
+from bench.flame import WAITS, busy_samples, summary, thread_seconds
 
 LOOP = "<module> (roundtable/cli/main.py:1);BaseEventLoop.run_forever (asyncio/base_events.py:607)"
 THREAD = "Thread._bootstrap (threading.py:995);Thread.run (threading.py:982)"
@@ -34,3 +34,23 @@ def test_idle_waits_are_left_out_and_busy_time_is_sorted(tmp_path: Path) -> None
         ("database: SQLite's thread (aiosqlite, the statement itself)", 20.0),
         ("payloads: conversion, encryption, visiting", 20.0),
     ]
+
+
+def test_thread_cpu_is_read_beside_the_stacks(tmp_path: Path) -> None:
+    stacks = tmp_path / "throughput-200-ours.txt"
+    stacks.write_text("")
+    (tmp_path / "throughput-200-ours-threads.txt").write_text(
+        "event loop\t12.50\nSDK core (Rust)\t3.00\n"
+    )
+    other = tmp_path / "approvals-ours.txt"  # profiled before threads were counted
+    other.write_text("")
+    assert thread_seconds([stacks, other]) == {"event loop": 12.5, "SDK core (Rust)": 3.0}
+
+
+def test_a_workers_threads_are_told_apart() -> None:
+    import os
+
+    from bench.stack import thread_cpu
+
+    spent = thread_cpu(os.getpid())
+    assert "event loop" in spent and all(seconds >= 0 for seconds in spent.values())
