@@ -83,6 +83,21 @@ def committed(path: Path, table: str = "t") -> list[Any]:
         other.close()
 
 
+async def known_idle(conn: AsyncConnection) -> None:
+    """A statement and its commit: the driver now knows the connection is
+    idle outside a transaction (its next BEGIN is held back)."""
+    await conn.exec_driver_sql("SELECT 1")
+    await conn.commit()
+
+
+async def whole_after(engine: AsyncEngine, path: Path) -> tuple[list[Any], bool]:
+    """A write transaction after the attack: what is committed, and whether
+    the write lock was let go."""
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql("INSERT INTO t (v) VALUES ('after')")
+    return committed(path), lock_free(path)
+
+
 async def pooled_state(engine: AsyncEngine) -> tuple[bool, list[Any]]:
     """A connection from the pool: whether SQLite says it is mid-transaction,
     and that a write transaction on it works (and is undone)."""
@@ -204,8 +219,7 @@ async def test_defended_cancelled_while_the_held_begin_and_first_write_wait(
     async def scenario(engine: AsyncEngine, path: Path) -> list[Any]:
         await with_schema(engine)
         async with engine.connect() as conn:
-            await conn.exec_driver_sql("SELECT 1")
-            await conn.commit()  # known idle now (the driver); nothing (plain)
+            await known_idle(conn)  # known idle now (the driver); nothing (plain)
             task = None
             raw = await driver_of(conn)
             with thread_held(raw):
@@ -305,8 +319,7 @@ async def test_defended_invalidated_or_closed_with_a_begin_held(tmp_path: Path) 
         await with_schema(engine)
         seen: list[Any] = []
         async with engine.connect() as conn:
-            await conn.exec_driver_sql("SELECT 1")
-            await conn.commit()
+            await known_idle(conn)
             await conn.begin()
             await conn.invalidate()
             seen.append((conn.invalidated, lock_free(path)))
@@ -318,9 +331,7 @@ async def test_defended_invalidated_or_closed_with_a_begin_held(tmp_path: Path) 
         seen.append(lock_free(path))
         await conn.close()
         seen.append(lock_free(path))
-        async with engine.begin() as conn:
-            await conn.exec_driver_sql("INSERT INTO t (v) VALUES ('after')")
-        seen.append((committed(path), lock_free(path)))
+        seen.append(await whole_after(engine, path))
         return seen
 
     assert_same(await both(tmp_path, scenario))
@@ -336,8 +347,7 @@ async def test_defended_a_connection_whose_thread_ended(tmp_path: Path) -> None:
         await with_schema(engine)
         seen: list[Any] = []
         async with engine.connect() as conn:
-            await conn.exec_driver_sql("SELECT 1")
-            await conn.commit()
+            await known_idle(conn)
             raw = await driver_of(conn)
             stopped = raw.stop()
             if stopped is not None:
@@ -349,9 +359,7 @@ async def test_defended_a_connection_whose_thread_ended(tmp_path: Path) -> None:
 
             failed = await outcome(select)
             seen.append(failed[:2] + failed[4:])
-        async with engine.begin() as conn:
-            await conn.exec_driver_sql("INSERT INTO t (v) VALUES ('after')")
-        seen.append((committed(path), lock_free(path)))
+        seen.append(await whole_after(engine, path))
         return seen
 
     assert_same(await both(tmp_path, scenario))
@@ -369,8 +377,7 @@ async def test_defended_savepoints_and_executemany_first(tmp_path: Path) -> None
         await with_schema(engine)
         seen: list[Any] = []
         async with engine.connect() as conn:
-            await conn.exec_driver_sql("SELECT 1")
-            await conn.commit()
+            await known_idle(conn)
             async with conn.begin():
                 nested = await conn.begin_nested()  # first statement: SAVEPOINT
                 await conn.exec_driver_sql("INSERT INTO t (v) VALUES ('in savepoint')")
@@ -573,8 +580,7 @@ async def test_finding_aiosqlite_calls_while_a_begin_is_held_run_inside_it(
         await with_schema(engine)
         seen: list[Any] = []
         async with engine.connect() as conn:
-            await conn.exec_driver_sql("SELECT 1")
-            await conn.commit()
+            await known_idle(conn)
             await conn.begin()  # BEGIN IMMEDIATE: held by the driver
             raw = await driver_of(conn)
             await raw.execute("INSERT INTO t (v) VALUES ('aiosqlite execute')")
