@@ -119,7 +119,8 @@ def _print(figures: dict[str, Any]) -> None:
             f"{t['runs_at_once']:>5} runs at once: runs/s bare {t['bare']['runs_per_s']}, "
             f"ours {t['ours']['runs_per_s']} ({t['ratio_runs_per_s']}); CPU/run "
             f"bare {t['bare']['cpu_ms_per_run']} ms, ours {t['ours']['cpu_ms_per_run']} ms "
-            f"({t['ratio_cpu_per_run']})"
+            f"({t['ratio_cpu_per_run']}); dev server CPU/run bare "
+            f"{t['bare']['server_cpu_ms_per_run']} ms, ours {t['ours']['server_cpu_ms_per_run']} ms"
         )
     w = figures["waiting_memory"]
     print(

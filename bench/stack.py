@@ -68,6 +68,22 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return spent
 
 
+def server_pid(address: str) -> int | None:
+    """The dev server serving ``address`` (host:port), found by its command
+    line: the SDK starts it and does not say which process it is."""
+    port = address.rsplit(":", 1)[-1].encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if b"start-dev" in args and port in args:
+            return int(entry.name)
+    return None
+
+
 def rss_kib(pid: int) -> int:
     """A process's resident memory now (VmRSS, KiB)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -101,6 +117,8 @@ class Stack:
         }
         self.ours: subprocess.Popen | None = None  # type: ignore[type-arg]
         self.bare: subprocess.Popen | None = None  # type: ignore[type-arg]
+        # The dev server's process: its CPU per run is part of each side's cost.
+        self.server: int | None = None
         self.ours_client: Client | None = None
         self.bare_client: Client | None = None
         self.store: Store | None = None
@@ -168,6 +186,7 @@ async def stack(extra_env: dict[str, str] | None = None) -> AsyncIterator[Stack]
     )
     address = env.client.service_client.config.target_host
     made = Stack(workdir, address, extra_env or {})
+    made.server = server_pid(address)
     try:
         upgrade = [str(BIN / "roundtable"), "db", "upgrade"]
         await asyncio.to_thread(

@@ -47,6 +47,7 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
         for side in ("bare", "ours"):
             assert _positive(shape[side]["runs_per_s"])
             assert _positive(shape[side]["cpu_ms_per_run"])
+            assert _positive(shape[side]["server_cpu_ms_per_run"])  # the server was found
     assert len(figures["scaling"]) >= 2
 
     for database in ("sqlite", "postgresql"):  # CI installs PostgreSQL: never skipped
