@@ -182,13 +182,12 @@ class OneTripConnection(aiosqlite.core.Connection):
             # BEGIN and nothing else: nothing was sent, nothing to end.
             self._idle_outside_transaction = True
             return
-        ending = self._execute(self._ended, end)  # queued when awaited
-        this_call = self._queued + 1
-        still_open = await ending
+        queued = self._queued
+        still_open = await self._execute(self._ended, end)
         # Known only if nothing was queued after this end (another task on
         # this connection, say, whose BEGIN ran behind it): that call's
         # effect on the transaction is not known here.
-        self._idle_outside_transaction = not still_open and self._queued == this_call
+        self._idle_outside_transaction = not still_open and self._queued == queued + 1
 
     async def commit(self) -> None:
         await self._end("commit")
