@@ -33,10 +33,15 @@ BIN = Path(sys.executable).parent
 OURS, BARE = "bench-roundtable", "bench-bare"
 
 
+def _stat_cpu(stat: str) -> float:
+    """User plus system CPU from a /proc ``stat`` line (a process's or a thread's)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU a process has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu(Path(f"/proc/{pid}/stat").read_text())
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -48,14 +53,12 @@ def thread_cpu(pid: int) -> dict[str, float]:
     samples cannot show this: a thread waiting for the GIL is not busy,
     and SQLite and the SDK's core run without it."""
     spent: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
         except FileNotFoundError:  # the thread ended meanwhile
             continue
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
         if task.name == str(pid):
             kind = "event loop"
         elif name.startswith("tokio"):
@@ -64,7 +67,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
             kind = "workflow activations"
         else:
             kind = "database and pool threads"
-        spent[kind] = spent.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        spent[kind] = spent.get(kind, 0.0) + _stat_cpu(stat)
     return spent
 
 
