@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from typing import Any
 from bench import approvals, claims, crash, scale, throughput, waiting
 from bench.stack import stack
 from bench.throughput import WORKER_ENV
+from roundtable.process_exit import leave
 
 SCALE_RUNS = 40  # runs at once at each point of the scale curve
 
@@ -154,8 +153,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--profile", type=Path, help="py-spy the workers into this directory")
     args = parser.parse_args()
-    # Leave without interpreter finalization, which the SDK's native threads
-    # were seen to abort ("PyGILState_Release ... must be current") or hang.
+    # Leave without interpreter finalization (roundtable.process_exit).
     try:
         figures = asyncio.run(run(SMOKE if args.smoke else FULL, args.profile))
         _print(figures)
@@ -164,11 +162,8 @@ def main() -> None:
             args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
     except BaseException:
         traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)
+        leave(1)
+    leave(0)
 
 
 if __name__ == "__main__":

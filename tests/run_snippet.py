@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import os
 import sys
 import traceback
+
+from roundtable.process_exit import leave
 
 
 async def _run(source: str) -> None:
@@ -27,11 +28,6 @@ if __name__ == "__main__":
         traceback.print_exc()
         status = 1
     finally:
-        # As the CLI does (roundtable/cli/__init__.py): leave without
-        # interpreter finalization, which a process that used the Temporal
-        # client aborts about once in forty ("PyGILState_Release ...
-        # finalizing", temporalio/sdk-python#300) after the snippet ran
-        # well. The snippet's own failures still fail it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        # As the CLI does: a snippet that ran well must not fail at exit
+        # (roundtable.process_exit). Its own failures still fail it.
+        leave(status)

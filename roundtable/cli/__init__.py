@@ -7,8 +7,6 @@ Exit codes (stable, scripts depend on them): 0 done, 1 error, 2 usage,
 from __future__ import annotations
 
 import json
-import logging
-import os
 import sys
 
 import typer
@@ -16,6 +14,7 @@ import typer
 from roundtable.cli import check, db, events, operators, runs, stack, tokens
 from roundtable.cli.output import EXIT_USAGE
 from roundtable.config import adopt_dev_secret
+from roundtable.process_exit import leave
 
 HELP = (
     "Start, watch and decide Roundtable runs.\n\n"
@@ -103,12 +102,4 @@ def main() -> None:
     except KeyboardInterrupt:
         code = 130
     finally:
-        # Leave without interpreter finalization: the Temporal SDK's native
-        # threads can outlive the event loop, and CPython then aborts with
-        # "PyGILState_Release ... finalizing" (temporalio/sdk-python#300),
-        # turning a finished command into exit 134 about 1 time in 40 here.
-        # Every command has closed its stores and clients by now.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        leave(code)  # every command has closed its stores and clients by now
