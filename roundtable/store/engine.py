@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, func, text
+from sqlalchemy import event, func, literal, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
@@ -133,6 +133,18 @@ async def database_now(session: AsyncSession) -> datetime:
         value = (await session.execute(text("SELECT clock_timestamp()"))).scalar_one()
         return value.astimezone(UTC)
     return datetime.now(UTC)
+
+
+async def database_now_under_write_lock(session: AsyncSession) -> datetime:
+    """:func:`database_now` for a deadline judged by the statement that
+    follows, in a transaction that has sent nothing yet. On SQLite the write
+    lock is taken by BEGIN IMMEDIATE, which goes with the first statement
+    (sqlite_driver.py): one statement takes it first, so the clock is read
+    after any wait for another process's lock, not before it (stale by the
+    wait, it judged a lease that lapsed meanwhile still live)."""
+    if not is_postgresql(session):
+        await session.execute(select(literal(1)))
+    return await database_now(session)
 
 
 def database_clock(session: AsyncSession) -> Any | None:

@@ -57,7 +57,12 @@ from roundtable.states import (
 from roundtable.store import commit_notes
 from roundtable.store.audit import chained_event
 from roundtable.store.database import Database, reload
-from roundtable.store.engine import database_clock, database_now, is_postgresql
+from roundtable.store.engine import (
+    database_clock,
+    database_now,
+    database_now_under_write_lock,
+    is_postgresql,
+)
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.rows import require_aware, row_to_dict
 from roundtable.store.schema import (
@@ -257,13 +262,8 @@ class Leases:
             # the statement itself on PostgreSQL, after any wait for the
             # lease row: a lease that lapsed meanwhile is not held.
             now = database_clock(session)
-            if now is None:
-                # SQLite: this process's clock, read once the write lock is
-                # held (BEGIN IMMEDIATE goes with this first statement). Read
-                # before it, a wait for another process's lock made it stale,
-                # and a lease that lapsed during the wait was extended.
-                await session.execute(select(literal(1)))
-                now = await database_now(session)
+            if now is None:  # SQLite: this process's clock, under the lock
+                now = await database_now_under_write_lock(session)
             status = select(ActionRow.status).where(ActionRow.id == action_id).scalar_subquery()
             held = (
                 await session.execute(
