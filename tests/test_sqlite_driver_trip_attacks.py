@@ -41,7 +41,7 @@ from roundtable.store.migrate import upgrade_database
 from roundtable.store.schema import ActionLeaseRow
 from roundtable.store.sqlite_driver import connect as one_trip_connect
 from tests.helpers import new_action, new_run, target_fields
-from tests.test_sqlite_driver_attacks import ONE_TRIP, PLAIN, both, outcome
+from tests.test_sqlite_driver_attacks import ONE_TRIP, PLAIN, assert_same, both, outcome
 
 SCHEMA = [
     "CREATE TABLE parent (id INTEGER PRIMARY KEY)",
@@ -49,10 +49,6 @@ SCHEMA = [
     "REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)",
     "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT UNIQUE)",
 ]
-
-
-def assert_same(seen: dict[str, list[Any]]) -> None:
-    assert seen[ONE_TRIP] == seen[PLAIN]
 
 
 async def with_schema(engine: AsyncEngine) -> None:
