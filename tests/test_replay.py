@@ -29,7 +29,10 @@ from workflows.sweep import SweepWorkflow
 # recorded-with-waking-writes/, once a refresh woke a write waiting for its
 # target (the timer it waited on cancelled); in recorded-with-worker-roles/,
 # runs whose tool calls went to a tool worker's queue; in
-# recorded-with-per-write-blocked/, runs that keep one blocked reason a write.
+# recorded-with-per-write-blocked/, runs that keep one blocked reason a write;
+# in recorded-with-timer-decisions/, runs where only fired timers end an
+# approval's waits (tests/test_replay_clock.py also replays these with their
+# clocks moved).
 # A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {

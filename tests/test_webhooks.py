@@ -113,6 +113,31 @@ async def test_approval_lifecycle_webhooks_are_signed_retried_and_logged(tmp_pat
             ).status_code == 403
 
 
+async def test_a_warning_lead_longer_than_the_approval_warns_at_once(tmp_path) -> None:
+    """The warning's time has passed before the approval is even asked for:
+    it is sent at once (on a timer of a millisecond, not on the clock's say:
+    tests/test_replay_clock.py), and the approval still expires at its own
+    deadline, not at the warning's."""
+    async with (
+        receiver() as hook,
+        harness(tmp_path, worker_factory=with_webhooks(hook.url, lead=300)) as h,
+    ):
+        handle = await h.start(
+            task_text="t",
+            approval_timeout_seconds=60,
+            script=script(("seat-1", 1, [ticket_call("ticket_update")])),
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        assert (await handle.result()).status == "completed"
+
+        assert hook.events() == ["approval.requested", "approval.expiring", "run.completed"]
+        assert (await h.store.get_approval(approval_id))["status"] == "expired"
+        warned = next(r["body"] for r in hook.received if r["event_type"] == "approval.expiring")
+        approval = await h.store.get_approval(approval_id)
+        assert warned["data"]["expires_at"] == approval["expires_at"].isoformat()
+
+
 async def test_unknown_action_webhook_and_a_receiver_that_refuses(tmp_path) -> None:
     def drops_after_write(registry, _tickets):  # type: ignore[no-untyped-def]
         original = registry.tools["ticket_update"]

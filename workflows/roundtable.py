@@ -82,6 +82,12 @@ LEAN_STATUS_PATCH = "status-carried-by-writes"
 # Runs started after this change retry a write waiting for its target as soon
 # as a refresh says the target freed, instead of only when its timer fires.
 WAKE_WAITERS_PATCH = "writes-wake-when-target-frees"
+# Runs started after this change let only fired timers say an approval's
+# warning or deadline has come, and arm a timer for every wait: workflow.now()
+# chooses no command (workflows/approval_clock.py). Older runs let the clock
+# choose, and a worker that read another clock than the history's could not
+# replay them (tests/histories_nondeterministic/, tests/test_replay_clock.py).
+TIMERS_DECIDE_PATCH = "approval-times-decided-by-timers"
 
 
 @workflow.defn(name=RUN_WORKFLOW)
@@ -119,6 +125,7 @@ class RoundtableWorkflow:
         self._inbox.wakes_on_refresh = self._inbox.new_rules and workflow.patched(
             WAKE_WAITERS_PATCH
         )
+        self._inbox.timers_decide = self._inbox.new_rules and workflow.patched(TIMERS_DECIDE_PATCH)
         try:
             if args.carried is None:
                 await self._open_run()

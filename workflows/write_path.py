@@ -63,6 +63,9 @@ class Inbox:
     # A refresh wakes a write waiting for its target (the write or the
     # reconciliation that frees it sends one); older runs wait their timers.
     wakes_on_refresh: bool = False
+    # Only fired timers say an approval's warning or deadline has come
+    # (ApprovalClock); older runs let workflow.now() decide.
+    timers_decide: bool = False
 
 
 class WritePath:
@@ -120,6 +123,7 @@ class WritePath:
             write,
             lead=timedelta(seconds=self.state.expiring_lead_seconds),
             warn=bool(self.state.webhook_urls),
+            timers_decide=self.inbox.timers_decide,
         )
         seen_refreshes = self.inbox.refreshes
 
