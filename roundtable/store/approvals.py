@@ -24,16 +24,22 @@ from roundtable.security import (
 from roundtable.security import arguments_digest as digest_arguments
 from roundtable.states import (
     APPROVAL_DECISIONS,
-    APPROVAL_EXPIRED_REASON,
     ActionStatus,
     ApprovalStatus,
 )
 from roundtable.store import commit_notes
 from roundtable.store.database import Database
+from roundtable.store.decision import (
+    action_after_decision,
+    action_after_expiry,
+    decide_on_connection,
+    decided_values,
+    expired_values,
+    expiry_payload,
+)
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError
 from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
-from roundtable.store.run_status import carry_run_status
 from roundtable.store.schema import (
     ActionRow,
     ActionSecretRow,
@@ -170,38 +176,19 @@ class Approvals:
             raise InvalidInputError("decision must be 'approved' or 'rejected'")
         require_text("decided_by", decided_by)
         refuse_unstorable("reason", reason)
-        expired_late = False
-        async with self.db.transaction() as session:
-            run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
-            action = None
-            if guard is not None or arguments_digest is not None:
-                action = await session.get(ActionRow, approval.action_id)
-            if guard is not None and action is not None:  # (an approval's action always exists)
-                guard(run.user_id, action.risk_level)
-            require_pending(approval)
-            if arguments_digest is not None:
-                require_digest(action, arguments_digest)
-            now = await database_now(session)
-            if now >= approval.expires_at:
-                expired_late = await self._expire_locked(session, run, approval, now)
-            else:
-                await self._apply_decision(
-                    session, run, approval, decision, decided_by, reason, now
-                )
-                await carry_run_status(session, run, run_status, now)
-                # compare_and_set wrote past the ORM: read both rows as they now
-                # stand (the query flushes the run's own changes first).
-                decided_row, action_status = (
-                    await session.execute(
-                        select(ApprovalRow, ActionRow.status)
-                        .join(ActionRow, ActionRow.id == ApprovalRow.action_id)
-                        .where(ApprovalRow.id == approval_id)
-                        .execution_options(populate_existing=True)
-                    )
-                ).one()
-                decided = row_to_dict(decided_row)
-                decided.update(action_status=str(action_status), run_status=str(run.status))
-        if expired_late:
+        async with self.db.core_transaction() as (connection, notes):
+            decided = await decide_on_connection(
+                connection,
+                notes,
+                approval_id,
+                decision,
+                decided_by,
+                reason,
+                arguments_digest,
+                run_status,
+                guard,
+            )
+        if decided is None:  # expired instead, and committed so
             raise ConflictError(f"approval {approval_id!r} expired before the decision arrived")
         return decided
 
@@ -359,29 +346,15 @@ class Approvals:
             ApprovalRow,
             approval.id,
             (ApprovalStatus.PENDING,),
-            {
-                "status": decision,
-                "decided_by": decided_by,
-                "decision_reason": reason,
-                "decided_at": now,
-                "updated_at": now,
-            },
+            decided_values(decision, decided_by, reason, now),
         )
         if not changed:
             raise ConflictError(f"approval {approval.id!r} is no longer pending")
         commit_notes.approval_settled(session, decision, approval.created_at, now)
-        action_status = (
-            ActionStatus.APPROVED if decision == ApprovalStatus.APPROVED else ActionStatus.REJECTED
-        )
+        action_values = action_after_decision(decision, now)
+        action_status = action_values["status"]
         await self.db.move_action(
-            session,
-            approval.action_id,
-            (ActionStatus.WAITING_APPROVAL,),
-            {
-                "status": action_status,
-                "updated_at": now,
-                **({"finished_at": now} if action_status == ActionStatus.REJECTED else {}),
-            },
+            session, approval.action_id, (ActionStatus.WAITING_APPROVAL,), action_values
         )
         who = {
             "approval_id": approval.id,
@@ -400,27 +373,15 @@ class Approvals:
             ApprovalRow,
             approval.id,
             (ApprovalStatus.PENDING,),
-            {"status": ApprovalStatus.EXPIRED, "decided_at": now, "updated_at": now},
+            expired_values(now),
         )
         if not changed:
             return False
         commit_notes.approval_settled(session, ApprovalStatus.EXPIRED, approval.created_at, now)
         await self.db.move_action(
-            session,
-            approval.action_id,
-            (ActionStatus.WAITING_APPROVAL,),
-            {
-                "status": ActionStatus.REJECTED,
-                "result": {"error_code": APPROVAL_EXPIRED_REASON},
-                "finished_at": now,
-                "updated_at": now,
-            },
+            session, approval.action_id, (ActionStatus.WAITING_APPROVAL,), action_after_expiry(now)
         )
-        payload = {
-            "approval_id": approval.id,
-            "action_id": approval.action_id,
-            "reason": APPROVAL_EXPIRED_REASON,
-        }
+        payload = expiry_payload(approval.id, approval.action_id)
         await self.db.audit(session, run, "approval.expired", payload, now)
         await self.db.audit(session, run, "action.rejected", payload, now)
         return True
