@@ -17,12 +17,11 @@ functions below, which the ORM paths (Approvals.expire, the sweep) use too.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Table, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy import bindparam, exists, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable.states import (
@@ -34,51 +33,15 @@ from roundtable.states import (
     RunStatus,
 )
 from roundtable.store import commit_notes
-from roundtable.store.audit import chained_event
+from roundtable.store.core_writes import ChainedRun, lock_owner_run, update_row
 from roundtable.store.engine import is_postgresql
 from roundtable.store.errors import ConflictError, NotFoundError
-from roundtable.store.schema import ActionRow, ApprovalRow, AuditEventRow, RunRow, SessionRow
+from roundtable.store.schema import ActionRow, ApprovalRow, RunRow, SessionRow
 
 _APPROVALS = ApprovalRow.__table__
 _ACTIONS = ActionRow.__table__
 _RUNS = RunRow.__table__
-_EVENTS = AuditEventRow.__table__
 _SESSIONS = SessionRow.__table__
-
-
-@cache
-def _set(table: Table, keys: tuple[str, ...], guarded: bool, returning: tuple[str, ...]) -> Any:
-    """``UPDATE table SET key = :key, … WHERE id = :row_id [AND status =
-    :expected] [RETURNING …]``, built once: building a statement costs more
-    than SQLite takes to run it."""
-    statement = (
-        update(table)
-        .where(table.c.id == bindparam("row_id", type_=table.c.id.type))
-        .values({key: bindparam(key, type_=table.c[key].type) for key in keys})
-    )
-    if guarded:
-        statement = statement.where(
-            table.c.status == bindparam("expected", type_=table.c.status.type)
-        )
-    if returning:
-        statement = statement.returning(*(table.c[name] for name in returning))
-    return statement
-
-
-async def _update(
-    connection: AsyncConnection,
-    table: Table,
-    row_id: str,
-    values: Mapping[str, Any],
-    expected: str | None = None,
-    returning: tuple[str, ...] = (),
-) -> Any:
-    """Run :func:`_set` for these values; the result, for RETURNING."""
-    statement = _set(table, tuple(sorted(values)), expected is not None, returning)
-    params = {**values, "row_id": row_id}
-    if expected is not None:
-        params["expected"] = expected
-    return await connection.execute(statement, params)
 
 
 def decided_values(
@@ -121,25 +84,6 @@ def expiry_payload(approval_id: str, action_id: str) -> dict[str, Any]:
     return {"approval_id": approval_id, "action_id": action_id, "reason": APPROVAL_EXPIRED_REASON}
 
 
-@dataclass
-class _Run:
-    """The locked run as this transaction leaves it: its chain head and status."""
-
-    id: str
-    session_id: str
-    user_id: str
-    status: RunStatus
-    last_seq: int
-    last_hash: str
-    events: list[dict[str, Any]] = field(default_factory=list)
-    changes: dict[str, Any] = field(default_factory=dict)
-
-    def append(self, event_type: str, payload: Mapping[str, Any], now: datetime) -> None:
-        event = chained_event(self.id, self.last_seq, self.last_hash, event_type, payload, now)
-        self.events.append(event)
-        self.last_seq, self.last_hash = event["seq"], event["hash"]
-
-
 async def decide_on_connection(
     connection: AsyncConnection,
     notes: list[commit_notes.Note],
@@ -166,14 +110,8 @@ async def decide_on_connection(
             "arguments_digest does not match the action's arguments; "
             "re-read the approval before deciding"
         )
-    run = _Run(
-        id=facts["run_id"],
-        session_id=facts["session_id"],
-        user_id=facts["user_id"],
-        status=RunStatus(facts["run_status"]),
-        last_seq=facts["last_event_seq"],
-        last_hash=facts["last_event_hash"],
-    )
+    run = ChainedRun(facts["run_id"], facts["last_event_seq"], facts["last_event_hash"])
+    run_now = RunStatus(facts["run_status"])
     action_id = facts["action_id"]
     if now >= facts["expires_at"]:
         outcome = ApprovalStatus.EXPIRED
@@ -195,7 +133,7 @@ async def decide_on_connection(
             (f"action.{action_values['status']}", said),
         )
     decided = (
-        await _update(
+        await update_row(
             connection,
             _APPROVALS,
             approval_id,
@@ -222,12 +160,14 @@ async def decide_on_connection(
     for event_type, payload in events:
         run.append(event_type, payload, now)
     if outcome != ApprovalStatus.EXPIRED:
-        await _carry_run_status(connection, run, run_status, now)
-    await _write_run(connection, run, now)
+        run_now = await _carry_run_status(
+            connection, run, run_now, facts["session_id"], run_status, now
+        )
+    await run.write(connection, now)
     if outcome == ApprovalStatus.EXPIRED:
         return None
     action_status = str(action_values["status"]) if tool is not None else facts["action_status"]
-    return {**decided._asdict(), "action_status": action_status, "run_status": str(run.status)}
+    return {**decided._asdict(), "action_status": action_status, "run_status": str(run_now)}
 
 
 async def _locked_facts(
@@ -239,9 +179,10 @@ async def _locked_facts(
     ``clock_timestamp()``. SQLite: BEGIN IMMEDIATE, sent with the read, holds
     the write lock; the clock (this process's) is read once it is held."""
     postgresql = is_postgresql(connection)
-    params = {"approval_id": approval_id}
+    params = {"row_id": approval_id}
     if postgresql:
-        if (await connection.execute(_lock_statement(), params)).one_or_none() is None:
+        locked = await connection.execute(lock_owner_run(_APPROVALS), params)
+        if locked.one_or_none() is None:
             raise NotFoundError(f"approval {approval_id!r} not found")
     row = (await connection.execute(_facts_statement(postgresql), params)).one_or_none()
     if row is None:
@@ -249,18 +190,6 @@ async def _locked_facts(
     facts = row._mapping
     now = facts["database_now"].astimezone(UTC) if postgresql else datetime.now(UTC)
     return facts, now
-
-
-@cache
-def _lock_statement() -> Any:
-    """PostgreSQL: lock the approval's run, found by a subquery in the locking
-    statement itself."""
-    owner = (
-        select(_APPROVALS.c.run_id)
-        .where(_APPROVALS.c.id == bindparam("approval_id", type_=_APPROVALS.c.id.type))
-        .scalar_subquery()
-    )
-    return select(_RUNS.c.id).where(_RUNS.c.id == owner).with_for_update()
 
 
 @cache
@@ -287,7 +216,7 @@ def _facts_statement(postgresql: bool) -> Any:
                 _RUNS, _RUNS.c.id == _APPROVALS.c.run_id
             )
         )
-        .where(_APPROVALS.c.id == bindparam("approval_id", type_=_APPROVALS.c.id.type))
+        .where(_APPROVALS.c.id == bindparam("row_id", type_=_APPROVALS.c.id.type))
     )
 
 
@@ -305,38 +234,29 @@ def _still_waiting_statement() -> Any:
 
 
 async def _carry_run_status(
-    connection: AsyncConnection, run: _Run, status: str | None, now: datetime
-) -> None:
+    connection: AsyncConnection,
+    run: ChainedRun,
+    current: RunStatus,
+    session_id: str,
+    status: str | None,
+    now: datetime,
+) -> RunStatus:
     """run_status.carry_run_status on a Core connection: move the run to
     ``status`` when its state machine allows, never to running while an
     approval or an unknown action of the run is still open; its session with
-    it, and the change in its log."""
+    it, and the change in its log. Returns the run's status now."""
     if status is None:
-        return
-    target, current = RunStatus(status), run.status
+        return current
+    target = RunStatus(status)
     if target == current or target not in RUN_TRANSITIONS[current]:
-        return
+        return current
     if target == RunStatus.RUNNING:
         waiting = await connection.execute(_still_waiting_statement(), {"run_id": run.id})
         if waiting.scalar():
-            return
-    await _update(connection, _SESSIONS, run.session_id, {"status": target, "updated_at": now})
-    run.status = target
+            return current
+    await update_row(connection, _SESSIONS, session_id, {"status": target, "updated_at": now})
     run.changes["status"] = target
     if current == RunStatus.STALLED:
         run.changes["failure"] = None
     run.append("run.status_changed", {"from": current, "to": target}, now)
-
-
-async def _write_run(connection: AsyncConnection, run: _Run, now: datetime) -> None:
-    """The events, in their order, then the run's new chain head (and status)."""
-    if not run.events:
-        return
-    await connection.execute(_insert_events(), run.events)
-    head = {"last_event_seq": run.last_seq, "last_event_hash": run.last_hash, "updated_at": now}
-    await _update(connection, _RUNS, run.id, {**head, **run.changes})
-
-
-@cache
-def _insert_events() -> Any:
-    return insert(_EVENTS)
+    return target

@@ -30,7 +30,6 @@ from sqlalchemy import (
     DateTime,
     and_,
     bindparam,
-    delete,
     false,
     func,
     insert,
@@ -64,6 +63,7 @@ from roundtable.store.engine import (
     is_postgresql,
 )
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
+from roundtable.store.outcome import outcome_payload, record_outcome_on_connection
 from roundtable.store.rows import require_aware, row_to_dict
 from roundtable.store.schema import (
     ActionLeaseRow,
@@ -74,7 +74,6 @@ from roundtable.store.schema import (
     TargetFencingRow,
     TargetScopeRow,
 )
-from roundtable.store.text import escape_text
 
 MAX_LEASE_SECONDS = 24 * 3600
 
@@ -308,48 +307,44 @@ class Leases:
             raise InvalidInputError("status must be succeeded, failed or unknown")
         if result is not None and not isinstance(result, dict):
             raise InvalidInputError("result must be a JSON object")
+        async with self.db.core_transaction() as (connection, notes):
+            recorded = await record_outcome_on_connection(
+                connection,
+                notes,
+                action_id,
+                status,
+                result,
+                fencing_token,
+                external_object_id,
+                attempt_over,
+            )
+        if recorded is not None:
+            return recorded
+        return await self._report_on_unknown(action_id, status, result, fencing_token, attempt_over)
+
+    async def _report_on_unknown(
+        self,
+        action_id: str,
+        status: str,
+        result: dict[str, Any] | None,
+        fencing_token: int | None,
+        attempt_over: bool,
+    ) -> bool:
+        """The action was found ``unknown``: someone made it so while the
+        attempt ran (a timeout, a closed run). What the attempt then saw is
+        kept as evidence for whoever reconciles it; the status stays unknown.
+        Checked again under the run lock: an unknown action never goes back
+        to executing, but it may have been reconciled meanwhile."""
         async with self.db.transaction() as session:
-            run, action, now = await self.db.lock_row_and_clock(session, ActionRow, action_id)
+            run, action, _ = await self.db.lock_row_and_clock(session, ActionRow, action_id)
             if fencing_token is not None and action.fencing_token != fencing_token:
                 return False
-            if action.status == ActionStatus.UNKNOWN:
-                # Someone made it unknown while the attempt ran (a timeout, a
-                # closed run). What the attempt then saw is kept as evidence for
-                # whoever reconciles it; the status stays unknown.
-                await self._attempt_reported(session, run, action, status, result)
-                if attempt_over:  # and it has ended: no need to wait out the lease
-                    await self._end_attempt(session, run, action)
+            if action.status != ActionStatus.UNKNOWN:
                 return False
-            if action.status != ActionStatus.EXECUTING:
-                return False
-            values: dict[str, Any] = {
-                "status": status,
-                "result": result,
-                "finished_at": now,
-                "updated_at": now,
-            }
-            if external_object_id is not None:
-                # From the tool: kept, escaped, rather than failing the write's record.
-                values["external_object_id"] = escape_text(external_object_id)
-            if not await self.db.move_action(session, action_id, (ActionStatus.EXECUTING,), values):
-                return False
-            if status != ActionStatus.UNKNOWN:
-                await session.execute(
-                    delete(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
-                )
-            elif attempt_over:
-                await self._end_attempt(session, run, action, audit=False)
-            payload: dict[str, Any] = {
-                "action_id": action_id,
-                "fencing_token": action.fencing_token,
-            }
-            if isinstance((result or {}).get("error_code"), str):
-                payload["error_code"] = result["error_code"]  # type: ignore[index]
-            await self.db.audit(session, run, f"action.{status}", payload, now)
-            # Test-only (chaos harness; inert unless ROUNDTABLE_CHAOS=1): the
-            # database fails before the result commits.
-            chaos_hook.maybe_fail("record_result")
-        return True
+            await self._attempt_reported(session, run, action, status, result)
+            if attempt_over:  # and it has ended: no need to wait out the lease
+                await self._end_attempt(session, run, action)
+        return False
 
     async def _attempt_reported(
         self,
@@ -368,13 +363,7 @@ class Leases:
             },
         }
         action.updated_at = now
-        payload: dict[str, Any] = {
-            "action_id": action.id,
-            "fencing_token": action.fencing_token,
-            "status": status,
-        }
-        if isinstance((result or {}).get("error_code"), str):
-            payload["error_code"] = result["error_code"]  # type: ignore[index]
+        payload = {**outcome_payload(action.id, action.fencing_token, result), "status": status}
         await self.db.audit(session, run, "action.attempt_reported", payload, now)
 
     async def _end_attempt(

@@ -1,9 +1,11 @@
-"""The decision as plain statements (roundtable/store/decision.py, issue 12),
-on both databases: how many statements it sends, that it leaves the rows,
-the log and the run exactly as its rules say, and that a refusal leaves
-nothing written. The rules themselves (once, before the deadline, the
-arguments decided on, who may decide) are tested in test_store_approvals.py,
-test_authority.py and test_store_state_machine.py."""
+"""The decision and a write's outcome as plain statements (roundtable/store/
+decision.py and outcome.py, issue 12), on both databases: how many statements
+each sends, that each leaves the rows, the log and the run exactly as its
+rules say, and that a refusal leaves nothing written. The rules themselves
+(decided once, before the deadline, on the arguments shown, by whom may;
+recorded once, by the attempt holding the token) are tested in
+test_store_approvals.py, test_authority.py, test_store_leases.py,
+test_store_endings.py and test_store_state_machine.py."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import pytest
 from sqlalchemy import select
 
 from roundtable.store import ConflictError, NotFoundError
-from roundtable.store.schema import ApprovalRow, RunRow, SessionRow
-from tests.helpers import new_run, set_column
+from roundtable.store.commit_notes import ActionEnded, ApprovalSettled
+from roundtable.store.schema import ActionLeaseRow, ApprovalRow, RunRow, SessionRow
+from tests.helpers import new_action, new_run, set_column, target_for
 from tests.test_claim_cut import counting
 from tests.test_store_approvals import make_overdue, waiting_action
 
@@ -170,3 +173,110 @@ async def test_a_late_decision_expires_and_logs_the_expiry_once(store) -> None:
     async with store.db.reader() as session:
         row = await session.get(ApprovalRow, approval["id"])
         assert row is not None and row.status == "expired"
+
+
+async def _lease(store, action_id: str) -> dict | None:
+    async with store.db.reader() as session:
+        row = (
+            await session.execute(
+                select(ActionLeaseRow).where(ActionLeaseRow.action_id == action_id)
+            )
+        ).scalar_one_or_none()
+        return None if row is None else {"token": row.fencing_token, "until": row.lease_expires_at}
+
+
+async def _claimed(store, key: str = "w") -> tuple[dict, dict, int]:
+    run = await new_run(store)
+    action = await new_action(store, run, key=key, target_key=target_for(key))
+    claim = await store.claim_for_execution(action["id"], 30)
+    return run, action, claim.action["fencing_token"]
+
+
+async def test_an_outcome_leaves_the_action_the_log_and_the_target_as_its_rules_say(
+    store,
+) -> None:
+    run, action, token = await _claimed(store)
+    told: list = []
+    store.db.observers.append(told.extend)
+    assert await store.record_action_terminal_result(
+        action["id"],
+        "failed",
+        {"error_code": "refused", "detail": "no"},
+        fencing_token=token,
+        external_object_id="T-\x00-7",
+        attempt_over=True,
+    )
+    stored = await store.get_action(action["id"])
+    assert stored["status"] == "failed" and stored["finished_at"] is not None
+    assert stored["result"] == {"error_code": "refused", "detail": "no"}
+    assert "\x00" not in stored["external_object_id"] and "7" in stored["external_object_id"]
+    assert await _lease(store, action["id"]) is None  # a definite outcome frees the target
+    events = await store.list_events(run["id"])
+    assert events[-1]["event_type"] == "action.failed"
+    assert events[-1]["payload"] == {
+        "action_id": action["id"],
+        "fencing_token": token,
+        "error_code": "refused",
+    }
+    assert await store.verify_audit_chain(run["id"])
+    assert await _head(store, run["id"]) == (events[-1]["seq"], events[-1]["hash"])
+    assert ActionEnded(stored["tool_name"], "failed") in told
+
+
+async def test_an_unknown_outcome_keeps_the_target_and_stops_the_lease_clock_when_over(
+    store,
+) -> None:
+    run, action, token = await _claimed(store)
+    live = await _lease(store, action["id"])
+    assert await store.record_action_terminal_result(
+        action["id"], "unknown", {"error_code": "timeout"}, fencing_token=token, attempt_over=True
+    )
+    stopped = await _lease(store, action["id"])
+    assert stopped is not None and stopped["token"] == token  # the target stays blocked
+    assert stopped["until"] < live["until"]  # and reconcilable at once
+    assert (await store.get_action(action["id"]))["status"] == "unknown"
+    assert (await store.list_events(run["id"]))[-1]["event_type"] == "action.unknown"
+
+
+@pytest.mark.parametrize("refusal", ["token", "finished", "missing"])
+async def test_an_outcome_that_is_not_the_attempts_to_record_writes_nothing(
+    store, refusal: str
+) -> None:
+    run, action, token = await _claimed(store)
+    if refusal == "finished":
+        assert await store.record_action_terminal_result(
+            action["id"], "succeeded", {}, fencing_token=token
+        )
+    before = (
+        await _head(store, run["id"]),
+        await store.get_action(action["id"]),
+        await _lease(store, action["id"]),
+    )
+    if refusal == "missing":
+        with pytest.raises(NotFoundError):
+            await store.record_action_terminal_result("no-such-action", "succeeded", {})
+    else:
+        wrong = token + 1 if refusal == "token" else token
+        assert not await store.record_action_terminal_result(
+            action["id"], "failed", {"error_code": "late"}, fencing_token=wrong
+        )
+    after = (
+        await _head(store, run["id"]),
+        await store.get_action(action["id"]),
+        await _lease(store, action["id"]),
+    )
+    assert after == before
+
+
+async def test_a_decision_tells_the_metrics_once_committed(store) -> None:
+    run = await _run_in(store, "waiting_input")
+    _, approval = await waiting_action(store, run)
+    told: list = []
+    store.db.observers.append(told.extend)
+    await store.decide_approval(approval["id"], "rejected", "op-1")
+    assert [type(n) for n in told] == [ApprovalSettled, ActionEnded]
+    assert told[0].outcome == "rejected" and told[1].status == "rejected"
+    told.clear()
+    with pytest.raises(ConflictError):
+        await store.decide_approval(approval["id"], "approved", "op-1")
+    assert told == []  # a refused decision commits nothing and tells nothing

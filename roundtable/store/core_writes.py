@@ -1,0 +1,107 @@
+"""What the store's hot paths share when they write with plain statements on a
+Core connection (the decision, a write's outcome; the claim has its own):
+UPDATEs by id built once, and a run's audit chain appended in memory and
+written once at the end, as the ORM path's single flush did.
+
+Building a statement costs more of this process's CPU than SQLite takes to
+run it, so each shape is built once (``functools.cache``) with bind
+parameters, and only the parameters change between calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from roundtable.store.audit import chained_event
+from roundtable.store.schema import AuditEventRow, RunRow
+
+_RUNS = RunRow.__table__
+_EVENTS = AuditEventRow.__table__
+
+
+@cache
+def _update_statement(
+    table: Table, keys: tuple[str, ...], guarded: bool, returning: tuple[str, ...]
+) -> Any:
+    """``UPDATE table SET key = :key, … WHERE id = :row_id [AND status =
+    :expected] [RETURNING …]``."""
+    statement = (
+        update(table)
+        .where(table.c.id == bindparam("row_id", type_=table.c.id.type))
+        .values({key: bindparam(key, type_=table.c[key].type) for key in keys})
+    )
+    if guarded:
+        statement = statement.where(
+            table.c.status == bindparam("expected", type_=table.c.status.type)
+        )
+    if returning:
+        statement = statement.returning(*(table.c[name] for name in returning))
+    return statement
+
+
+async def update_row(
+    connection: AsyncConnection,
+    table: Table,
+    row_id: str,
+    values: Mapping[str, Any],
+    expected: str | None = None,
+    returning: tuple[str, ...] = (),
+) -> Any:
+    """Set ``values`` on the row ``row_id`` (only while its status is
+    ``expected``, when given); the result, for ``returning``'s columns."""
+    statement = _update_statement(table, tuple(sorted(values)), expected is not None, returning)
+    params = {**values, "row_id": row_id}
+    if expected is not None:
+        params["expected"] = expected
+    return await connection.execute(statement, params)
+
+
+@dataclass
+class ChainedRun:
+    """A run locked by this transaction, as the transaction leaves it: the
+    events it appends (hash-chained from the head it read) and the run's own
+    changes, written by :meth:`write` in two statements."""
+
+    id: str
+    last_seq: int
+    last_hash: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    changes: dict[str, Any] = field(default_factory=dict)
+
+    def append(self, event_type: str, payload: Mapping[str, Any], now: datetime) -> None:
+        event = chained_event(self.id, self.last_seq, self.last_hash, event_type, payload, now)
+        self.events.append(event)
+        self.last_seq, self.last_hash = event["seq"], event["hash"]
+
+    async def write(self, connection: AsyncConnection, now: datetime) -> None:
+        """The events, in their order, then the run's new head (and changes)."""
+        if not self.events:
+            return
+        await connection.execute(_insert_events(), self.events)
+        head = {"last_event_seq": self.last_seq, "last_event_hash": self.last_hash}
+        await update_row(connection, _RUNS, self.id, {**head, "updated_at": now, **self.changes})
+
+
+@cache
+def _insert_events() -> Any:
+    return insert(_EVENTS)
+
+
+@cache
+def lock_owner_run(table: Table) -> Any:
+    """PostgreSQL: lock the run that the row ``:row_id`` of ``table`` belongs
+    to, found by a subquery in the locking statement itself (no read first
+    that a concurrent writer could make stale)."""
+    owner = (
+        select(table.c.run_id)
+        .where(table.c.id == bindparam("row_id", type_=table.c.id.type))
+        .scalar_subquery()
+    )
+    return select(_RUNS.c.id).where(_RUNS.c.id == owner).with_for_update()
