@@ -6,22 +6,33 @@ a run over has been seen to read another one: the time of the task before
 or not, a warning sent or not) can then differ between the worker that ran the
 task and every worker that replays it, and the run stalls. So every history
 recorded since timers alone decide an approval's times is replayed here with
-its tasks' clocks moved: held at the task before, held at the run's start,
-pushed years ahead. Replay checks commands, not timer durations, so only a
-command the clock chose can fail it.
+its clocks moved: held at the task before, held at the run's start, pushed
+years ahead. Replay checks commands, not timer durations, so only a command
+the clock chose can fail it.
+
+The SDK's core keeps the workflow clock from going backwards and, once a
+local activity resolves, sets it to the completion time recorded in the
+activity's marker; every approval wait follows a local activity in its task.
+So the markers' times move with their tasks' (the review of this check found
+that moving task start times alone left 11 of 13 waits reading the clock they
+read unmoved), and a test here requires every wait to read a moved clock.
 """
 
 from __future__ import annotations
 
+import ast
+import base64
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
+import workflows.approval_clock as approval_clock
 from roundtable.temporal import data_converter
 from workflows.roundtable import RoundtableWorkflow
 from workflows.sweep import SweepWorkflow
@@ -37,6 +48,7 @@ CLOCK_DECIDED = (
     RECORDED / "recorded-with-waking-writes" / "test_approval_expires_on_the_workflow_timer.json"
 ).read_text()
 TASK_STARTED = "EVENT_TYPE_WORKFLOW_TASK_STARTED"
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
 
 Shift = Callable[[list[datetime]], list[datetime]]
 
@@ -70,13 +82,31 @@ def _render(moment: datetime) -> str:
 
 
 def with_clocks(text: str, shift: Shift) -> str:
-    """The history with each workflow task's start time (its workflow.now())
-    replaced as ``shift`` says."""
+    """The history with each workflow task's start time replaced as ``shift``
+    says, and each local activity's recorded completion time (the clock the
+    SDK's core sets once the activity resolves) moved with the task that
+    recorded it: to the task's moved start, or, years ahead, by as much."""
     history = json.loads(text)
     started = [e for e in history["events"] if e["eventType"] == TASK_STARTED]
-    moved = shift([_parse(e["eventTime"]) for e in started])
-    for event, moment in zip(started, moved, strict=True):
-        event["eventTime"] = _render(moment)
+    times = [_parse(e["eventTime"]) for e in started]
+    moved = shift(times)
+    task = -1
+    for event in history["events"]:
+        if event["eventType"] == TASK_STARTED:
+            task += 1
+            event["eventTime"] = _render(moved[task])
+        marker = event.get("markerRecordedEventAttributes")
+        if not marker or marker["markerName"] != LOCAL_ACTIVITY_MARKER:
+            continue
+        payload = marker["details"]["data"]["payloads"][0]
+        data = json.loads(base64.b64decode(payload["data"]))
+        done = data["complete_time"]
+        recorded = datetime.fromtimestamp(done["seconds"], UTC) + timedelta(
+            microseconds=done.get("nanos", 0) // 1000
+        )
+        at = moved[task] + (recorded - times[task]) if shift is _years_ahead else moved[task]
+        data["complete_time"] = {"seconds": int(at.timestamp()), "nanos": at.microsecond * 1000}
+        payload["data"] = base64.b64encode(json.dumps(data).encode()).decode()
     return json.dumps(history)
 
 
@@ -101,6 +131,38 @@ def test_runs_with_approval_waits_are_recorded() -> None:
     } <= set(TIMER_DECIDED)
 
 
+async def _clocks_at_waits(monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> list[datetime]:
+    """workflow.now() at each ApprovalClock.wait as ``text`` replays."""
+    seen: list[datetime] = []
+    original = approval_clock.ApprovalClock.wait
+
+    async def wait(self, woken):  # type: ignore[no-untyped-def]
+        seen.append(workflow.now())
+        return await original(self, woken)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(approval_clock.ApprovalClock, "wait", wait)
+        assert await _replay_failure(name, text) is None
+    return seen
+
+
+@pytest.mark.parametrize("shift", SHIFTS)
+async def test_each_shift_moves_the_clock_every_approval_wait_reads(
+    monkeypatch: pytest.MonkeyPatch, shift: str
+) -> None:
+    """Without this, a shift that moved nothing would pass the test below."""
+    unmoved: list[tuple[str, datetime]] = []
+    waits = 0
+    for name, text in TIMER_DECIDED.items():
+        before = await _clocks_at_waits(monkeypatch, name, text)
+        after = await _clocks_at_waits(monkeypatch, name, with_clocks(text, SHIFTS[shift]))
+        assert len(before) == len(after)
+        waits += len(before)
+        unmoved += [(name, b) for b, a in zip(before, after, strict=True) if b == a]
+    assert waits >= 10
+    assert unmoved == [], f"{len(unmoved)} of {waits} waits read an unmoved clock"
+
+
 @pytest.mark.parametrize("shift", SHIFTS)
 @pytest.mark.parametrize("name", TIMER_DECIDED)
 async def test_a_recorded_run_replays_whatever_clock_its_tasks_read(name: str, shift: str) -> None:
@@ -117,3 +179,43 @@ async def test_a_run_from_before_the_patch_shows_the_clock_deciding() -> None:
     failure = await _replay_failure(name, with_clocks(CLOCK_DECIDED, _years_ahead))
     assert failure is not None
     assert "ondeterminism" in str(failure)
+
+
+# Where workflows/ reads workflow.now() today, and why none of them chooses a
+# command on the patched path: a new reading must be looked at (and, if it
+# chooses a command, gated and checked here). From the review of this check.
+CLOCK_READS = {
+    # a timer's length only; the old path (no patch) also decides by it
+    ("approval_clock.py", "ApprovalClock.warning_due"),
+    ("approval_clock.py", "ApprovalClock.wait"),
+    # inputs of (local) activities: recorded, never compared on replay
+    ("roundtable.py", "RoundtableWorkflow._tool_call"),
+    ("roundtable.py", "RoundtableWorkflow._intercept.attempt"),
+    ("notifier.py", "Notifier.notify"),
+}
+
+
+def _clock_reads() -> set[tuple[str, str]]:
+    found: set[tuple[str, str]] = set()
+    for path in sorted((Path(__file__).resolve().parent.parent / "workflows").glob("*.py")):
+
+        def visit(node: ast.AST, where: list[str], path: Path = path) -> None:
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                where = [*where, node.name]
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"now", "time", "time_ns"}
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "workflow"
+            ):
+                found.add((path.name, ".".join(where)))
+            for child in ast.iter_child_nodes(node):
+                visit(child, where)
+
+        visit(ast.parse(path.read_text()), [])
+    return found
+
+
+def test_the_workflow_clock_is_read_only_where_it_chooses_no_command() -> None:
+    assert _clock_reads() == CLOCK_READS

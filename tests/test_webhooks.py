@@ -8,15 +8,18 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from temporalio.api.enums.v1 import EventType
 
 from roundtable.models import ReconcileInput
 from roundtable.webhooks import SIGNATURE_HEADER, signing_key, verify_signature
 from tests.api_server import serve_api, serving
+from tests.test_replay_clock import LOCAL_ACTIVITY_MARKER
 from tests.workflow_harness import as_operator, harness, script, ticket_call
 from worker import WebhookConfig, build_worker
 from workflows.roundtable import RoundtableWorkflow
@@ -113,11 +116,15 @@ async def test_approval_lifecycle_webhooks_are_signed_retried_and_logged(tmp_pat
             ).status_code == 403
 
 
-async def test_a_warning_lead_longer_than_the_approval_warns_at_once(tmp_path) -> None:
-    """The warning's time has passed before the approval is even asked for:
-    it is sent at once (on a timer of a millisecond, not on the clock's say:
-    tests/test_replay_clock.py), and the approval still expires at its own
-    deadline, not at the warning's."""
+async def test_a_past_warning_goes_out_in_a_later_task_after_a_timer(tmp_path) -> None:
+    """A lead longer than the approval: the warning's time has passed before
+    the approval is even asked for. It is sent after a timer fires (of a
+    millisecond), in a later task, not in the task that asks for the approval
+    on the clock's say (tests/test_replay_clock.py); and the approval still
+    expires at its own deadline, not the warning's. Read from the history:
+    the order two concurrent deliveries reach the receiver tells nothing
+    (the review found the first form of this test passing 7 times in 10 with
+    the fix reverted)."""
     async with (
         receiver() as hook,
         harness(tmp_path, worker_factory=with_webhooks(hook.url, lead=300)) as h,
@@ -129,13 +136,40 @@ async def test_a_warning_lead_longer_than_the_approval_warns_at_once(tmp_path) -
         )
         state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
         (approval_id,) = state.pending_approvals
-        assert (await handle.result()).status == "completed"
+        assert (await h.result(handle)).status == "completed"
+        assert sorted(hook.events()) == sorted(
+            ["approval.requested", "approval.expiring", "run.completed"]
+        )
 
-        assert hook.events() == ["approval.requested", "approval.expiring", "run.completed"]
-        assert (await h.store.get_approval(approval_id))["status"] == "expired"
-        warned = next(r["body"] for r in hook.received if r["event_type"] == "approval.expiring")
+        events = [e async for e in handle.fetch_history_events()]
+        webhooks = [
+            i
+            for i, e in enumerate(events)
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "deliver_webhook"
+        ]
+        requested, warned = webhooks[0], webhooks[1]
+        between = {e.event_type for e in events[requested:warned]}
+        assert EventType.EVENT_TYPE_TIMER_FIRED in between
+        assert EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED in between
+
         approval = await h.store.get_approval(approval_id)
-        assert warned["data"]["expires_at"] == approval["expires_at"].isoformat()
+        assert approval["status"] == "expired"
+        last_started = None
+        for event in events:
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                last_started = event.event_time.ToDatetime(tzinfo=UTC)
+            marker = event.marker_recorded_event_attributes
+            if (
+                event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+                and marker.marker_name == LOCAL_ACTIVITY_MARKER
+                and b"expire_approval" in marker.details["data"].payloads[0].data
+            ):
+                assert last_started is not None
+                assert last_started >= approval["expires_at"]
+                break
+        else:
+            raise AssertionError("no expiry in the history")
 
 
 async def test_unknown_action_webhook_and_a_receiver_that_refuses(tmp_path) -> None:
