@@ -1,7 +1,11 @@
 """The baseline: bare Temporal doing what our runs ask of it, and nothing else.
 
 ``BareApproval`` waits for an update (the decision), then runs one
-non-retrying activity that writes one row to a SQLite file. ``BareRun`` is
+non-retrying activity that writes one row to a SQLite file.
+``DurableApproval`` is the least a safe approval can be (bench/floor.py): the
+update records the decision with a local activity (one SQLite transaction)
+before it returns, and the write's activity claims, writes and records its
+outcome in three one-statement transactions. ``BareRun`` is
 the throughput shape (bench/throughput.py): the same model turns as our run
 (three seats, two rounds, a manager), each an activity that returns text,
 and the same two writes, each a non-retrying activity writing one row. No
@@ -24,6 +28,7 @@ from temporalio.common import RetryPolicy
 from temporalio.worker import Worker
 
 WORKFLOW = "BenchBareApproval"
+DURABLE = "BenchDurableApproval"
 RUN = "BenchBareRun"
 DECIDE = "decide"
 SEATS = ("seat-1", "seat-2", "seat-3")
@@ -36,6 +41,16 @@ _DB = {"path": ""}
 def create_table(path: str) -> None:
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE IF NOT EXISTS bench_writes (key TEXT PRIMARY KEY, at REAL)")
+    # The durable approval's file, in WAL mode as our store's SQLite is (the
+    # bare write keeps the file and journal it has always had).
+    with sqlite3.connect(durable_path(path)) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE IF NOT EXISTS bench_writes (key TEXT PRIMARY KEY, at REAL)")
+        for table in (
+            "bench_decisions (key TEXT PRIMARY KEY, decision TEXT, at REAL)",
+            "bench_leases (key TEXT PRIMARY KEY, until REAL, done_at REAL)",
+        ):
+            db.execute(f"CREATE TABLE IF NOT EXISTS {table}")
 
 
 def written_at(path: str, key: str) -> float | None:
@@ -48,6 +63,50 @@ def written_at(path: str, key: str) -> float | None:
 def _insert(key: str) -> None:
     with sqlite3.connect(_DB["path"], timeout=60) as db:
         db.execute("INSERT INTO bench_writes (key, at) VALUES (?, ?)", (key, time.time()))
+
+
+def durable_path(path: str) -> str:
+    return f"{path}.durable"
+
+
+def _transaction(statement: str, params: tuple) -> None:  # type: ignore[type-arg]
+    """One statement in a transaction of its own, as our store's SQLite runs
+    them (WAL, synchronous=NORMAL, BEGIN IMMEDIATE)."""
+    db = sqlite3.connect(durable_path(_DB["path"]), timeout=60, isolation_level=None)
+    try:
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(statement, params)
+        db.execute("COMMIT")
+    finally:
+        db.close()
+
+
+def recorded_at(path: str, key: str) -> float | None:
+    """When the durable write's outcome was recorded (this machine's clock)."""
+    with sqlite3.connect(durable_path(path)) as db:
+        row = db.execute("SELECT done_at FROM bench_leases WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
+
+
+@activity.defn(name="bench_record_decision")
+async def record_decision(key_and_decision: list[str]) -> str:
+    key, decision = key_and_decision
+    statement = "INSERT INTO bench_decisions (key, decision, at) VALUES (?, ?, ?)"
+    await asyncio.to_thread(_transaction, statement, (key, decision, time.time()))
+    return decision
+
+
+def _claim_write_record(key: str) -> None:
+    _transaction("INSERT INTO bench_leases (key, until) VALUES (?, ?)", (key, time.time() + 30))
+    _transaction("INSERT INTO bench_writes (key, at) VALUES (?, ?)", (key, time.time()))
+    _transaction("UPDATE bench_leases SET done_at = ? WHERE key = ?", (time.time(), key))
+
+
+@activity.defn(name="bench_claimed_write")
+async def claimed_write(key: str) -> str:
+    await asyncio.to_thread(_claim_write_record, key)
+    return key
 
 
 @activity.defn(name="bench_write_row")
@@ -79,6 +138,35 @@ class BareApproval:
     async def decide(self, decision: str) -> str:
         self.decision = decision
         return decision
+
+
+@workflow.defn(name=DURABLE)
+class DurableApproval:
+    def __init__(self) -> None:
+        self.decision: str | None = None
+        self.key = ""
+
+    @workflow.run
+    async def run(self, key: str) -> str:
+        self.key = key
+        await workflow.wait_condition(lambda: self.decision is not None)
+        return await workflow.execute_activity(
+            claimed_write,
+            key,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=ONCE,
+        )
+
+    @workflow.query(name="waiting")
+    def waiting(self) -> bool:
+        return self.decision is None
+
+    @workflow.update(name=DECIDE)
+    async def decide(self, decision: str) -> str:
+        self.decision = await workflow.execute_local_activity(
+            record_decision, [self.key, decision], start_to_close_timeout=timedelta(seconds=30)
+        )
+        return self.decision
 
 
 @activity.defn(name="bench_take_turn")
@@ -113,8 +201,8 @@ async def serve(address: str, queue: str, db: str) -> None:
     worker = Worker(
         client,
         task_queue=queue,
-        workflows=[BareApproval, BareRun],
-        activities=[write_row, take_turn],
+        workflows=[BareApproval, BareRun, DurableApproval],
+        activities=[write_row, take_turn, record_decision, claimed_write],
     )
     await worker.run()
 

@@ -69,3 +69,34 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
     crash = figures["crash_to_unknown"]
     assert _positive(crash["unknown_after_s_median"])
     assert "crash → unknown" in done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_floor_measures_all_three_sides() -> None:
+    """bench/floor.py (not part of `make bench`): one approval a side."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.floor", "--approvals", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    lines = [line for line in done.stdout.splitlines() if ", p50: " in line]
+    assert len(lines) == 3, done.stdout
+    assert all("bare" in line and "durable" in line and "ours" in line for line in lines)
+
+
+def test_store_calls_measures_each_call(tmp_path: Path) -> None:
+    """bench/store_calls.py (not part of `make bench`): a few writes."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.store_calls", "--writes", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert done.stdout.count("ms CPU per call") == 5, done.stdout
