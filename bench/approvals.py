@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +49,23 @@ FIGURES = (
 )
 
 
-async def bare_once(stack: Stack) -> dict[str, float]:
+async def bare_once(
+    stack: Stack,
+    workflow: str = bare.WORKFLOW,
+    recorded: Callable[[str, str], float | None] = bare.written_at,
+) -> dict[str, float]:
+    """One approval of bare Temporal's ``workflow`` (bench/floor.py also
+    times ``bare.DURABLE``), its write's time read by ``recorded``."""
     assert stack.bare_client is not None
     key = f"bare-{uuid.uuid4().hex[:12]}"
-    handle = await stack.bare_client.start_workflow(bare.WORKFLOW, key, id=key, task_queue=BARE)
+    handle = await stack.bare_client.start_workflow(workflow, key, id=key, task_queue=BARE)
     await _waiting(handle)  # as ours is when decided: idle, waiting for the update
     t0 = time.time()
     await handle.execute_update(bare.DECIDE, "approved", result_type=str)
     returned = time.time()
     await handle.result()
     done = time.time()
-    written = bare.written_at(stack.bare_db, key)
+    written = recorded(stack.bare_db, key)
     assert written is not None, "the bare write was not recorded"
     return {"update": returned - t0, "write": written - t0, "result": done - t0}
 

@@ -20,26 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import time
-import uuid
 
 from bench import approvals, bare
-from bench.stack import BARE, Stack, stack
+from bench.stack import Stack, stack
 
 
 async def durable_once(made: Stack) -> dict[str, float]:
-    assert made.bare_client is not None
-    key = f"durable-{uuid.uuid4().hex[:12]}"
-    handle = await made.bare_client.start_workflow(bare.DURABLE, key, id=key, task_queue=BARE)
-    await approvals._waiting(handle)
-    t0 = time.time()
-    await handle.execute_update(bare.DECIDE, "approved", result_type=str)
-    returned = time.time()
-    await handle.result()
-    done = time.time()
-    recorded = bare.recorded_at(made.bare_db, key)
-    assert recorded is not None, "the durable write's outcome was not recorded"
-    return {"update": returned - t0, "write": recorded - t0, "result": done - t0}
+    return await approvals.bare_once(made, bare.DURABLE, bare.recorded_at)
 
 
 async def measure(count: int) -> dict[str, dict[str, float]]:

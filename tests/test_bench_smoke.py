@@ -71,32 +71,30 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
     assert "crash → unknown" in done.stdout
 
 
+def _bench(*args: str, timeout: float) -> str:
+    """Run ``python -m bench.<args>``; its output, once it has succeeded."""
+    done = subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
 @pytest.mark.timeout(300)
 def test_the_floor_measures_all_three_sides() -> None:
     """bench/floor.py (not part of `make bench`): one approval a side."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.floor", "--approvals", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    lines = [line for line in done.stdout.splitlines() if ", p50: " in line]
-    assert len(lines) == 3, done.stdout
+    stdout = _bench("bench.floor", "--approvals", "1", timeout=280)
+    lines = [line for line in stdout.splitlines() if ", p50: " in line]
+    assert len(lines) == 3, stdout
     assert all("bare" in line and "durable" in line and "ours" in line for line in lines)
 
 
-def test_store_calls_measures_each_call(tmp_path: Path) -> None:
+def test_store_calls_measures_each_call() -> None:
     """bench/store_calls.py (not part of `make bench`): a few writes."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.store_calls", "--writes", "3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    assert done.stdout.count("ms CPU per call") == 5, done.stdout
+    stdout = _bench("bench.store_calls", "--writes", "3", timeout=120)
+    assert stdout.count("ms CPU per call") == 5, stdout

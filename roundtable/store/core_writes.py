@@ -10,16 +10,18 @@ parameters, and only the parameters change between calls.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import FromClause, Table, bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable.store.audit import chained_event
+from roundtable.store.engine import is_postgresql
+from roundtable.store.errors import NotFoundError
 from roundtable.store.schema import AuditEventRow, RunRow
 
 _RUNS = RunRow.__table__
@@ -105,3 +107,45 @@ def lock_owner_run(table: Table) -> Any:
         .scalar_subquery()
     )
     return select(_RUNS.c.id).where(_RUNS.c.id == owner).with_for_update()
+
+
+def facts_read(postgresql: bool, table: Table, joined: FromClause, columns: list[Any]) -> Any:
+    """``SELECT columns, the run's chain head [, clock_timestamp() AS
+    database_now] FROM joined WHERE table.id = :row_id``: the one read that
+    :func:`locked_facts` runs after the lock (``joined`` must join the run)."""
+    chosen = [*columns, _RUNS.c.last_event_seq, _RUNS.c.last_event_hash]
+    if postgresql:
+        chosen.append(func.clock_timestamp().label("database_now"))
+    return (
+        select(*chosen)
+        .select_from(joined)
+        .where(table.c.id == bindparam("row_id", type_=table.c.id.type))
+    )
+
+
+async def locked_facts(
+    connection: AsyncConnection,
+    table: Table,
+    row_id: str,
+    facts_statement: Callable[[bool], Any],
+    noun: str,
+) -> tuple[Mapping[str, Any], datetime]:
+    """The run lock, then one read of every fact a transaction needs (the
+    statement ``facts_statement(postgresql)`` builds, bound to ``:row_id``),
+    and the database clock after the lock. PostgreSQL: the run's row lock
+    (:func:`lock_owner_run`), then the read, which must return
+    ``clock_timestamp()`` as ``database_now``. SQLite: BEGIN IMMEDIATE, sent
+    with the read, holds the write lock; the clock (this process's) is read
+    once it is held. NotFoundError names the missing ``noun``."""
+    postgresql = is_postgresql(connection)
+    params = {"row_id": row_id}
+    if postgresql:
+        locked = await connection.execute(lock_owner_run(table), params)
+        if locked.one_or_none() is None:
+            raise NotFoundError(f"{noun} {row_id!r} not found")
+    row = (await connection.execute(facts_statement(postgresql), params)).one_or_none()
+    if row is None:
+        raise NotFoundError(f"{noun} {row_id!r} not found")
+    facts = row._mapping
+    now = facts["database_now"].astimezone(UTC) if postgresql else datetime.now(UTC)
+    return facts, now

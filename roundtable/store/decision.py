@@ -16,12 +16,12 @@ functions below, which the ORM paths (Approvals.expire, the sweep) use too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, exists, func, or_, select, update
+from sqlalchemy import bindparam, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable.states import (
@@ -33,9 +33,8 @@ from roundtable.states import (
     RunStatus,
 )
 from roundtable.store import commit_notes
-from roundtable.store.core_writes import ChainedRun, lock_owner_run, update_row
-from roundtable.store.engine import is_postgresql
-from roundtable.store.errors import ConflictError, NotFoundError
+from roundtable.store.core_writes import ChainedRun, facts_read, locked_facts, update_row
+from roundtable.store.errors import ConflictError
 from roundtable.store.schema import ActionRow, ApprovalRow, RunRow, SessionRow
 
 _APPROVALS = ApprovalRow.__table__
@@ -100,7 +99,9 @@ async def decide_on_connection(
     the deadline had passed, in which case the approval and its action were
     expired instead (the caller commits that, then refuses the decision).
     Whatever a check raises leaves nothing written."""
-    facts, now = await _locked_facts(connection, approval_id)
+    facts, now = await locked_facts(
+        connection, _APPROVALS, approval_id, _facts_statement, "approval"
+    )
     if guard is not None:
         guard(facts["user_id"], facts["risk_level"])
     if facts["status"] != ApprovalStatus.PENDING:
@@ -170,32 +171,12 @@ async def decide_on_connection(
     return {**decided._asdict(), "action_status": action_status, "run_status": str(run_now)}
 
 
-async def _locked_facts(
-    connection: AsyncConnection, approval_id: str
-) -> tuple[Mapping[str, Any], datetime]:
-    """The run lock, then one read of the approval, its action and its run,
-    and the database clock after the lock. PostgreSQL: the run's row lock
-    (found by a subquery in the locking statement), then the read with
-    ``clock_timestamp()``. SQLite: BEGIN IMMEDIATE, sent with the read, holds
-    the write lock; the clock (this process's) is read once it is held."""
-    postgresql = is_postgresql(connection)
-    params = {"row_id": approval_id}
-    if postgresql:
-        locked = await connection.execute(lock_owner_run(_APPROVALS), params)
-        if locked.one_or_none() is None:
-            raise NotFoundError(f"approval {approval_id!r} not found")
-    row = (await connection.execute(_facts_statement(postgresql), params)).one_or_none()
-    if row is None:
-        raise NotFoundError(f"approval {approval_id!r} not found")
-    facts = row._mapping
-    now = facts["database_now"].astimezone(UTC) if postgresql else datetime.now(UTC)
-    return facts, now
-
-
 @cache
 def _facts_statement(postgresql: bool) -> Any:
-    """The approval, its action and its run in one read (and PostgreSQL's
-    clock, read after the lock the statement before took)."""
+    """The approval, its action and its run in one read."""
+    joined = _APPROVALS.join(_ACTIONS, _ACTIONS.c.id == _APPROVALS.c.action_id).join(
+        _RUNS, _RUNS.c.id == _APPROVALS.c.run_id
+    )
     columns = [
         *_APPROVALS.c,
         _ACTIONS.c.status.label("action_status"),
@@ -204,20 +185,8 @@ def _facts_statement(postgresql: bool) -> Any:
         _RUNS.c.session_id,
         _RUNS.c.user_id,
         _RUNS.c.status.label("run_status"),
-        _RUNS.c.last_event_seq,
-        _RUNS.c.last_event_hash,
     ]
-    if postgresql:
-        columns.append(func.clock_timestamp().label("database_now"))
-    return (
-        select(*columns)
-        .select_from(
-            _APPROVALS.join(_ACTIONS, _ACTIONS.c.id == _APPROVALS.c.action_id).join(
-                _RUNS, _RUNS.c.id == _APPROVALS.c.run_id
-            )
-        )
-        .where(_APPROVALS.c.id == bindparam("row_id", type_=_APPROVALS.c.id.type))
-    )
+    return facts_read(postgresql, _APPROVALS, joined, columns)
 
 
 @cache

@@ -19,19 +19,16 @@ keeps what the attempt saw as evidence (rare, and not on any hot path).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import bindparam, delete, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable import chaos_hook
 from roundtable.states import ENDING_ACTION_STATUSES, ActionStatus
 from roundtable.store import commit_notes
-from roundtable.store.core_writes import ChainedRun, lock_owner_run, update_row
-from roundtable.store.engine import is_postgresql
-from roundtable.store.errors import NotFoundError
+from roundtable.store.core_writes import ChainedRun, facts_read, locked_facts, update_row
 from roundtable.store.schema import ActionLeaseRow, ActionRow, RunRow
 from roundtable.store.text import escape_text
 
@@ -66,7 +63,7 @@ async def record_outcome_on_connection(
     record (another token, or the action no longer executing); None, having
     written nothing, when the action is ``unknown`` (the caller's ORM path
     keeps the attempt's report as evidence)."""
-    facts, now = await _locked_facts(connection, action_id)
+    facts, now = await locked_facts(connection, _ACTIONS, action_id, _facts_statement, "action")
     if fencing_token is not None and facts["fencing_token"] != fencing_token:
         return False
     if facts["status"] == ActionStatus.UNKNOWN:
@@ -105,43 +102,12 @@ async def record_outcome_on_connection(
     return True
 
 
-async def _locked_facts(
-    connection: AsyncConnection, action_id: str
-) -> tuple[Mapping[str, Any], datetime]:
-    """The run lock, then the action's status and token and the run's chain
-    head in one read, and the database clock after the lock (PostgreSQL's
-    ``clock_timestamp()`` in the read; SQLite's, this process's, once BEGIN
-    IMMEDIATE, sent with the read, holds the write lock)."""
-    postgresql = is_postgresql(connection)
-    params = {"row_id": action_id}
-    if postgresql:
-        locked = await connection.execute(lock_owner_run(_ACTIONS), params)
-        if locked.one_or_none() is None:
-            raise NotFoundError(f"action {action_id!r} not found")
-    row = (await connection.execute(_facts_statement(postgresql), params)).one_or_none()
-    if row is None:
-        raise NotFoundError(f"action {action_id!r} not found")
-    facts = row._mapping
-    now = facts["database_now"].astimezone(UTC) if postgresql else datetime.now(UTC)
-    return facts, now
-
-
 @cache
 def _facts_statement(postgresql: bool) -> Any:
-    columns = [
-        _ACTIONS.c.run_id,
-        _ACTIONS.c.status,
-        _ACTIONS.c.fencing_token,
-        _RUNS.c.last_event_seq,
-        _RUNS.c.last_event_hash,
-    ]
-    if postgresql:
-        columns.append(func.clock_timestamp().label("database_now"))
-    return (
-        select(*columns)
-        .select_from(_ACTIONS.join(_RUNS, _RUNS.c.id == _ACTIONS.c.run_id))
-        .where(_ACTIONS.c.id == bindparam("row_id", type_=_ACTIONS.c.id.type))
-    )
+    """The action's status and token, with its run's head, in one read."""
+    joined = _ACTIONS.join(_RUNS, _RUNS.c.id == _ACTIONS.c.run_id)
+    columns = [_ACTIONS.c.run_id, _ACTIONS.c.status, _ACTIONS.c.fencing_token]
+    return facts_read(postgresql, _ACTIONS, joined, columns)
 
 
 @cache
