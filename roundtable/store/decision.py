@@ -16,12 +16,12 @@ functions below, which the ORM paths (Approvals.expire, the sweep) use too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, exists, or_, select, update
+from sqlalchemy import bindparam, exists, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable.states import (
@@ -149,11 +149,13 @@ async def decide_on_connection(
         commit_notes.ApprovalSettled(outcome, max(0.0, (now - facts["created_at"]).total_seconds()))
     )
     tool = (
-        await connection.execute(
-            update(_ACTIONS)
-            .where(_ACTIONS.c.id == action_id, _ACTIONS.c.status == ActionStatus.WAITING_APPROVAL)
-            .values(action_values)
-            .returning(_ACTIONS.c.tool_name)
+        await update_row(
+            connection,
+            _ACTIONS,
+            action_id,
+            action_values,
+            ActionStatus.WAITING_APPROVAL,
+            returning=("tool_name",),
         )
     ).scalar_one_or_none()
     if tool is not None and action_values["status"] in ENDING_ACTION_STATUSES:
@@ -161,9 +163,7 @@ async def decide_on_connection(
     for event_type, payload in events:
         run.append(event_type, payload, now)
     if outcome != ApprovalStatus.EXPIRED:
-        run_now = await _carry_run_status(
-            connection, run, run_now, facts["session_id"], run_status, now
-        )
+        run_now = await _carry_run_status(connection, run, run_now, facts, run_status, now)
     await run.write(connection, now)
     if outcome == ApprovalStatus.EXPIRED:
         return None
@@ -185,6 +185,7 @@ def _facts_statement(postgresql: bool) -> Any:
         _RUNS.c.session_id,
         _RUNS.c.user_id,
         _RUNS.c.status.label("run_status"),
+        _RUNS.c.failure.label("run_failure"),
     ]
     return facts_read(postgresql, _APPROVALS, joined, columns)
 
@@ -206,7 +207,7 @@ async def _carry_run_status(
     connection: AsyncConnection,
     run: ChainedRun,
     current: RunStatus,
-    session_id: str,
+    facts: Mapping[str, Any],
     status: str | None,
     now: datetime,
 ) -> RunStatus:
@@ -223,9 +224,10 @@ async def _carry_run_status(
         waiting = await connection.execute(_still_waiting_statement(), {"run_id": run.id})
         if waiting.scalar():
             return current
-    await update_row(connection, _SESSIONS, session_id, {"status": target, "updated_at": now})
+    session = {"status": target, "updated_at": now}
+    await update_row(connection, _SESSIONS, facts["session_id"], session)
     run.changes["status"] = target
-    if current == RunStatus.STALLED:
-        run.changes["failure"] = None
+    if current == RunStatus.STALLED and facts["run_failure"] is not None:
+        run.changes["failure"] = None  # as the ORM's: written only when it changes
     run.append("run.status_changed", {"from": current, "to": target}, now)
     return target
