@@ -820,7 +820,7 @@ async def test_sqlite_reads_the_decisions_clock_only_once_it_holds_the_write_loc
     'after'; the decision must see 'after' and expire."""
     if store.engine.dialect.name != "sqlite":
         pytest.skip("PostgreSQL's clock is clock_timestamp(), read in the statement after the lock")
-    import roundtable.store.decision as decision_module
+    import roundtable.store.core_writes as decision_module  # where the clock is read
 
     _, _, approval, _ = await decision_world(store, "waiting_input", "none", False)
     deadline = (await store.get_approval(approval["id"]))["expires_at"]
@@ -992,13 +992,11 @@ async def test_old_and_new_agree_over_random_sequences(store) -> None:
             assert not differ(*seen), (sequence, number, step, differ(*seen))
 
 
-async def test_leaving_stalled_without_a_failure_writes_json_null(store) -> None:
-    """Characterisation (cosmetic): a run stalled without a failure (moved
-    there by a decision's run_status) and moved on by a decision keeps SQL
-    NULL in runs.failure through the old ORM path (the attribute did not
-    change, so it was not written) but gets JSON null through the new one
-    (decision.py always writes failure=None when leaving stalled). Both read
-    back as None; no query in the store tells them apart."""
+async def test_leaving_stalled_without_a_failure_leaves_it_sql_null(store) -> None:
+    """A run stalled without a failure and moved on by a decision keeps SQL
+    NULL in runs.failure, as through the old ORM path (the attribute did not
+    change, so it was not written). Found by the review: decision.py wrote
+    JSON null there; it now writes the failure only when one is stored."""
     raw = []
     for decide in (old_decide, _new_decide):
         run, _, approval, _ = await decision_world(store, "stalled", "none", False)
@@ -1014,19 +1012,18 @@ async def test_leaving_stalled_without_a_failure_writes_json_null(store) -> None
                     )
                 ).scalar_one()
             )
-    assert raw == [None, "null"]
+    assert raw == [None, None]
 
 
 # ------------------------------- SQLite and PostgreSQL disagree (pre-existing)
 
 
 async def test_a_long_external_object_id_does_not_lose_the_writes_outcome(store) -> None:
-    """FAILS ON PURPOSE on PostgreSQL (pre-existing: the old ORM path did the
-    same). outcome.py keeps the tool's external_object_id "escaped, rather
-    than failing the write's record", but the column is String(255): on
-    PostgreSQL a longer id (a tool's output, unbounded) makes the UPDATE fail
-    (StringDataRightTruncation), the succeeded write is not recorded, the
-    action stays executing and later turns unknown; SQLite records it."""
+    """Found by the review (pre-existing: the old ORM path did the same): the
+    column is String(255), and on PostgreSQL a longer id (a tool's output,
+    unbounded) made the UPDATE fail, so the succeeded write was not recorded
+    and later turned unknown; SQLite recorded it. Now cut, with a digest of
+    the whole, on both (outcome.storable_external_id)."""
     _, action, token, _ = await outcome_world(store, "executing")
     recorded = await outcome_of(
         store.record_action_terminal_result(
@@ -1039,18 +1036,21 @@ async def test_a_long_external_object_id_does_not_lose_the_writes_outcome(store)
         )
     )
     assert recorded == ("returned", True), recorded
-    assert (await store.get_action(action["id"]))["status"] == "succeeded"
+    stored = await store.get_action(action["id"])
+    assert stored["status"] == "succeeded"
+    assert len(stored["external_object_id"]) == 255
+    assert stored["external_object_id"].startswith("T-999")
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 async def test_a_non_finite_number_in_a_result_does_not_lose_the_writes_outcome(
     store, value: float
 ) -> None:
-    """FAILS ON PURPOSE on PostgreSQL (pre-existing, both paths). A tool's
-    result with NaN or Infinity (Python's json emits them; PostgreSQL's jsonb
-    refuses them) is recorded on SQLite and refused on PostgreSQL: the
-    succeeded write is not recorded and turns unknown. store/text.py escapes
-    what PostgreSQL cannot store (NUL, surrogates) but not these."""
+    """Found by the review (pre-existing, both paths): a tool's result with
+    NaN or Infinity (Python's json writes them; PostgreSQL's jsonb refuses
+    them) was recorded on SQLite and refused on PostgreSQL, where the
+    succeeded write turned unknown. Now kept as strings on both
+    (store/text.py)."""
     _, action, token, _ = await outcome_world(store, "executing")
     recorded = await outcome_of(
         store.record_action_terminal_result(
@@ -1058,17 +1058,20 @@ async def test_a_non_finite_number_in_a_result_does_not_lose_the_writes_outcome(
         )
     )
     assert recorded == ("returned", True), recorded
-    assert (await store.get_action(action["id"]))["status"] == "succeeded"
+    stored = await store.get_action(action["id"])
+    assert stored["status"] == "succeeded"
+    assert stored["result"] == {
+        "rate": {"nan": "NaN", "inf": "Infinity"}.get(str(value), "-Infinity")
+    }
 
 
 async def test_an_edit_of_a_large_number_keeps_the_chain_verifiable(store) -> None:
-    """FAILS ON PURPOSE on PostgreSQL (pre-existing, outside the two rewritten
-    paths, found while checking the chain). An event's hash covers its
-    payload as json.dumps writes it; jsonb stores numbers as numeric and
-    gives 1e16 back as 10000000000000000 (an int), so the recomputed hash
-    differs and verify_chain fails for the run from that event on. Reached
-    by approving with edits a safe numeric field (its before/after values are
-    in action.arguments_edited)."""
+    """Found by the review (pre-existing, outside the two rewritten paths):
+    an event's hash covers its payload as json.dumps writes it; jsonb kept
+    1e16 as numeric and gave it back as 10000000000000000 (an int), so the
+    recomputed hash differed and verify_chain failed for the run from that
+    event on. Reached by approving with edits a safe numeric field. Such a
+    float is now written as the integer it is (store/text.py)."""
     from roundtable.security import derive_target
     from tests.helpers import WRITE_TOOL, snapshot
 

@@ -18,6 +18,7 @@ keeps what the attempt saw as evidence (rare, and not on any hot path).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -35,6 +36,23 @@ from roundtable.store.text import escape_text
 _ACTIONS = ActionRow.__table__
 _RUNS = RunRow.__table__
 _LEASES = ActionLeaseRow.__table__
+
+
+_EXTERNAL_ID_LENGTH: int = _ACTIONS.c.external_object_id.type.length
+
+
+def storable_external_id(value: str) -> str:
+    """The id a tool gave its object, as the column keeps it: escaped, and,
+    past the column's length, cut with a digest of the whole appended, so
+    two long ids stay apart (the whole id stays in the action's result).
+    From the tool, so kept rather than failing the write's record: on
+    PostgreSQL a longer id failed the UPDATE and lost a succeeded write
+    (found by the review of this module; SQLite has no length limit)."""
+    escaped = escape_text(value)
+    if len(escaped) <= _EXTERNAL_ID_LENGTH:
+        return escaped
+    digest = "…sha256:" + hashlib.sha256(escaped.encode()).hexdigest()
+    return escaped[: _EXTERNAL_ID_LENGTH - len(digest)] + digest
 
 
 def outcome_payload(
@@ -77,8 +95,7 @@ async def record_outcome_on_connection(
         "updated_at": now,
     }
     if external_object_id is not None:
-        # From the tool: kept, escaped, rather than failing the write's record.
-        values["external_object_id"] = escape_text(external_object_id)
+        values["external_object_id"] = storable_external_id(external_object_id)
     tool = (
         await update_row(
             connection, _ACTIONS, action_id, values, ActionStatus.EXECUTING, ("tool_name",)

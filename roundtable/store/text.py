@@ -10,11 +10,21 @@ other. Both databases now behave alike:
 * what models and tools produce reaches JSON columns and audit payloads
   escaped, as visible text (NUL becomes the six characters ``\\u0000``), so a
   run goes on and nothing is silently dropped.
+
+Numbers too (found by the review of the Core decision and outcome): ``jsonb``
+refuses NaN and ±Infinity, which Python's json writes, so a tool's result
+holding one lost its succeeded write on PostgreSQL alone; they are kept as
+the strings JSON's own spelling gives them. And ``jsonb`` keeps a number as
+numeric, so a float written with an exponent and no fraction (``1e+16``)
+came back an integer: the audit event's hash, taken over what was written,
+no longer matched what was read, and the chain failed to verify. Such a
+float is written as the integer it is.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -35,10 +45,29 @@ def escape_text(value: str) -> str:
     return _UNSTORABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", value)
 
 
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _storable_number(value: float) -> float | int | str:
+    """NaN and ±Infinity as strings; an integral float that JSON would write
+    with an exponent (``1e+16``) as the integer, which every database gives
+    back as written."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return _NON_FINITE[value]
+    if value.is_integer() and "e" in repr(value):
+        return int(value)
+    return value
+
+
 def escape_json(value: Any) -> Any:
-    """``value`` with every string (keys too) escaped, at any depth."""
+    """``value`` with every string (keys too) escaped and every number made
+    storable as written (:func:`_storable_number`), at any depth."""
     if isinstance(value, str):
         return escape_text(value)
+    if isinstance(value, float):
+        return _storable_number(value)
     if isinstance(value, Mapping):
         return {
             escape_text(k) if isinstance(k, str) else k: escape_json(v) for k, v in value.items()
