@@ -812,34 +812,38 @@ async def test_an_outcome_waiting_for_the_lock_judges_what_the_holder_committed(
 
 
 async def test_sqlite_reads_the_decisions_clock_only_once_it_holds_the_write_lock(
-    store, database_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SQLite's clock is this process's: read before the wait for another
     process's write lock, it would be stale by the wait. The holder keeps the
     lock while the clock reads 'before the deadline' and lets go once it reads
     'after'; the decision must see 'after' and expire."""
-    if store.engine.dialect.name != "sqlite":
-        pytest.skip("PostgreSQL's clock is clock_timestamp(), read in the statement after the lock")
-    import roundtable.store.core_writes as decision_module  # where the clock is read
+    # SQLite only: PostgreSQL's clock is clock_timestamp(), read in the
+    # statement after the lock (tested by the lock-wait tests above).
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
+    async with open_store(database_url) as store:
+        import roundtable.store.core_writes as decision_module  # where the clock is read
 
-    _, _, approval, _ = await decision_world(store, "waiting_input", "none", False)
-    deadline = (await store.get_approval(approval["id"]))["expires_at"]
-    clock = {"now": deadline - timedelta(seconds=30)}
+        _, _, approval, _ = await decision_world(store, "waiting_input", "none", False)
+        deadline = (await store.get_approval(approval["id"]))["expires_at"]
+        clock = {"now": deadline - timedelta(seconds=30)}
 
-    class FakeDatetime(datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return clock["now"]
+        class FakeDatetime(datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return clock["now"]
 
-    monkeypatch.setattr(decision_module, "datetime", FakeDatetime)
-    async with _Holder(database_url, monkeypatch) as holder:
-        deciding = asyncio.ensure_future(store.decide_approval(approval["id"], "approved", "op-1"))
-        await asyncio.to_thread(holder.waiting.wait)
-        clock["now"] = deadline + timedelta(seconds=1)
-        holder.raw.execute("COMMIT")
-        with pytest.raises(ConflictError, match="expired before the decision"):
-            await deciding
-    assert (await store.get_approval(approval["id"]))["status"] == "expired"
+        monkeypatch.setattr(decision_module, "datetime", FakeDatetime)
+        async with _Holder(database_url, monkeypatch) as holder:
+            deciding = asyncio.ensure_future(
+                store.decide_approval(approval["id"], "approved", "op-1")
+            )
+            await asyncio.to_thread(holder.waiting.wait)
+            clock["now"] = deadline + timedelta(seconds=1)
+            holder.raw.execute("COMMIT")
+            with pytest.raises(ConflictError, match="expired before the decision"):
+                await deciding
+        assert (await store.get_approval(approval["id"]))["status"] == "expired"
 
 
 # ------------------------------------------------- sequences, old and new twins
