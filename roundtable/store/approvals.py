@@ -34,6 +34,7 @@ from roundtable.store.decision import (
     action_after_expiry,
     decide_on_connection,
     decided_values,
+    decision_payload,
     expired_values,
     expiry_payload,
 )
@@ -356,12 +357,7 @@ class Approvals:
         await self.db.move_action(
             session, approval.action_id, (ActionStatus.WAITING_APPROVAL,), action_values
         )
-        who = {
-            "approval_id": approval.id,
-            "action_id": approval.action_id,
-            "decided_by": decided_by,
-            "reason": reason,
-        }
+        who = decision_payload(approval.id, approval.action_id, decided_by, reason)
         await self.db.audit(session, run, f"approval.{decision}", who, now)
         await self.db.audit(session, run, f"action.{action_status}", who, now)
 

@@ -21,13 +21,11 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, exists, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable.states import (
     APPROVAL_EXPIRED_REASON,
     ENDING_ACTION_STATUSES,
-    RUN_TRANSITIONS,
     ActionStatus,
     ApprovalStatus,
     RunStatus,
@@ -35,6 +33,7 @@ from roundtable.states import (
 from roundtable.store import commit_notes
 from roundtable.store.core_writes import ChainedRun, facts_read, locked_facts, update_row
 from roundtable.store.errors import ConflictError
+from roundtable.store.run_status import carried_target, still_waiting_statement
 from roundtable.store.schema import ActionRow, ApprovalRow, RunRow, SessionRow
 
 _APPROVALS = ApprovalRow.__table__
@@ -75,6 +74,18 @@ def action_after_expiry(now: datetime) -> dict[str, Any]:
         "result": {"error_code": APPROVAL_EXPIRED_REASON},
         "finished_at": now,
         "updated_at": now,
+    }
+
+
+def decision_payload(
+    approval_id: str, action_id: str, decided_by: str, reason: str | None
+) -> dict[str, Any]:
+    """What the decision's two audit events say."""
+    return {
+        "approval_id": approval_id,
+        "action_id": action_id,
+        "decided_by": decided_by,
+        "reason": reason,
     }
 
 
@@ -123,12 +134,7 @@ async def decide_on_connection(
         outcome = decision
         approval_values = decided_values(decision, decided_by, reason, now)
         action_values = action_after_decision(decision, now)
-        said = {
-            "approval_id": approval_id,
-            "action_id": action_id,
-            "decided_by": decided_by,
-            "reason": reason,
-        }
+        said = decision_payload(approval_id, action_id, decided_by, reason)
         events = (
             (f"approval.{decision}", said),
             (f"action.{action_values['status']}", said),
@@ -190,19 +196,6 @@ def _facts_statement(postgresql: bool) -> Any:
     return facts_read(postgresql, _APPROVALS, joined, columns)
 
 
-@cache
-def _still_waiting_statement() -> Any:
-    """Whether the run has an open approval or an unknown action."""
-    run_id = bindparam("run_id", type_=_RUNS.c.id.type)
-    pending = exists().where(
-        _APPROVALS.c.run_id == run_id, _APPROVALS.c.status == ApprovalStatus.PENDING.value
-    )
-    unknown = exists().where(
-        _ACTIONS.c.run_id == run_id, _ACTIONS.c.status == ActionStatus.UNKNOWN.value
-    )
-    return select(or_(pending, unknown))
-
-
 async def _carry_run_status(
     connection: AsyncConnection,
     run: ChainedRun,
@@ -211,17 +204,14 @@ async def _carry_run_status(
     status: str | None,
     now: datetime,
 ) -> RunStatus:
-    """run_status.carry_run_status on a Core connection: move the run to
-    ``status`` when its state machine allows, never to running while an
-    approval or an unknown action of the run is still open; its session with
-    it, and the change in its log. Returns the run's status now."""
-    if status is None:
-        return current
-    target = RunStatus(status)
-    if target == current or target not in RUN_TRANSITIONS[current]:
+    """run_status.carry_run_status on a Core connection (the same rule,
+    ``carried_target`` and the same still-waiting query): the run, its
+    session with it, and the change in its log. Returns the run's status now."""
+    target = carried_target(current, status)
+    if target is None:
         return current
     if target == RunStatus.RUNNING:
-        waiting = await connection.execute(_still_waiting_statement(), {"run_id": run.id})
+        waiting = await connection.execute(still_waiting_statement(), {"run_id": run.id})
         if waiting.scalar():
             return current
     session = {"status": target, "updated_at": now}

@@ -63,7 +63,11 @@ from roundtable.store.engine import (
     is_postgresql,
 )
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
-from roundtable.store.outcome import outcome_payload, record_outcome_on_connection
+from roundtable.store.outcome import (
+    outcome_payload,
+    record_outcome_on_connection,
+    stop_lease_clock,
+)
 from roundtable.store.rows import require_aware, row_to_dict
 from roundtable.store.schema import (
     ActionLeaseRow,
@@ -372,15 +376,8 @@ class Leases:
         """The executing attempt has ended: stop its lease's clock. The row
         stays (the target remains blocked until reconciled)."""
         now = await database_now(session)
-        ended = await session.execute(
-            update(ActionLeaseRow)
-            .where(
-                ActionLeaseRow.action_id == action.id,
-                ActionLeaseRow.fencing_token == action.fencing_token,
-                ActionLeaseRow.lease_expires_at > now,
-            )
-            .values(lease_expires_at=now)
-        )
+        stop = {"stop_action_id": action.id, "token": action.fencing_token, "now": now}
+        ended = await session.execute(stop_lease_clock(), stop)
         if audit and ended.rowcount:
             await self.db.audit(
                 session,

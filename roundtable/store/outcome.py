@@ -109,7 +109,7 @@ async def record_outcome_on_connection(
         await connection.execute(_free_target(), {"action_id": action_id})
     elif attempt_over:  # the attempt has ended: stop its lease's clock, keep the row
         stop = {"stop_action_id": action_id, "token": facts["fencing_token"], "now": now}
-        await connection.execute(_stop_lease_clock(), stop)
+        await connection.execute(stop_lease_clock(), stop)
     run = ChainedRun(facts["run_id"], facts["last_event_seq"], facts["last_event_hash"])
     run.append(f"action.{status}", outcome_payload(action_id, facts["fencing_token"], result), now)
     await run.write(connection, now)
@@ -135,7 +135,10 @@ def _free_target() -> Any:
 
 
 @cache
-def _stop_lease_clock() -> Any:
+def stop_lease_clock() -> Any:
+    """Stop the clock of the lease that ``:stop_action_id``'s attempt holds
+    under ``:token``, if still running at ``:now`` (the row stays: the target
+    remains blocked). Leases._end_attempt runs it too."""
     now = bindparam("now", type_=_LEASES.c.lease_expires_at.type)
     return (
         update(_LEASES)

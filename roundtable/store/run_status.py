@@ -6,9 +6,10 @@ transaction instead of a transaction of its own."""
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-from sqlalchemy import exists, or_, select, update
+from sqlalchemy import bindparam, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.states import RUN_TRANSITIONS, ActionStatus, ApprovalStatus, RunStatus
@@ -60,22 +61,41 @@ async def carry_run_status(
     its state machine allows (a live run between running and waiting_input),
     leave it where it is otherwise (ended, say: the workflow's own publish
     then has the last word). Returns the status the run holds now."""
-    if status is not None:
-        target = RunStatus(status)
-        current = RunStatus(run.status)
-        if target != current and target in RUN_TRANSITIONS[current]:
-            # The workflow asked before its write ran and may not know all the
-            # store does: never "running" while the store still holds an open
-            # approval or an unknown action of this run.
-            if target != RunStatus.RUNNING or not await _still_waiting(session, run.id):
-                await move_run(session, run, target, None, now)
+    target = carried_target(RunStatus(run.status), status)
+    if target is not None:
+        waiting = (
+            target == RunStatus.RUNNING
+            and (await session.execute(still_waiting_statement(), {"run_id": run.id})).scalar()
+        )
+        if not waiting:
+            await move_run(session, run, target, None, now)
     return str(run.status)
 
 
-async def _still_waiting(session: AsyncSession, run_id: str) -> bool:
-    """Whether the run has an open approval or an unknown action, in one query."""
+def carried_target(current: RunStatus, status: str | None) -> RunStatus | None:
+    """Where a write's transaction may move a run at ``current`` that its
+    workflow says should be at ``status``: None when it stays (no word, the
+    same status, or a move its state machine does not allow). A move to
+    running also needs nothing of the run still waiting
+    (:func:`still_waiting_statement`): the workflow asked before its write
+    ran and may not know all the store does."""
+    if status is None:
+        return None
+    target = RunStatus(status)
+    if target == current or target not in RUN_TRANSITIONS[current]:
+        return None
+    return target
+
+
+@cache
+def still_waiting_statement() -> Any:
+    """Whether the run ``:run_id`` has an open approval or an unknown action,
+    in one query (built once: the ORM and Core paths both run it)."""
+    run_id = bindparam("run_id", type_=RunRow.__table__.c.id.type)
     pending = exists().where(
-        ApprovalRow.run_id == run_id, ApprovalRow.status == ApprovalStatus.PENDING
+        ApprovalRow.run_id == run_id, ApprovalRow.status == ApprovalStatus.PENDING.value
     )
-    unknown = exists().where(ActionRow.run_id == run_id, ActionRow.status == ActionStatus.UNKNOWN)
-    return bool((await session.execute(select(or_(pending, unknown)))).scalar())
+    unknown = exists().where(
+        ActionRow.run_id == run_id, ActionRow.status == ActionStatus.UNKNOWN.value
+    )
+    return select(or_(pending, unknown))
