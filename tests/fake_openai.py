@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from tests.api_server import serving
 
-Reply = dict[str, Any]  # {"status", "body", "delay"}
+Reply = dict[str, Any]  # {"status", "body", "delay", "after"}
 Script = Callable[[dict[str, Any], int], Reply]  # (request body, call number) -> reply
 
 
@@ -89,6 +89,8 @@ async def fake_openai(script: Script) -> AsyncIterator[FakeOpenAI]:
         body = await request.json()
         requests.append(body)
         reply = script(body, len(requests))
+        if reply.get("after"):  # a coroutine function: reply once something has happened
+            await reply["after"]()
         if reply.get("delay"):
             await asyncio.sleep(reply["delay"])
         return JSONResponse(reply["body"], status_code=reply["status"])

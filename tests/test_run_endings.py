@@ -26,13 +26,28 @@ SEAT_2_WRITES = script(
 POLICY = "auto_approve_up_to:R2"
 
 
-async def write_in_flight_and_approval_pending(h: Harness, handle) -> None:  # type: ignore[no-untyped-def]
-    await h.wait_for(handle, lambda s: bool(s.pending_approvals))
-    for _ in range(200):
+async def write_started(h: Harness) -> None:
+    for _ in range(500):
         if await h.tickets.write_log():
             return
         await asyncio.sleep(0.02)
     raise AssertionError("the update never started")
+
+
+async def write_started_and_close_waiting(h: Harness) -> None:
+    """seat-2's update under way and its close waiting for a person, read
+    from the store (the test's only run)."""
+    await write_started(h)
+    for _ in range(500):
+        if await h.store.list_approvals(status="pending"):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the close never waited for approval")
+
+
+async def write_in_flight_and_approval_pending(h: Harness, handle) -> None:  # type: ignore[no-untyped-def]
+    await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+    await write_started(h)
 
 
 async def assert_every_write_settled(h: Harness, run_id: str) -> None:
@@ -49,10 +64,16 @@ async def assert_every_write_settled(h: Harness, run_id: str) -> None:
 async def test_a_parallel_run_whose_seat_fails_settles_the_other_seats_writes(
     tmp_path, monkeypatch
 ) -> None:
+    started: list[Harness] = []
+
     def replies(body: dict, _n: int) -> dict:
-        return error(401, delay=1.5)  # seat-1's model refuses, once seat-2 is writing
+        # seat-1's model refuses once seat-2's update is under way and its
+        # close waits for approval (a fixed delay raced seat-2's turn on a
+        # loaded machine)
+        return {**error(401), "after": lambda: write_started_and_close_waiting(started[0])}
 
     async with fake_openai(replies) as fake, harness(tmp_path, write_delay=3.0) as h:
+        started.append(h)
         monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-real")
         handle = await h.start(

@@ -230,6 +230,7 @@ async def load(
         await killer.step()
         progress.check(RUNS - index + len(moving))
     say(t0, f"all {RUNS} runs started and settled or waiting")
+    await killer.judge_last()
     assert killer.kills, "the load ended before a tool worker could be killed mid-write"
     assert killer.unknowns, f"{killer.kills} kills, none mid-write (no unknown action)"
     return started
@@ -257,13 +258,26 @@ class Killer:
         self.kills, self.unknowns = 0, 0
         self._judge_after = 0.0
 
+    async def judge(self) -> None:
+        """Whether a kill has left an action unknown (the store says)."""
+        _, self.unknowns = await self.store.open_work()
+
+    async def judge_last(self) -> None:
+        """Judge the last kill once its write's heartbeat has run out (the
+        runs may all have settled before it did)."""
+        await asyncio.sleep(max(0.0, self._judge_after - time.monotonic()))
+        await self.judge()
+
     async def step(self) -> None:
-        if self.unknowns or self.kills >= MAX_KILLS:
+        if self.unknowns:
             return
         if self.kills:
-            _, self.unknowns = await self.store.open_work()
+            # The last kill is judged too, not only those before a retry.
+            await self.judge()
             if self.unknowns or time.monotonic() < self._judge_after:
                 return
+        if self.kills >= MAX_KILLS:
+            return
         log = await self.tickets.write_log()
         if sum(1 for w in log if w["outcome"] == "applied") < KILL_AFTER_APPLIED:
             return
