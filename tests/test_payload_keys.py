@@ -16,6 +16,7 @@ from activities.sweep_activities import SweepActivities
 from roundtable.codec import EncryptionCodec, derive_payload_key
 from roundtable.models import Decision, RunResult
 from roundtable.temporal import data_converter
+from roundtable.workflow_runner import workflow_runner
 from tests.workflow_harness import Harness, harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
 
@@ -98,6 +99,7 @@ async def test_key_rotation_in_two_phases_under_running_workflows(tmp_path) -> N
             replayer = Replayer(
                 workflows=[RoundtableWorkflow],
                 data_converter=data_converter(EncryptionCodec(keyring(*names))),
+                workflow_runner=workflow_runner(),
             )
             outcome = await replayer.replay_workflow(
                 WorkflowHistory.from_json(a, history.to_json()), raise_on_replay_failure=False

@@ -14,6 +14,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from roundtable.temporal import data_converter
+from roundtable.workflow_runner import strict_runner, workflow_runner
 from workflows.roundtable import RoundtableWorkflow
 from workflows.sweep import SweepWorkflow
 
@@ -45,10 +46,20 @@ def test_enough_histories_are_recorded() -> None:
     assert len(HISTORIES) >= 2
 
 
+# The worker's runner, and the SDK's strict sandbox: the worker runs outside
+# the sandbox (roundtable/workflow_runner.py), so the sandbox's restrictions
+# watch each recorded run here instead; a forbidden call on any path a
+# history takes fails its replay.
+RUNNERS = {"worker": workflow_runner, "sandboxed": strict_runner}
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("name", HISTORIES)
-async def test_history_replays(name: str) -> None:
+async def test_history_replays(name: str, runner: str) -> None:
     replayer = Replayer(
-        workflows=[RoundtableWorkflow, SweepWorkflow], data_converter=data_converter()
+        workflows=[RoundtableWorkflow, SweepWorkflow],
+        data_converter=data_converter(),
+        workflow_runner=RUNNERS[runner](),
     )
     history = WorkflowHistory.from_json(name, HISTORIES[name])
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)

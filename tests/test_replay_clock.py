@@ -34,6 +34,7 @@ from temporalio.worker import Replayer
 
 import workflows.approval_clock as approval_clock
 from roundtable.temporal import data_converter
+from roundtable.workflow_runner import workflow_runner
 from workflows.roundtable import RoundtableWorkflow
 from workflows.sweep import SweepWorkflow
 
@@ -112,7 +113,9 @@ def with_clocks(text: str, shift: Shift) -> str:
 
 async def _replay_failure(name: str, text: str) -> Exception | None:
     replayer = Replayer(
-        workflows=[RoundtableWorkflow, SweepWorkflow], data_converter=data_converter()
+        workflows=[RoundtableWorkflow, SweepWorkflow],
+        data_converter=data_converter(),
+        workflow_runner=workflow_runner(),
     )
     history = WorkflowHistory.from_json(name, text)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)

@@ -1,12 +1,13 @@
-"""Workflow code stays deterministic where the sandbox no longer looks.
+"""Workflow code stays deterministic where no sandbox looks.
 
-The run's helper modules (write_path, status, approval_clock, notifier,
-timeouts) are passed through the sandbox (workflows/roundtable.py): built
-once per worker instead of once per run, which is what the Temporal docs ask
-of deterministic code in separate files. The sandbox's restrictions then no
-longer watch their calls, so this test does: no clock, randomness, I/O,
-threads or environment in any module under workflows/, only the workflow
-API's own (workflow.now, workflow.uuid4, timers)."""
+The worker runs workflow code outside the SDK's sandbox
+(roundtable/workflow_runner.py), and the run's helpers were passed through it
+before that. So this test reads every module under workflows/ for what the
+sandbox used to watch: no clock, randomness, I/O, threads or environment,
+only the workflow API's own (workflow.now, workflow.uuid4, timers); and,
+since one module now serves every run in the worker, no mutable state at
+module or class level and no ``global`` rebinding it. (tests/test_replay.py
+also replays every recorded run in the strict sandbox.)"""
 
 from __future__ import annotations
 
@@ -44,9 +45,31 @@ FORBIDDEN_CALLS = {"now", "utcnow", "today", "fromtimestamp", "getenv", "urandom
 ALLOWED_CALLS = {("workflow", "now"), ("workflow", "sleep")}
 
 
+# Values that would be one mutable object shared by every run in the worker.
+MUTABLE_LITERALS = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+MUTABLE_CALLS = {"list", "dict", "set", "bytearray", "defaultdict", "deque", "OrderedDict"}
+
+
+def _shared_mutables(path: Path, tree: ast.Module) -> list[str]:
+    """Assignments of mutable values at module level or in a class body."""
+    bodies = [tree.body] + [n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    found = []
+    for body in bodies:
+        for node in body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            mutable = isinstance(value, MUTABLE_LITERALS) or (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Name)
+                and value.func.id in MUTABLE_CALLS
+            )
+            if mutable:
+                found.append(f"{path.name}:{node.lineno} shares a mutable value across runs")
+    return found
+
+
 def _problems(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    found = []
+    found = _shared_mutables(path, tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -67,6 +90,8 @@ def _problems(path: Path) -> list[str]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             if node.func.id in {"open", "input", "print", "exec", "eval"}:
                 found.append(f"{path.name}:{node.lineno} calls {node.func.id}")
+        if isinstance(node, ast.Global):
+            found.append(f"{path.name}:{node.lineno} rebinds module state")
     return found
 
 
@@ -80,8 +105,12 @@ def test_the_guard_catches_what_it_is_for(tmp_path: Path) -> None:
     bad.write_text(
         "import time\nfrom datetime import datetime\nimport random\n"
         "def f():\n    datetime.now()\n    time.sleep(1)\n    open('x')\n"
+        "SEEN = {}\nCOUNT = 0\nclass W:\n    runs: list = []\n    names = set()\n"
+        "def g():\n    global COUNT\n    COUNT += 1\n"
     )
     problems = _problems(bad)
+    assert sum("shares a mutable value" in p for p in problems) == 3
+    assert any("rebinds module state" in p for p in problems)
     assert any("imports time" in p for p in problems)
     assert any("imports random" in p for p in problems)
     assert any("datetime.now" in p for p in problems)

@@ -58,9 +58,10 @@ with workflow.unsafe.imports_passed_through():
     from roundtable.states import REFUSED, ApprovalStatus
 
 # The run's helpers are deterministic by construction (only the workflow API),
-# so they are passed through: built once per worker, not once per run (CPU
-# and memory per waiting run). tests/test_workflow_determinism.py watches
-# them for clocks, randomness and I/O, as the sandbox no longer does.
+# so they are passed through wherever a sandbox runs this module (the strict
+# replay tests; the worker runs no sandbox: roundtable/workflow_runner.py).
+# tests/test_workflow_determinism.py watches them for clocks, randomness and
+# I/O.
 with workflow.unsafe.imports_passed_through():
     from workflows.notifier import Notifier
     from workflows.routing import GaveUp, ToolRoutes

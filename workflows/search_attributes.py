@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from temporalio.common import SearchAttributeKey
 
 from roundtable.names import SEARCH_ATTRIBUTES
 
-_KEYS = {"Keyword": SearchAttributeKey.for_keyword, "Int": SearchAttributeKey.for_int}
+# Read-only: this module serves every run in the worker.
+_KEYS = MappingProxyType(
+    {"Keyword": SearchAttributeKey.for_keyword, "Int": SearchAttributeKey.for_int}
+)
 
 
 def _key(name: str):  # type: ignore[no-untyped-def]
