@@ -62,6 +62,8 @@ from workflows.sweep import SweepWorkflow
 log = logging.getLogger("roundtable.worker")
 STICKY_QUEUE_TIMEOUT = timedelta(seconds=1)
 SHUTDOWN_GRACE = timedelta(seconds=30)
+# Every workflow a worker serves; the replay tests replay them all.
+WORKFLOWS = (RoundtableWorkflow, SweepWorkflow, ReconcileWorkflow)
 
 
 @dataclass
@@ -174,14 +176,15 @@ def build_worker(
         here.append(writes.reconcile_for_run)
     else:
         here = tool_activities
+    # Outside the sandbox unless the caller says otherwise
+    # (roundtable/workflow_runner.py says why and what checks our workflow
+    # code instead).
+    options.setdefault("workflow_runner", workflow_runner())
     return Worker(
         client,
         task_queue=task_queue,
         **options,
-        # Outside the sandbox (roundtable/workflow_runner.py says why and
-        # what checks our workflow code instead).
-        workflow_runner=workflow_runner(),
-        workflows=[RoundtableWorkflow, SweepWorkflow, ReconcileWorkflow],
+        workflows=list(WORKFLOWS),
         activities=[*bookkeeping, *here],
     )
 

@@ -11,11 +11,13 @@ activities' types are passed through it already, where it does not look.
 What the sandbox checked is checked elsewhere, for all of workflows/ and not
 only for the code paths a run happens to take:
 - tests/test_workflow_determinism.py reads every module under workflows/: no
-  clock, randomness, I/O, threads or environment; no mutable state at module
-  or class level (unsandboxed, a module is shared by every run in the worker);
-- tests/test_replay.py replays every recorded history on this runner and on
-  the strict sandbox (``strict_runner``), whose restrictions fail a replay
-  that reaches a forbidden call.
+  clock, randomness, I/O, threads or environment; no state shared between
+  runs (unsandboxed, a module is shared by every run in the worker);
+- every workflow a test starts replays in the strict sandbox
+  (``strict_runner``) when its test ends (tests/workflow_harness.py), and
+  tests/test_replay.py replays every recorded history on this runner and on
+  the strict sandbox, whose restrictions fail a replay that reaches a
+  forbidden call in a workflow module's own code.
 """
 
 from __future__ import annotations

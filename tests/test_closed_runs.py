@@ -12,16 +12,20 @@ import asyncio
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from activities.sweep_activities import SweepActivities
+from activities.sweep_activities import SweepActivities, SweepOutput
 from roundtable.client import RoundtableClient
+from roundtable.store.schema import ApprovalRow
 from tests.api_server import Api, serve_api
 from tests.conftest import TEST_SECRET
+from tests.helpers import set_column
 from tests.test_workflow_execution import wrap_tool
 from tests.workflow_harness import Harness, harness, script, ticket_call
+from workflows.sweep import SweepWorkflow
 
 AUTO = "auto_approve_up_to:R3"
 CLI = str(Path(sys.executable).parent / "roundtable")
@@ -212,3 +216,41 @@ async def test_a_run_whose_nudge_was_lost_is_nudged_by_the_sweep(tmp_path) -> No
         assert (await h.state(handle)).unknown_actions  # still waiting
         await SweepActivities(h.store, h.client).check_runs()
         assert (await handle.result()).status == "completed"
+
+
+async def test_the_sweep_workflow_expires_what_is_due_and_nudges_the_runs_still_open(
+    tmp_path,
+) -> None:
+    """The schedule's workflow itself, end to end: two runs' approvals are due
+    by the database's clock while their workflows' timers have an hour to go;
+    one run's workflow is gone. The sweep expires both in the store, the live
+    run hears of it and ends without the write, and the gone one is passed
+    over rather than failing the sweep."""
+    async with harness(tmp_path) as h:
+        handles = [await h.start(task_text="t", script=update(ticket)) for ticket in ("T-1", "T-2")]
+        approvals = []
+        for handle in handles:
+            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+            approvals.extend(state.pending_approvals)
+            await set_column(
+                h.store,
+                ApprovalRow,
+                ApprovalRow.id == approvals[-1],
+                expires_at=datetime.now(UTC) - timedelta(seconds=1),
+            )
+        live, gone = handles
+        await gone.terminate(reason="gone before the sweep")
+
+        # Real time only: skipped time would fire the live run's own timer.
+        with h.env.auto_time_skipping_disabled():
+            sweep = h.client.execute_workflow(
+                SweepWorkflow.run, id="sweep-now", task_queue=h.task_queue, result_type=SweepOutput
+            )
+            swept = await asyncio.wait_for(sweep, 30)
+            assert sorted(swept.expired_approvals) == sorted(approvals)
+            assert sorted(swept.run_ids) == sorted(handle.id for handle in handles)
+            assert swept.settled_runs == [gone.id]
+            assert (await asyncio.wait_for(live.result(), 30)).status == "completed"
+        for approval_id in approvals:
+            assert (await h.store.get_approval(approval_id))["status"] == "expired"
+        assert await h.tickets.write_log() == []

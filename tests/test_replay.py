@@ -15,8 +15,7 @@ from temporalio.worker import Replayer
 
 from roundtable.temporal import data_converter
 from roundtable.workflow_runner import strict_runner, workflow_runner
-from workflows.roundtable import RoundtableWorkflow
-from workflows.sweep import SweepWorkflow
+from worker import WORKFLOWS
 
 # Histories are never changed once recorded: a running workflow would break the
 # same way. At the top level, runs of this code's tests from before the
@@ -33,7 +32,8 @@ from workflows.sweep import SweepWorkflow
 # recorded-with-per-write-blocked/, runs that keep one blocked reason a write;
 # in recorded-with-timer-decisions/, runs where only fired timers end an
 # approval's waits (tests/test_replay_clock.py also replays these with their
-# clocks moved).
+# clocks moved); in recorded-with-sweep-and-reconcile/, the sweep's and the
+# reconciliation's own workflows (and the runs they served).
 # A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {
@@ -47,9 +47,12 @@ def test_enough_histories_are_recorded() -> None:
 
 
 # The worker's runner, and the SDK's strict sandbox: the worker runs outside
-# the sandbox (roundtable/workflow_runner.py), so the sandbox's restrictions
-# watch each recorded run here instead; a forbidden call on any path a
-# history takes fails its replay.
+# the sandbox (roundtable/workflow_runner.py), so each recorded run replays in
+# it here too (as every run a test starts does, tests/workflow_harness.py). The
+# sandbox watches the modules under workflows/; what they pass through
+# (roundtable's models, names and states, the context budget, activities'
+# types) runs unwatched by it, and tests/test_workflow_determinism.py reads
+# that code for the same rules instead.
 RUNNERS = {"worker": workflow_runner, "sandboxed": strict_runner}
 
 
@@ -57,7 +60,7 @@ RUNNERS = {"worker": workflow_runner, "sandboxed": strict_runner}
 @pytest.mark.parametrize("name", HISTORIES)
 async def test_history_replays(name: str, runner: str) -> None:
     replayer = Replayer(
-        workflows=[RoundtableWorkflow, SweepWorkflow],
+        workflows=list(WORKFLOWS),
         data_converter=data_converter(),
         workflow_runner=RUNNERS[runner](),
     )

@@ -35,8 +35,7 @@ from temporalio.worker import Replayer
 import workflows.approval_clock as approval_clock
 from roundtable.temporal import data_converter
 from roundtable.workflow_runner import workflow_runner
-from workflows.roundtable import RoundtableWorkflow
-from workflows.sweep import SweepWorkflow
+from worker import WORKFLOWS
 
 RECORDED = Path(__file__).parent / "histories"
 # Runs recorded with the approval-times-by-timers patch (workflows/roundtable.py).
@@ -113,7 +112,7 @@ def with_clocks(text: str, shift: Shift) -> str:
 
 async def _replay_failure(name: str, text: str) -> Exception | None:
     replayer = Replayer(
-        workflows=[RoundtableWorkflow, SweepWorkflow],
+        workflows=list(WORKFLOWS),
         data_converter=data_converter(),
         workflow_runner=workflow_runner(),
     )

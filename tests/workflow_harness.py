@@ -13,11 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import temporalio.api.enums.v1
-from temporalio.client import Client, Interceptor, WorkflowHandle
+from temporalio.client import (
+    Client,
+    Interceptor,
+    OutboundInterceptor,
+    StartWorkflowInput,
+    WorkflowHandle,
+    WorkflowHistory,
+)
 from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from roundtable.models import RunInput, RunState, WorkflowArgs
 from roundtable.permissions import Authority
@@ -26,7 +33,8 @@ from roundtable.telemetry.metrics import Metrics
 from roundtable.temporal import data_converter, register_search_attributes
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
-from worker import build_worker
+from roundtable.workflow_runner import strict_runner
+from worker import WORKFLOWS, build_worker
 from workflows import search_attributes
 from workflows.roundtable import RoundtableWorkflow
 
@@ -180,11 +188,13 @@ async def harness(
             data_converter=converter or data_converter(),
             runtime=runtime,
         )
-    client = env.client
-    if interceptors:
-        config = env.client.config()
-        config["interceptors"] = list(interceptors)
-        client = Client(**config)
+    # Always through an interceptor of the harness's own, which notes what
+    # the test starts (its workers inherit the client's interceptors).
+    started = _StartedWorkflows()
+    config = env.client.config()
+    # (after the environment's own: time-skipping's unlocks time in result())
+    config["interceptors"] = [*config["interceptors"], *interceptors, started]
+    client = Client(**config)
     try:
         if not dev_server:
             await register_search_attributes(env.client)
@@ -212,7 +222,7 @@ async def harness(
                     made = Harness(env, client, store, tickets, registry, queue, make, first)
                     try:
                         yield made
-                        await _record_histories(made)
+                        await _check_histories(made, started.handles)
                     finally:
                         await made._stop_restarted()
             finally:
@@ -245,17 +255,69 @@ def script(*turns: tuple[str, int, list[dict[str, Any]]], final: str = "done") -
     }
 
 
-async def _record_histories(made: Harness) -> None:
-    """With ROUNDTABLE_RECORD_HISTORIES=DIR, keep each finished workflow's
-    history for the replay test (tests/test_replay.py)."""
+class _StartedWorkflows(Interceptor):
+    """Notes every workflow the harness's client starts (runs, reconciliation
+    workflows, sweeps), so that each one's history is checked at the end."""
+
+    def __init__(self) -> None:
+        self.handles: list[WorkflowHandle] = []
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _NoteStarts(next, self.handles)
+
+
+class _NoteStarts(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, handles: list[WorkflowHandle]) -> None:
+        super().__init__(next)
+        self._handles = handles
+
+    async def start_workflow(self, input: StartWorkflowInput) -> WorkflowHandle:
+        handle = await super().start_workflow(input)
+        self._handles.append(handle)
+        return handle
+
+
+async def _check_histories(made: Harness, started: list[WorkflowHandle]) -> None:
+    """Every workflow the test started replays in the SDK's strict sandbox:
+    the worker runs workflow code outside it (roundtable/workflow_runner.py),
+    so the sandbox's restrictions watch each path the tests take here, and a
+    forbidden call (a clock, I/O, randomness) on any of them fails its test.
+    With ROUNDTABLE_RECORD_HISTORIES=DIR, each history is also kept for the
+    replay test (tests/test_replay.py)."""
     target = os.environ.get("ROUNDTABLE_RECORD_HISTORIES")
-    if not target:
-        return
     test_name = os.environ.get("PYTEST_CURRENT_TEST", "run").split("::")[-1].split(" ")[0]
-    for index, handle in enumerate(made.handles):
-        history = await handle.fetch_history()
-        suffix = f"-{index}" if index else ""
-        await asyncio.to_thread(_save, Path(target), f"{test_name}{suffix}.json", history.to_json())
+    seen: set[tuple[str, str | None]] = set()
+    # The run each start began (a later start of the same id is its own),
+    # then each run it continued as.
+    todo = [(started_as.id, started_as.result_run_id) for started_as in [*made.handles, *started]]
+    while todo:
+        run = todo.pop(0)
+        if run in seen:
+            continue
+        seen.add(run)
+        history = await made.client.get_workflow_handle(run[0], run_id=run[1]).fetch_history()
+        last = history.events[-1] if history.events else None
+        if last is not None and last.HasField(
+            "workflow_execution_continued_as_new_event_attributes"
+        ):
+            continued = last.workflow_execution_continued_as_new_event_attributes
+            todo.append((run[0], continued.new_execution_run_id))
+        # The last worker's keys read every payload (the key-rotation tests).
+        await replays_strictly(history, made.worker.client.data_converter)
+        if target:
+            suffix = f"-{len(seen) - 1}" if len(seen) > 1 else ""
+            text = history.to_json()
+            await asyncio.to_thread(_save, Path(target), f"{test_name}{suffix}.json", text)
+
+
+async def replays_strictly(history: WorkflowHistory, converter: DataConverter) -> None:
+    replayer = Replayer(
+        workflows=list(WORKFLOWS), data_converter=converter, workflow_runner=strict_runner()
+    )
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, (
+        f"{history.workflow_id} does not replay in the strict sandbox: {result.replay_failure!r}"
+    )
 
 
 def _save(directory: Path, name: str, text: str) -> None:
