@@ -198,6 +198,9 @@ async def serve(address: str, queue: str, db: str) -> None:
     _DB["path"] = db
     create_table(db)
     client = await Client.connect(address)
+    # The SDK's default (sandboxed) runner, as bare Temporal runs out of the
+    # box; ours runs unsandboxed (bench/README, "What was cut", says what the
+    # sandbox costs each side).
     worker = Worker(
         client,
         task_queue=queue,

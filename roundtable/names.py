@@ -10,6 +10,8 @@ workflows and scripts: add, never rename.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 # Workflows, and the schedule that starts the sweep.
 RUN_WORKFLOW = "RoundtableWorkflow"
 RECONCILE_WORKFLOW = "RoundtableReconcileWorkflow"
@@ -40,9 +42,11 @@ NO_TOOL_WORKER = "NoToolWorker"
 # Custom search attributes, name → type as `temporal operator search-attribute
 # create` and `temporal server start-dev --search-attribute` spell it.
 # deploy/temporal-init.sh lists the same (tests/test_names.py checks it).
-SEARCH_ATTRIBUTES = {
-    "RoundtableStatus": "Keyword",
-    "RoundtableUserId": "Keyword",
-    "RoundtablePendingApprovals": "Int",
-    "RoundtableUnknownActions": "Int",
-}
+SEARCH_ATTRIBUTES = MappingProxyType(
+    {
+        "RoundtableStatus": "Keyword",
+        "RoundtableUserId": "Keyword",
+        "RoundtablePendingApprovals": "Int",
+        "RoundtableUnknownActions": "Int",
+    }
+)

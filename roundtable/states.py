@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 
 
 class ActionStatus(StrEnum):
@@ -29,7 +31,7 @@ TERMINAL_RESULT_STATUSES = frozenset(
     {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.UNKNOWN}
 )
 # Where an action's run of the write path ends: the metrics count moves here.
-ENDING_ACTION_STATUSES = FINAL_ACTION_STATUSES | {ActionStatus.UNKNOWN}
+ENDING_ACTION_STATUSES = FINAL_ACTION_STATUSES | frozenset({ActionStatus.UNKNOWN})
 RECONCILE_OUTCOMES = frozenset({ActionStatus.SUCCEEDED, ActionStatus.FAILED})
 
 
@@ -65,16 +67,18 @@ FINAL_RUN_STATUSES = frozenset(
 _ENDINGS = FINAL_RUN_STATUSES
 _LIVE = frozenset({RunStatus.RUNNING, RunStatus.WAITING_INPUT, RunStatus.STALLED})
 
-RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.PENDING: _LIVE | _ENDINGS,
-    RunStatus.RUNNING: (_LIVE | _ENDINGS) - {RunStatus.RUNNING},
-    RunStatus.WAITING_INPUT: (_LIVE | _ENDINGS) - {RunStatus.WAITING_INPUT},
-    RunStatus.STALLED: (_LIVE | _ENDINGS) - {RunStatus.STALLED},
-    RunStatus.COMPLETED: frozenset(),
-    RunStatus.FAILED: frozenset(),
-    RunStatus.CANCELLED: frozenset(),
-    RunStatus.TERMINATED: frozenset(),
-}
+RUN_TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = MappingProxyType(
+    {
+        RunStatus.PENDING: _LIVE | _ENDINGS,
+        RunStatus.RUNNING: (_LIVE | _ENDINGS) - {RunStatus.RUNNING},
+        RunStatus.WAITING_INPUT: (_LIVE | _ENDINGS) - {RunStatus.WAITING_INPUT},
+        RunStatus.STALLED: (_LIVE | _ENDINGS) - {RunStatus.STALLED},
+        RunStatus.COMPLETED: frozenset(),
+        RunStatus.FAILED: frozenset(),
+        RunStatus.CANCELLED: frozenset(),
+        RunStatus.TERMINATED: frozenset(),
+    }
+)
 
 
 class ClaimOutcome(StrEnum):

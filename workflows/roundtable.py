@@ -57,17 +57,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from roundtable.states import REFUSED, ApprovalStatus
 
-# The run's helpers are deterministic by construction (only the workflow API),
-# so they are passed through wherever a sandbox runs this module (the strict
-# replay tests; the worker runs no sandbox: roundtable/workflow_runner.py).
-# tests/test_workflow_determinism.py watches them for clocks, randomness and
-# I/O.
-with workflow.unsafe.imports_passed_through():
-    from workflows.notifier import Notifier
-    from workflows.routing import GaveUp, ToolRoutes
-    from workflows.status import StatusBoard
-    from workflows.timeouts import BOOKKEEPING, MODEL_CALL, TOOL_CALL
-    from workflows.write_path import SETTLED, Inbox, WritePath
+# The run's helpers are imported as the module is, not passed through: where
+# a sandbox runs this module (the strict replay tests; the worker runs none,
+# roundtable/workflow_runner.py) its restrictions watch them too.
+from workflows.notifier import Notifier
+from workflows.routing import GaveUp, ToolRoutes
+from workflows.status import StatusBoard
+from workflows.timeouts import BOOKKEEPING, MODEL_CALL, TOOL_CALL
+from workflows.write_path import SETTLED, Inbox, WritePath
 
 # Runs started before the safety-holes fixes keep their old behaviour to the
 # end (their histories must replay); runs started after take the new rules.
@@ -110,7 +107,10 @@ class RoundtableWorkflow:
             self.state, self.request, self._inbox, self._status, self._notifier, self._routes
         )
         self._tasks: list[asyncio.Task] = []  # every seat turn and tool call
-        self._interruptible: set = set()  # model turns and reads under way
+        # Model turns and reads under way, in the order they started: a set
+        # of handles (hashed by address) would cancel them in an order that
+        # differs between the worker that ran the run and one replaying it.
+        self._interruptible: dict = {}
 
     # ================================================================= the process
 
@@ -222,11 +222,11 @@ class RoundtableWorkflow:
         """A side-effect-free activity (a model turn, a read) that a run ending
         early may cancel."""
         handle = workflow.start_activity_method(activity, argument, **options)
-        self._interruptible.add(handle)
+        self._interruptible[handle] = None
         try:
             return await handle
         finally:
-            self._interruptible.discard(handle)
+            self._interruptible.pop(handle, None)
 
     async def _seat_turn(self, seat: str, round_number: int, heard: list | None) -> None:
         if self._inbox.ending:

@@ -28,5 +28,5 @@ WEBHOOK_RETRIES = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(minutes=5),
     maximum_attempts=8,
-    non_retryable_error_types=[WEBHOOK_REJECTED],
+    non_retryable_error_types=(WEBHOOK_REJECTED,),
 )
