@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.worker import Replayer
 
-from roundtable.temporal import data_converter
 from roundtable.workflow_runner import strict_runner, workflow_runner
-from worker import WORKFLOWS
+from tests.replaying import replay_failure
 
 # Histories are never changed once recorded: a running workflow would break the
 # same way. At the top level, runs of this code's tests from before the
@@ -59,11 +57,6 @@ RUNNERS = {"worker": workflow_runner, "sandboxed": strict_runner}
 @pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("name", HISTORIES)
 async def test_history_replays(name: str, runner: str) -> None:
-    replayer = Replayer(
-        workflows=list(WORKFLOWS),
-        data_converter=data_converter(),
-        workflow_runner=RUNNERS[runner](),
-    )
     history = WorkflowHistory.from_json(name, HISTORIES[name])
-    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-    assert result.replay_failure is None, result.replay_failure
+    failure = await replay_failure(history, RUNNERS[runner]())
+    assert failure is None, failure

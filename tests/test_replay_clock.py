@@ -30,12 +30,10 @@ from pathlib import Path
 import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
-from temporalio.worker import Replayer
 
 import workflows.approval_clock as approval_clock
-from roundtable.temporal import data_converter
 from roundtable.workflow_runner import workflow_runner
-from worker import WORKFLOWS
+from tests.replaying import replay_failure
 
 RECORDED = Path(__file__).parent / "histories"
 # Runs recorded with the approval-times-by-timers patch (workflows/roundtable.py).
@@ -111,14 +109,7 @@ def with_clocks(text: str, shift: Shift) -> str:
 
 
 async def _replay_failure(name: str, text: str) -> Exception | None:
-    replayer = Replayer(
-        workflows=list(WORKFLOWS),
-        data_converter=data_converter(),
-        workflow_runner=workflow_runner(),
-    )
-    history = WorkflowHistory.from_json(name, text)
-    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-    return result.replay_failure
+    return await replay_failure(WorkflowHistory.from_json(name, text), workflow_runner())
 
 
 def test_runs_with_approval_waits_are_recorded() -> None:

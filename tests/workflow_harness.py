@@ -24,7 +24,7 @@ from temporalio.client import (
 from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import Worker
 
 from roundtable.models import RunInput, RunState, WorkflowArgs
 from roundtable.permissions import Authority
@@ -34,7 +34,8 @@ from roundtable.temporal import data_converter, register_search_attributes
 from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
 from roundtable.workflow_runner import strict_runner
-from worker import WORKFLOWS, build_worker
+from tests.replaying import replay_failure
+from worker import build_worker
 from workflows import search_attributes
 from workflows.roundtable import RoundtableWorkflow
 
@@ -311,12 +312,9 @@ async def _check_histories(made: Harness, started: list[WorkflowHandle]) -> None
 
 
 async def replays_strictly(history: WorkflowHistory, converter: DataConverter) -> None:
-    replayer = Replayer(
-        workflows=list(WORKFLOWS), data_converter=converter, workflow_runner=strict_runner()
-    )
-    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-    assert result.replay_failure is None, (
-        f"{history.workflow_id} does not replay in the strict sandbox: {result.replay_failure!r}"
+    failure = await replay_failure(history, strict_runner(), converter)
+    assert failure is None, (
+        f"{history.workflow_id} does not replay in the strict sandbox: {failure!r}"
     )
 
 
