@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint proofs bench bench-scale venv system-deps clean chaos
+.PHONY: run test lint proofs bench bench-scale venv system-deps clean chaos stress
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,14 @@ DB ?= sqlite
 
 chaos: venv
 	$(VENV)/bin/python -m chaos --seed $(SEED) --duration $(DURATION) --db $(DB)
+
+# The suite's repeated tests at their long size (`make test` runs them short,
+# to stay near 30 minutes): each race 500 times, the store's state machine
+# over 100 sequences, the old/new store writes over more rounds.
+stress: venv system-deps
+	RACE_ROUNDS=500 STATE_MACHINE_EXAMPLES=100 REVIEW_ROUNDS=40 REVIEW_SEQUENCES=60 \
+		$(VENV)/bin/pytest tests/test_races.py tests/test_store_state_machine.py \
+		tests/test_review_core_writes.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

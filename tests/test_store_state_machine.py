@@ -7,6 +7,7 @@ holds it to a small reference model of the state machines
 from __future__ import annotations
 
 import asyncio
+import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -248,12 +249,17 @@ def machine_for(database_url: str) -> type[RuleBasedStateMachine]:
     return StoreMachine
 
 
+# `make test` walks 25 sequences (the first 25 of the same derandomized
+# ones); `make stress` 100.
+EXAMPLES = int(os.environ.get("STATE_MACHINE_EXAMPLES", "25"))
+
+
 @pytest.mark.timeout(600)
 def test_the_store_follows_its_state_machines(database_url: str) -> None:
     run_state_machine_as_test(
         machine_for(database_url),
         settings=settings(
-            max_examples=40,
+            max_examples=EXAMPLES,
             stateful_step_count=40,
             deadline=None,
             derandomize=True,
