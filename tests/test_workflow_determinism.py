@@ -12,18 +12,22 @@ immutable (an allow-list of constructors), no mutable default arguments, no
 caches, no ``global``, ``globals()``, class attributes rebound through an
 instance or module-level objects changed in place, no ``hash()``, ``id()``
 or ``__hash__`` (they differ per process), no settings read from the
-environment, no relative imports (this reads absolute names). Not caught
-here: iterating a set whose order differs per process (strings, objects
-hashed by address); reviews look for it. (Every run a test starts, and
+environment, no relative imports (this reads absolute names), no set read
+in its iteration order (it differs per process for strings and for objects
+hashed by address; tests/set_order.py, which approximates from the source:
+a set reached through an untyped container is missed). (Every run a test starts, and
 every recorded run, also replays in the strict sandbox: tests/test_replay.py
 and tests/workflow_harness.py.)"""
 
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
+
+from tests.set_order import SetNames, unordered_reads
 
 ROOT = Path(__file__).resolve().parent.parent
 # workflows/, and what of roundtable/ runs inside a workflow: the models
@@ -250,9 +254,17 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
     }
 
 
+@cache
+def _scanned_trees() -> tuple[ast.Module, ...]:
+    return tuple(ast.parse(p.read_text(), filename=str(p)) for p in SCANNED)
+
+
 def _problems(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found = _shared_state(path, tree)
+    # A set bound in one scanned module (states' frozensets) and read in another.
+    sets = SetNames([tree, *_scanned_trees()])
+    found += [f"{path.name}:{line} {what}" for line, what in unordered_reads(tree, sets)]
     aliases = _aliases(tree)
     for node in ast.walk(tree):
         for name in _imported(node):
@@ -344,6 +356,23 @@ SUBTLER = {
     "from concurrent.futures import ThreadPoolExecutor": "imports concurrent",
     "import timeit": "imports timeit",
     "def f(s):\n    return s.__hash__()": "uses __hash__",
+    # Sets read in their iteration order, which differs per process.
+    "def f(ids):\n    for i in set(ids):\n        pass": "iterates a set",
+    "def f():\n    return [s for s in {'a', 'b'}]": "iterates a set",
+    "from states import FINAL_RUN_STATUSES\ndef f():\n    return list(FINAL_RUN_STATUSES)": (
+        "reads in order (list) a set"
+    ),
+    "class W:\n    def __init__(self):\n        self.seen: set[str] = set()\n"
+    "    def f(self):\n        return ', '.join(self.seen)": "joins a set",
+    "def f(a, b):\n    return next(iter(set(a) - set(b)))": "reads in order (iter) a set",
+    "def f(names: frozenset[str]):\n    first, *rest = names": "unpacks a set",
+    "def f(s):\n    left = {x for x in s}\n    return left.pop()": "pops from a set",
+    "def ids(xs) -> set[str]:\n    return set(xs)\ndef f(xs):\n    return [*ids(xs)]": (
+        "unpacks a set"
+    ),
+    "def f(s):\n    return {k: 1 for k in set(s)}": "iterates a set",
+    "def f(s):\n    return min(set(s), key=len)": "reads in order (min) a set",
+    "def f(s):\n    return sum(x for x in set(s))": "iterates a set",
 }
 
 
@@ -362,5 +391,8 @@ def test_the_guard_lets_immutable_shared_values_pass(tmp_path: Path) -> None:
         "BY_KIND = MappingProxyType({'a': 1})\n"
         "POLICY = RetryPolicy(maximum_attempts=1, non_retryable_error_types=('x',))\n"
         "def f(flag=False, limit=LIMIT):\n    return workflow.now()\n"
+        "def g(ids, wanted):\n    seen = set(ids)\n"
+        "    return wanted in seen, len(seen), sorted(seen), seen - {'a'},"
+        " {x for x in seen}, any(x for x in seen), {*seen, 'b'}, min(seen)\n"
     )
     assert _problems(fine) == []
