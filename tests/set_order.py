@@ -31,7 +31,9 @@ that an order-blind call consumes (``all(start(u) for u in urls)``).
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+
+from tests.module_level import run_at_import
 
 SET_TYPES = {"set", "frozenset", "Set", "AbstractSet", "MutableSet", "FrozenSet"}
 # Wrappers an annotation may put round a set type.
@@ -79,17 +81,6 @@ def _annotated_as_set(annotation: ast.expr | None) -> bool:
     return _named(annotation) in SET_TYPES
 
 
-def _at_top(tree: ast.Module) -> Iterator[ast.stmt]:
-    """What a module binds at module or class level, nested blocks included."""
-    todo: list[ast.stmt] = list(tree.body)
-    while todo:
-        node = todo.pop(0)
-        yield node
-        if isinstance(node, ast.With | ast.If | ast.Try | ast.ClassDef):
-            for name in ("body", "orelse", "finalbody"):
-                todo.extend(getattr(node, name, []))
-
-
 class SetNames:
     """The names bound to sets, and the functions returning one, as seen from
     ``home``: module- and class-level ones of every module in ``shared``,
@@ -109,7 +100,7 @@ class SetNames:
                             for d in node.decorator_list
                         ):
                             self.names.add(node.name)
-        everywhere = [list(ast.walk(home))] + [list(_at_top(tree)) for tree in shared]
+        everywhere = [list(ast.walk(home))] + [run_at_import(tree) for tree in shared]
         while True:  # repeated until nothing new: a set made from sets
             before = len(self.names)
             for nodes in everywhere:

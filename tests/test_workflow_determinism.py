@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.module_level import run_at_import
 from tests.set_order import SetNames, unordered_reads
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,22 +114,6 @@ FORBIDDEN_PACKAGES = ("roundtable.config",)
 FORBIDDEN_ASYNCIO = {"wait", "as_completed"}
 
 
-def _run_at_import(tree: ast.Module) -> list[ast.stmt]:
-    """Every statement a module runs as it is imported: its body, what is
-    nested in with/if/try/loops there (imports_passed_through blocks), and
-    class bodies."""
-    todo, found = list(tree.body), []
-    while todo:
-        node = todo.pop(0)
-        found.append(node)
-        if isinstance(node, (ast.With, ast.If, ast.Try, ast.For, ast.While, ast.ClassDef)):
-            for name in ("body", "orelse", "finalbody"):
-                todo.extend(getattr(node, name, []))
-            for handler in getattr(node, "handlers", []):
-                todo.extend(handler.body)
-    return found
-
-
 def _immutable(value: ast.expr | None) -> bool:
     if value is None or isinstance(value, (ast.Constant, ast.Name, ast.Attribute)):
         return True
@@ -167,7 +152,7 @@ def _shared_state(path: Path, tree: ast.Module) -> list[str]:
     found = []
     classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
     shared = classes | _module_names(tree)
-    for node in _run_at_import(tree):
+    for node in run_at_import(tree):
         value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
         if not _immutable(value):
             found.append(f"{path.name}:{node.lineno} shares a mutable value across runs")
@@ -205,7 +190,7 @@ def _shared_state(path: Path, tree: ast.Module) -> list[str]:
 def _module_names(tree: ast.Module) -> set[str]:
     """Names bound at module level: imported, assigned, defined."""
     names = set()
-    for node in _run_at_import(tree):
+    for node in run_at_import(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
