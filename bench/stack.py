@@ -17,6 +17,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,8 @@ async def stack(extra_env: dict[str, str] | None = None) -> AsyncIterator[Stack]
     workdir = Path(tempfile.mkdtemp(prefix="roundtable-bench-"))
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(BIN / "temporal"),
+        # The SDK's own wait is 5 s, which a loaded machine has missed.
+        dev_server_startup_timeout=timedelta(seconds=60),
         search_attributes=list(search_attributes.ALL),
         data_converter=data_converter(),
         ui=False,

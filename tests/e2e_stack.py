@@ -20,7 +20,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from roundtable.temporal import data_converter
 from tests.conftest import TEST_SECRET
-from tests.workflow_harness import script, ticket_call, venv_binary
+from tests.temporal_servers import start_dev_server
+from tests.workflow_harness import script, ticket_call
 from workflows import search_attributes
 
 CLI = str(Path(sys.executable).parent / "roundtable")
@@ -118,11 +119,9 @@ async def running_stack(
     workdir: Path, server_args: list[str] | None = None, **settings: str
 ) -> AsyncIterator[Stack]:
     """``settings`` are extra ROUNDTABLE_* variables for the worker and the CLI."""
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=venv_binary("temporal"),
+    env = await start_dev_server(
         search_attributes=list(search_attributes.ALL),
         data_converter=data_converter(),
-        ui=False,
         dev_server_extra_args=server_args or [],
     )
     stack = Stack(env, workdir, env.client.service_client.config.target_host)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.browser import ARTIFACTS, CHROMIUM, FLAGS, require_browser
 from tests.dev_stack import dev_stack
-from tests.workflow_harness import venv_binary
+from tests.temporal_servers import venv_binary
 
 DEMO_TASK = "Triage ticket acme/T-100"
 

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import httpx
 import yaml
-from temporalio.testing import WorkflowEnvironment
 
 from tests.ci import unavailable
-from tests.workflow_harness import venv_binary
+from tests.temporal_servers import start_dev_server, venv_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = str(Path(sys.executable).parent / "roundtable")
@@ -146,9 +145,7 @@ def _run(command: list[str], env: dict[str, str] | None = None) -> subprocess.Co
 
 
 async def test_temporal_init_registers_search_attributes_idempotently() -> None:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=venv_binary("temporal"), ui=False
-    )
+    env = await start_dev_server()
     try:
         address = env.client.service_client.config.target_host
         script_env = {

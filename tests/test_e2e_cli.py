@@ -114,7 +114,7 @@ async def test_cli_errors_are_clear(stack: Stack) -> None:
 async def test_a_plain_temporal_signal_is_attributed_to_its_sender(stack: Stack) -> None:
     """`temporal workflow signal` users: decided_by is the sender's Temporal
     identity, whatever name the body claims."""
-    from tests.workflow_harness import venv_binary
+    from tests.temporal_servers import venv_binary
 
     started = await stack.start(
         "--task", "t", "--script", one_write_script(stack.workdir / "s.json", "T-5")

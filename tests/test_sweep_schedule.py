@@ -9,12 +9,11 @@ import contextlib
 import uuid
 
 from temporalio.service import RPCError
-from temporalio.testing import WorkflowEnvironment
 
 from roundtable.config import Settings
 from roundtable.names import SWEEP_SCHEDULE_ID
 from roundtable.temporal import data_converter
-from tests.workflow_harness import venv_binary
+from tests.temporal_servers import start_dev_server
 from worker import run_worker
 from workflows import search_attributes
 
@@ -32,11 +31,8 @@ async def start_and_stop_a_worker(settings: Settings) -> None:
 
 
 async def test_the_sweep_gate_pauses_and_resumes_the_schedule(tmp_path) -> None:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=venv_binary("temporal"),
-        search_attributes=list(search_attributes.ALL),
-        data_converter=data_converter(),
-        ui=False,
+    env = await start_dev_server(
+        search_attributes=list(search_attributes.ALL), data_converter=data_converter()
     )
     try:
         base = Settings(

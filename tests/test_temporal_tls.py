@@ -24,8 +24,8 @@ from roundtable.temporal import connect, data_converter
 from tests.conftest import TEST_SECRET
 from tests.dev_stack import CLI, run_cli
 from tests.e2e_stack import Stack, one_write_script
+from tests.temporal_servers import start_dev_server
 from tests.tls_proxy import SERVER_NAME, Pki, TlsProxy, make_pki
-from tests.workflow_harness import venv_binary
 from workflows import search_attributes
 
 API_KEY = "tmprl-api-key-Zq8sKx2"
@@ -33,11 +33,8 @@ API_KEY = "tmprl-api-key-Zq8sKx2"
 
 @pytest.fixture
 async def server() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=venv_binary("temporal"),
-        search_attributes=list(search_attributes.ALL),
-        data_converter=data_converter(),
-        ui=False,
+    env = await start_dev_server(
+        search_attributes=list(search_attributes.ALL), data_converter=data_converter()
     )
     try:
         yield env

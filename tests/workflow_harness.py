@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -35,6 +34,7 @@ from roundtable.tools.registry import ToolRegistry
 from roundtable.tools.tickets import TicketSystem, register_ticket_tools
 from roundtable.workflow_runner import strict_runner
 from tests.replaying import replay_failure
+from tests.temporal_servers import start_dev_server, start_test_server
 from worker import build_worker
 from workflows import search_attributes
 from workflows.roundtable import RoundtableWorkflow
@@ -47,16 +47,6 @@ TRUSTING = Authority(
     operator_risk="none",
     allowed_models=frozenset({"*"}),
 )
-
-
-def venv_binary(name: str) -> str:
-    """Offline: the SDK must never try to download a server."""
-    import sys
-
-    candidate = Path(sys.executable).parent / name
-    found = str(candidate) if candidate.exists() else shutil.which(name)
-    assert found is not None, f"{name} not found; install the dev extras (make test does)"
-    return found
 
 
 @dataclass
@@ -176,19 +166,13 @@ async def harness(
     ``interceptors``: the client's, which its workers inherit (tracing)."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     if dev_server:
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=venv_binary("temporal"),
+        env = await start_dev_server(
             search_attributes=list(search_attributes.ALL),
             data_converter=converter or data_converter(),
-            ui=False,
             dev_server_extra_args=dev_server_args or [],
         )
     else:
-        env = await WorkflowEnvironment.start_time_skipping(
-            test_server_existing_path=venv_binary("temporal-test-server"),
-            data_converter=converter or data_converter(),
-            runtime=runtime,
-        )
+        env = await start_test_server(data_converter=converter or data_converter(), runtime=runtime)
     # Always through an interceptor of the harness's own, which notes what
     # the test starts (its workers inherit the client's interceptors).
     started = _StartedWorkflows()
