@@ -106,7 +106,9 @@ class RunActivities:
             run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
         )
         self._check_granted(run, inp)
-        await self.store.pin_snapshot(run["id"], snapshot_digest(snapshot))
+        status = await self.store.pin_snapshot(
+            run["id"], snapshot_digest(snapshot), status=inp.open_as
+        )
         return EnsureRunOutput(
             run_id=run["id"],
             session_id=run["session_id"],
@@ -115,6 +117,7 @@ class RunActivities:
             webhook_urls=[receiver_label(url) for url in self.webhook_urls],
             expiring_lead_seconds=self.expiring_lead_seconds,
             tool_queues={t.name: routes[t.name] for t in snapshot.tools if t.name in routes},
+            run_status=status if inp.open_as is not None else None,
         )
 
     def _check_granted(self, run: dict, inp: EnsureRunInput) -> None:

@@ -279,6 +279,10 @@ class EnsureRunInput(Model):
     write_policy: str | None = None
     models: list[str] = Field(default_factory=list)
     request_fingerprint: str | None = None
+    # Runs started under rules-as-of-2026-12 open as "running" in the same
+    # transaction that pins their snapshot, instead of a status write of its
+    # own after (None: older runs, which publish it themselves).
+    open_as: str | None = None
 
 
 class EnsureRunOutput(Model):
@@ -292,6 +296,8 @@ class EnsureRunOutput(Model):
     # Tools served by tool workers elsewhere (worker roles): the task queue
     # each one's calls go to. A tool not named here runs where the run does.
     tool_queues: dict[str, str] = Field(default_factory=dict)
+    # The run's status in the store as the opening left it (with ``open_as``).
+    run_status: str | None = None
 
 
 class WebhookEvent(Model):

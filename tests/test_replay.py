@@ -31,7 +31,9 @@ from tests.replaying import replay_failure
 # in recorded-with-timer-decisions/, runs where only fired timers end an
 # approval's waits (tests/test_replay_clock.py also replays these with their
 # clocks moved); in recorded-with-sweep-and-reconcile/, the sweep's and the
-# reconciliation's own workflows (and the runs they served).
+# reconciliation's own workflows (and the runs they served); in
+# recorded-with-one-rules-marker/, runs that ask for one patch standing for
+# every rule above (rules-as-of-2026-12) instead of one patch a rule.
 # A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {

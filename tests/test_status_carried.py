@@ -64,9 +64,10 @@ async def test_an_approved_write_moves_the_run_in_its_own_transactions(tmp_path)
             ("running", "completed"),
         ]
         history = await handle.fetch_history()
-        # Only the run's start and end publish on their own.
+        # Only the run's end publishes on its own: opening the run carried
+        # "running" in the transaction that pinned its snapshot.
         assert await _local_activities(h.client, history) == [
-            "run is running",
+            "open run",
             "intercept ticket_update from seat-1",
             "record approved",
             "run is completed",

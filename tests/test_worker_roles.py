@@ -101,7 +101,10 @@ async def test_a_split_run_reads_writes_and_is_decided_on_the_tool_worker(tmp_pa
     # Everything that needs a tool ran on the tool worker, the rest here.
     for needs_a_tool in ("run_read_tool", "intercept_write", "execute_write", "decide_approval"):
         assert scheduled[needs_a_tool] == {TOOLS_QUEUE}, (needs_a_tool, scheduled)
-    assert scheduled["ensure_run"] == {h.task_queue}
+    assert scheduled["take_turn"] == {h.task_queue}
+    # Opening the run is a local activity of the workflows worker (a run
+    # started before rules-as-of-2026-12 scheduled it on this queue).
+    assert "ensure_run" not in scheduled
     log = await h.tickets.write_log()
     assert sorted((w["ticket_id"], w["operation"], w["outcome"]) for w in log) == [
         ("T-1", "comment", "applied"),

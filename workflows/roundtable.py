@@ -86,6 +86,14 @@ WAKE_WAITERS_PATCH = "writes-wake-when-target-frees"
 # choose, and a worker that read another clock than the history's could not
 # replay them (tests/histories_nondeterministic/, tests/test_replay_clock.py).
 TIMERS_DECIDE_PATCH = "approval-times-decided-by-timers"
+# Runs started after this change record this one marker instead of asking for
+# each patch above (and write_path's per-write-blocked-reasons) one by one:
+# it stands for all of them. Each patch a run asks for costs two commands and
+# two history events (its marker and the SDK's upsert of TemporalChangeVersion)
+# and two of the SDK core's state machines held while the run is cached; six
+# of them were twelve a run. Runs without it (started before) ask for each
+# patch as they always did, so their histories replay unchanged.
+CURRENT_RULES_PATCH = "rules-as-of-2026-12"
 
 
 @workflow.defn(name=RUN_WORKFLOW)
@@ -120,13 +128,20 @@ class RoundtableWorkflow:
         # writes met again in any state; decisions and expiry follow the
         # database; reconciliation re-read on refresh; a run ending early
         # settles its writes; a withdrawn write ends the busy-target loop.
-        self._inbox.new_rules = workflow.patched(SAFETY_RULES_PATCH)
+        if workflow.patched(CURRENT_RULES_PATCH):
+            self._inbox.current_rules = True
+            self._inbox.new_rules = self._status.lean = True
+            self._inbox.wakes_on_refresh = self._inbox.timers_decide = True
+        else:
+            self._inbox.new_rules = workflow.patched(SAFETY_RULES_PATCH)
+            self._status.lean = self._inbox.new_rules and workflow.patched(LEAN_STATUS_PATCH)
+            self._inbox.wakes_on_refresh = self._inbox.new_rules and workflow.patched(
+                WAKE_WAITERS_PATCH
+            )
+            self._inbox.timers_decide = self._inbox.new_rules and workflow.patched(
+                TIMERS_DECIDE_PATCH
+            )
         self.state.reads_store_on_refresh = self._inbox.new_rules
-        self._status.lean = self._inbox.new_rules and workflow.patched(LEAN_STATUS_PATCH)
-        self._inbox.wakes_on_refresh = self._inbox.new_rules and workflow.patched(
-            WAKE_WAITERS_PATCH
-        )
-        self._inbox.timers_decide = self._inbox.new_rules and workflow.patched(TIMERS_DECIDE_PATCH)
         try:
             if args.carried is None:
                 await self._open_run()
@@ -139,7 +154,7 @@ class RoundtableWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(WorkflowArgs(request=self.request, carried=self.state))
             await self._conclude()
-            if workflow.patched(HANDLERS_DONE_PATCH):
+            if self._inbox.current_rules or workflow.patched(HANDLERS_DONE_PATCH):
                 await workflow.wait_condition(workflow.all_handlers_finished)
         except (ActivityError, ApplicationError) as exc:
             # Regular activities fail as ActivityError, local ones as their own
@@ -163,22 +178,39 @@ class RoundtableWorkflow:
         )
 
     async def _open_run(self) -> None:
-        opened = await workflow.execute_activity_method(
-            RunActivities.ensure_run,
-            EnsureRunInput(
-                run_id=self.state.run_id,
-                user_id=self.request.user_id,
-                task_text=self.request.task_text,
-                seats=self.request.seats,
-                tools=self.request.tools,
-                seat_tools=self.request.seat_tools,
-                write_policy=self.request.write_policy,
-                models=sorted(self.request.models()),
-                request_fingerprint=self._fingerprint,
-            ),
-            start_to_close_timeout=BOOKKEEPING,
-            summary="open run",
+        inp = EnsureRunInput(
+            run_id=self.state.run_id,
+            user_id=self.request.user_id,
+            task_text=self.request.task_text,
+            seats=self.request.seats,
+            tools=self.request.tools,
+            seat_tools=self.request.seat_tools,
+            write_policy=self.request.write_policy,
+            models=sorted(self.request.models()),
+            request_fingerprint=self._fingerprint,
         )
+        if self._inbox.current_rules:
+            # A local activity, as the run's other bookkeeping is: one marker
+            # in the first task instead of an activity's three events and the
+            # task after it (idempotent: creates the rows once, on the worker
+            # that runs the workflow, as the activity did on its queue). It
+            # carries the run's first status, "running", in the transaction
+            # that pins the snapshot: the first publish writes no status.
+            async with self._status.carrying():
+                opened = await workflow.execute_local_activity_method(
+                    RunActivities.ensure_run,
+                    inp.model_copy(update={"open_as": "running"}),
+                    start_to_close_timeout=BOOKKEEPING,
+                    summary="open run",
+                )
+                self._status.told(opened.run_status)
+        else:
+            opened = await workflow.execute_activity_method(
+                RunActivities.ensure_run,
+                inp,
+                start_to_close_timeout=BOOKKEEPING,
+                summary="open run",
+            )
         self.state.session_id, self.state.snapshot = opened.session_id, opened.snapshot
         self.state.webhook_urls = opened.webhook_urls
         self.state.expiring_lead_seconds = opened.expiring_lead_seconds

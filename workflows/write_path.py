@@ -58,6 +58,11 @@ class Inbox:
     edits: dict[str, list] = field(default_factory=dict)  # approval → what an operator changed
     refreshes: int = 0  # bumped by each refresh signal and extension: look again
     ending: str | None = None  # why the run is ending early (failed, cancelled)
+    # Runs started with the marker rules-as-of-2026-12 take every rule below,
+    # and the patches each run otherwise asks for when it first needs them
+    # (handlers-finish-before-completion, per-write-blocked-reasons), without
+    # asking (run() decides).
+    current_rules: bool = False
     # Runs started before safety-rules-v1 keep the old rules (run() decides).
     new_rules: bool = True
     # A refresh wakes a write waiting for its target (the write or the
@@ -277,7 +282,7 @@ class WritePath:
         mine = write.action_id in self.state.blocked_writes
         if reason is None and not mine and self.state.blocked_reason is None:
             return  # nothing to take back: no marker, no change
-        if not workflow.patched(PER_WRITE_BLOCKED_PATCH):
+        if not (self.inbox.current_rules or workflow.patched(PER_WRITE_BLOCKED_PATCH)):
             if always:
                 self.state.blocked_reason = reason
             return

@@ -26,7 +26,7 @@ from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.leases import lease_of
 from roundtable.store.rows import new_id, page_after, require_text, row_to_dict
-from roundtable.store.run_status import move_run
+from roundtable.store.run_status import carried_target, move_run
 from roundtable.store.schema import ActionRow, RunRow, SessionRow
 from roundtable.store.sessions import Sessions
 from roundtable.store.text import escape_text
@@ -152,9 +152,12 @@ class Runs:
             raise ConflictError("this Idempotency-Key was already used for a different request")
         return run
 
-    async def pin_snapshot(self, run_id: str, digest: str) -> None:
+    async def pin_snapshot(self, run_id: str, digest: str, status: str | None = None) -> str:
         """Record the capability snapshot the worker computed for the run (its
-        workflow's start, or a reset to it, computes it anew)."""
+        workflow's start, or a reset to it, computes it anew); with
+        ``status``, move the run there in the same transaction, as
+        :meth:`set_status` would. The run's status as the transaction left it."""
+        wanted = _run_status(status).value if status is not None else None
         async with self.db.transaction() as session:
             run = await self.db.lock_run(session, run_id)
             if run.snapshot_digest != digest:
@@ -166,6 +169,13 @@ class Runs:
                     {"snapshot_digest": digest},
                     await database_now(session),
                 )
+            # A move the state machine refuses (a reset of a run that ended,
+            # say) is left to the status write that follows, which refuses it
+            # as it always did; the pin stands either way.
+            target = carried_target(RunStatus(run.status), wanted)
+            if target is not None:
+                await self.move(session, run, target, None)
+            return run.status
 
     async def get(self, run_id: str) -> dict[str, Any]:
         return await self.db.get(RunRow, run_id)

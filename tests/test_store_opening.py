@@ -1,0 +1,60 @@
+"""A run opens in one transaction: its snapshot pinned and its status moved
+to running together (Runs.pin_snapshot with ``status``), where it took a
+transaction of its own and a local activity after. The status moves only
+where set_status would have moved it, and a move the state machine refuses
+leaves the run as it was for the status write that follows to refuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from roundtable.store import ConflictError, Store
+from tests.helpers import new_run
+
+
+async def _kinds(store: Store, run_id: str) -> list[str]:
+    return [event["event_type"] for event in await store.list_events(run_id)]
+
+
+async def test_the_pin_moves_a_new_run_to_running_in_the_same_transaction(store: Store) -> None:
+    run = await new_run(store)
+    assert run["status"] == "pending"
+    assert await store.pin_snapshot(run["id"], "digest-1", status="running") == "running"
+    stored = await store.get_run(run["id"])
+    assert stored["status"] == "running" and stored["snapshot_digest"] == "digest-1"
+    assert (await store.get_session(run["session_id"]))["status"] == "running"
+    assert (await _kinds(store, run["id"]))[-2:] == ["run.snapshot_pinned", "run.status_changed"]
+
+
+async def test_opening_again_changes_nothing(store: Store) -> None:
+    """A reset or a retried local activity opens the run again."""
+    run = await new_run(store)
+    await store.pin_snapshot(run["id"], "digest-1", status="running")
+    logged = await _kinds(store, run["id"])
+    assert await store.pin_snapshot(run["id"], "digest-1", status="running") == "running"
+    assert await _kinds(store, run["id"]) == logged
+
+
+async def test_without_a_status_only_the_pin_is_written(store: Store) -> None:
+    """Runs started before the opening carried the status."""
+    run = await new_run(store)
+    assert await store.pin_snapshot(run["id"], "digest-1") == "pending"
+    assert (await store.get_run(run["id"]))["status"] == "pending"
+
+
+async def test_a_run_that_ended_keeps_its_end_and_the_status_write_still_refuses(
+    store: Store,
+) -> None:
+    run = await new_run(store)
+    await store.set_run_status(run["id"], "completed")
+    assert await store.pin_snapshot(run["id"], "digest-2", status="running") == "completed"
+    assert (await store.get_run(run["id"]))["snapshot_digest"] == "digest-2"
+    with pytest.raises(ConflictError):
+        await store.set_run_status(run["id"], "running")
+
+
+async def test_an_unknown_status_is_refused_before_anything_is_written(store: Store) -> None:
+    run = await new_run(store)
+    with pytest.raises(ValueError, match="unknown run status"):
+        await store.pin_snapshot(run["id"], "digest-1", status="sprinting")
+    assert (await store.get_run(run["id"]))["snapshot_digest"] is None
