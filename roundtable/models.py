@@ -15,7 +15,14 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from roundtable.states import ActionStatus, ApprovalStatus, ClaimOutcome, WriteEnd
 
@@ -28,6 +35,25 @@ _SEAT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def omitted_while_none(*names: str) -> Any:
+    """A model serializer that leaves these fields out while they are None.
+    For fields added to what workers hand one another: during a rolling
+    deploy a worker still on the release before reads what this one wrote,
+    and its models forbid fields they do not know, so a new field that says
+    nothing must not be sent at all (an old run's activity, say, run by a new
+    worker). Assign it in the class body: ``_rollout = omitted_while_none(…)``."""
+
+    @model_serializer(mode="wrap")
+    def serialize(self: BaseModel, handler: Any) -> Any:
+        data = handler(self)
+        for name in names:
+            if isinstance(data, dict) and name in data and data[name] is None:
+                del data[name]
+        return data
+
+    return serialize
 
 
 # ----------------------------------------------------------------- scripted model
@@ -283,6 +309,7 @@ class EnsureRunInput(Model):
     # transaction that pins their snapshot, instead of a status write of its
     # own after (None: older runs, which publish it themselves).
     open_as: str | None = None
+    _rollout = omitted_while_none("open_as")
 
 
 class EnsureRunOutput(Model):
@@ -298,6 +325,7 @@ class EnsureRunOutput(Model):
     tool_queues: dict[str, str] = Field(default_factory=dict)
     # The run's status in the store as the opening left it (with ``open_as``).
     run_status: str | None = None
+    _rollout = omitted_while_none("run_status")
 
 
 class WebhookEvent(Model):

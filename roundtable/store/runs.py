@@ -171,7 +171,9 @@ class Runs:
                 )
             # A move the state machine refuses (a reset of a run that ended,
             # say) is left to the status write that follows, which refuses it
-            # as it always did; the pin stands either way.
+            # as it always did; the pin stands either way. No still-waiting
+            # check, unlike a write's carried status: this replaces the
+            # workflow's own set_status("running"), which made none either.
             target = carried_target(RunStatus(run.status), wanted)
             if target is not None:
                 await self.move(session, run, target, None)
