@@ -16,11 +16,10 @@ from pathlib import Path
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
-from roundtable.models import Decision
 from roundtable.names import RUN_WORKFLOW
-from tests.test_workflow_approvals import one_write
+from tests.test_workflow_approvals import decide, one_write
 from tests.workflow_harness import harness
-from workflows.roundtable import CURRENT_RULES_PATCH, RoundtableWorkflow
+from workflows.roundtable import CURRENT_RULES_PATCH
 
 PATCH_MARKER = "core_patch"
 LOCAL = "core_local_activity"
@@ -72,10 +71,7 @@ async def test_a_new_run_asks_for_one_patch(tmp_path) -> None:
         handle = await h.start(task_text="raise priority", script=one_write())
         state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
         (approval_id,) = state.pending_approvals
-        await handle.execute_update(
-            RoundtableWorkflow.decide_approval,
-            Decision(approval_id=approval_id, decision="approved", decided_by="op-1"),
-        )
+        assert await decide(handle, approval_id, "approved") == "approved"
         assert (await handle.result()).status == "completed"
         events = list((await handle.fetch_history()).events)
     assert patches_asked(events) == [CURRENT_RULES_PATCH]
