@@ -37,23 +37,18 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def omitted_while_none(*names: str) -> Any:
-    """A model serializer that leaves these fields out while they are None.
-    For fields added to what workers hand one another: during a rolling
-    deploy a worker still on the release before reads what this one wrote,
-    and its models forbid fields they do not know, so a new field that says
-    nothing must not be sent at all (an old run's activity, say, run by a new
-    worker). Assign it in the class body: ``_rollout = omitted_while_none(…)``."""
-
-    @model_serializer(mode="wrap")
-    def serialize(self: BaseModel, handler: Any) -> Any:
-        data = handler(self)
+def omitted_while_none(data: Any, *names: str) -> Any:
+    """``data`` (a model's serialized fields) without these fields while they
+    are None. For fields added to what workers hand one another: during a
+    rolling deploy a worker still on the release before reads what this one
+    wrote, and its models forbid fields they do not know, so a new field that
+    says nothing must not be sent at all (an old run's activity, say, run by a
+    new worker). Called from the model's own wrap serializer."""
+    if isinstance(data, dict):
         for name in names:
-            if isinstance(data, dict) and name in data and data[name] is None:
+            if name in data and data[name] is None:
                 del data[name]
-        return data
-
-    return serialize
+    return data
 
 
 # ----------------------------------------------------------------- scripted model
@@ -309,7 +304,10 @@ class EnsureRunInput(Model):
     # transaction that pins their snapshot, instead of a status write of its
     # own after (None: older runs, which publish it themselves).
     open_as: str | None = None
-    _rollout = omitted_while_none("open_as")
+
+    @model_serializer(mode="wrap")
+    def _rollout(self, handler: Any) -> Any:
+        return omitted_while_none(handler(self), "open_as")
 
 
 class EnsureRunOutput(Model):
@@ -325,7 +323,10 @@ class EnsureRunOutput(Model):
     tool_queues: dict[str, str] = Field(default_factory=dict)
     # The run's status in the store as the opening left it (with ``open_as``).
     run_status: str | None = None
-    _rollout = omitted_while_none("run_status")
+
+    @model_serializer(mode="wrap")
+    def _rollout(self, handler: Any) -> Any:
+        return omitted_while_none(handler(self), "run_status")
 
 
 class WebhookEvent(Model):
