@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.bounded import bounded_result, bounded_text
 from activities.errors import typed_store_errors
+from activities.kept_snapshots import KeptSnapshots, snapshot_digest
 from roundtable.agents import UnknownModelError, resolve_model
 from roundtable.agents.prompts import manager_messages, round_prompt, seat_system_prompt
 from roundtable.agents.tool_calls import sanitize_tool_calls
@@ -29,7 +30,6 @@ from roundtable.models import (
     ToolOutcome,
     ToolSpec,
     TurnRequest,
-    canonical_digest,
 )
 from roundtable.names import INVALID_INPUT
 from roundtable.permissions import (
@@ -79,6 +79,7 @@ class RunActivities:
         self.metrics = metrics or Metrics()
         self.webhook_urls = list(webhook_urls or [])
         self.expiring_lead_seconds = expiring_lead_seconds
+        self.snapshots = KeptSnapshots(store)
 
     @activity.defn(name="ensure_run")
     @typed_store_errors
@@ -106,9 +107,15 @@ class RunActivities:
             run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
         )
         self._check_granted(run, inp)
+        digest = snapshot_digest(snapshot)
         status = await self.store.pin_snapshot(
-            run["id"], snapshot_digest(snapshot), status=inp.open_as
+            run["id"],
+            digest,
+            status=inp.open_as,
+            body=snapshot.model_dump(mode="json") if inp.keep_snapshot else None,
         )
+        if inp.keep_snapshot:
+            self.snapshots.remember(digest, snapshot)
         return EnsureRunOutput(
             run_id=run["id"],
             session_id=run["session_id"],
@@ -118,6 +125,7 @@ class RunActivities:
             expiring_lead_seconds=self.expiring_lead_seconds,
             tool_queues={t.name: routes[t.name] for t in snapshot.tools if t.name in routes},
             run_status=status if inp.open_as is not None else None,
+            snapshot_digest=digest if inp.keep_snapshot else None,
         )
 
     def _check_granted(self, run: dict, inp: EnsureRunInput) -> None:
@@ -136,6 +144,12 @@ class RunActivities:
             self.authority.check_models(inp.models)
         except (PolicyNotAllowedError, ModelNotAllowedError) as exc:
             raise ApplicationError(str(exc), type=exc.code, non_retryable=True) from exc
+
+    async def _tools(self, inp: TakeTurnInput) -> list[ToolSpec]:
+        """The seat's tools: carried by the turn, or named by digest."""
+        if inp.tools_of is None:
+            return inp.tools
+        return (await self.snapshots.get(inp.tools_of)).tools_for(inp.seat)
 
     @activity.defn(name="take_turn")
     async def take_turn(self, inp: TakeTurnInput) -> TakeTurnOutput:
@@ -161,7 +175,7 @@ class RunActivities:
                 role=inp.role,
                 model=inp.model,
                 messages=messages,
-                tools=inp.tools,
+                tools=await self._tools(inp),
                 script=inp.script,
                 reasoning_effort=inp.reasoning_effort,
             )
@@ -265,10 +279,6 @@ class RunActivities:
         require_own_run(inp.run_id)
         run = await self.store.set_run_status(inp.run_id, inp.status, inp.failure)
         return RunStatusOutput(run_id=run["id"], status=run["status"])
-
-
-def snapshot_digest(snapshot: CapabilitySnapshot) -> str:
-    return canonical_digest(snapshot.model_dump(mode="json")) or ""
 
 
 # What of a tool's spec decides how its writes are gated and leased.

@@ -304,10 +304,14 @@ class EnsureRunInput(Model):
     # transaction that pins their snapshot, instead of a status write of its
     # own after (None: older runs, which publish it themselves).
     open_as: str | None = None
+    # Keep the snapshot's body in the store under its digest (rules-as-of-
+    # 2026-12): the run's seat turns then name the digest instead of
+    # carrying their tool specs (TakeTurnInput.tools_of).
+    keep_snapshot: bool | None = None
 
     @model_serializer(mode="wrap")
     def _rollout(self, handler: Any) -> Any:
-        return omitted_while_none(handler(self), "open_as")
+        return omitted_while_none(handler(self), "open_as", "keep_snapshot")
 
 
 class EnsureRunOutput(Model):
@@ -323,10 +327,12 @@ class EnsureRunOutput(Model):
     tool_queues: dict[str, str] = Field(default_factory=dict)
     # The run's status in the store as the opening left it (with ``open_as``).
     run_status: str | None = None
+    # The digest the snapshot's body is kept under (with ``keep_snapshot``).
+    snapshot_digest: str | None = None
 
     @model_serializer(mode="wrap")
     def _rollout(self, handler: Any) -> Any:
-        return omitted_while_none(handler(self), "run_status")
+        return omitted_while_none(handler(self), "run_status", "snapshot_digest")
 
 
 class WebhookEvent(Model):
@@ -354,7 +360,14 @@ class TakeTurnInput(Model):
     thread: list[ChatMessage] = Field(default_factory=list)
     others: list[ChatMessage] = Field(default_factory=list)
     tools: list[ToolSpec] = Field(default_factory=list)
+    # Instead of ``tools``: the seat's tools are those the snapshot kept under
+    # this digest grants it (read once per worker, not carried each turn).
+    tools_of: str | None = None
     script: ScriptDocument | None = None
+
+    @model_serializer(mode="wrap")
+    def _rollout(self, handler: Any) -> Any:
+        return omitted_while_none(handler(self), "tools_of")
 
 
 class TakeTurnOutput(Model):
@@ -646,6 +659,13 @@ class RunState(Model):
     # store (runs started before that rule ignore it: the sweep must not nudge
     # them over and over).
     reads_store_on_refresh: bool = False
+    # The digest the store keeps the snapshot under, for the seat turns to
+    # name (None: runs opened before snapshots were kept send the specs).
+    snapshot_digest: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _rollout(self, handler: Any) -> Any:
+        return omitted_while_none(handler(self), "snapshot_digest")
 
 
 class WorkflowArgs(Model):

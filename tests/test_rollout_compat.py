@@ -13,22 +13,36 @@ from typing import Any
 import pytest
 from pydantic import create_model
 
-from roundtable.models import CapabilitySnapshot, EnsureRunInput, EnsureRunOutput, Model
+from roundtable.models import (
+    CapabilitySnapshot,
+    EnsureRunInput,
+    EnsureRunOutput,
+    Model,
+    RunState,
+    TakeTurnInput,
+)
 from roundtable.temporal import SharedAdapterPayloadConverter
 
 OPENED = {"run_id": "r", "session_id": "s", "snapshot": CapabilitySnapshot(tools=[], agents=[])}
 OPENING = {"run_id": "r", "user_id": "u", "task_text": "t", "seats": ["seat-1"]}
-# (model, the field added for runs under rules-as-of-2026-12, a value it carries)
+TURN = {"run_id": "r", "seat": "seat-1", "round": 1, "role": "seat", "model": "m", "task_text": "t"}
+# (model, its other fields, the fields added for runs under rules-as-of-2026-12
+# with a value each may carry). The release before is the model without any of
+# them: the oldest release a rolling deploy of this one may meet.
 ADDED = [
-    (EnsureRunOutput, OPENED, "run_status", "running"),
-    (EnsureRunInput, OPENING, "open_as", "running"),
+    (EnsureRunOutput, OPENED, {"run_status": "running", "snapshot_digest": "d" * 64}),
+    (EnsureRunInput, OPENING, {"open_as": "running", "keep_snapshot": True}),
+    (TakeTurnInput, TURN, {"tools_of": "d" * 64}),
+    (RunState, {"run_id": "r"}, {"snapshot_digest": "d" * 64}),
 ]
 
 
-def _before(model: type[Model], field: str) -> type[Model]:
-    """The model as the release before had it: the same, without ``field``."""
+def _before(model: type[Model], added: set[str]) -> type[Model]:
+    """The model as the release before had it: the same, without ``added``."""
     fields: dict[str, Any] = {
-        name: (info.annotation, info) for name, info in model.model_fields.items() if name != field
+        name: (info.annotation, info)
+        for name, info in model.model_fields.items()
+        if name not in added
     }
     return create_model(f"Old{model.__name__}", __base__=Model, **fields)
 
@@ -40,25 +54,26 @@ def _through_a_payload(value: Model, reader: type[Model]) -> Model:
     return read
 
 
-@pytest.mark.parametrize(("model", "fields", "added", "value"), ADDED)
-def test_the_release_before_reads_it_while_the_field_says_nothing(
-    model: type[Model], fields: dict, added: str, value: str
+@pytest.mark.parametrize(("model", "fields", "added"), ADDED)
+def test_the_release_before_reads_it_while_the_fields_say_nothing(
+    model: type[Model], fields: dict, added: dict[str, Any]
 ) -> None:
-    read = _through_a_payload(model(**fields), _before(model, added))
-    assert read.model_dump() == model(**fields).model_dump(exclude={added})
+    read = _through_a_payload(model(**fields), _before(model, set(added)))
+    assert read.model_dump() == model(**fields).model_dump(exclude=set(added))
 
 
-@pytest.mark.parametrize(("model", "fields", "added", "value"), ADDED)
-def test_this_release_reads_the_field_when_it_is_set_and_the_old_form_without_it(
-    model: type[Model], fields: dict, added: str, value: str
+@pytest.mark.parametrize(("model", "fields", "added"), ADDED)
+def test_this_release_reads_the_fields_when_set_and_the_old_form_without_them(
+    model: type[Model], fields: dict, added: dict[str, Any]
 ) -> None:
-    assert getattr(_through_a_payload(model(**fields, **{added: value}), model), added) == value
-    old = _before(model, added)(**fields)
-    assert getattr(_through_a_payload(old, model), added) is None
+    read = _through_a_payload(model(**fields, **added), model)
+    assert {name: getattr(read, name) for name in added} == added
+    old = _before(model, set(added))(**fields)
+    assert all(getattr(_through_a_payload(old, model), name) is None for name in added)
 
 
 def test_the_check_can_fail() -> None:
     """A model without the omission is what review found: the old reader refuses."""
     loud = create_model("Loud", __base__=Model, run_id=(str, ...), extra=(str | None, None))
     with pytest.raises(Exception, match="Extra inputs are not permitted"):
-        _through_a_payload(loud(run_id="r"), _before(loud, "extra"))
+        _through_a_payload(loud(run_id="r"), _before(loud, {"extra"}))

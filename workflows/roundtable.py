@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         TakeTurnInput,
         ToolCall,
         ToolOutcome,
+        ToolSpec,
         WorkflowArgs,
     )
     from roundtable.names import (
@@ -199,7 +200,7 @@ class RoundtableWorkflow:
             async with self._status.carrying():
                 opened = await workflow.execute_local_activity_method(
                     RunActivities.ensure_run,
-                    inp.model_copy(update={"open_as": "running"}),
+                    inp.model_copy(update={"open_as": "running", "keep_snapshot": True}),
                     start_to_close_timeout=BOOKKEEPING,
                     summary="open run",
                 )
@@ -215,6 +216,8 @@ class RoundtableWorkflow:
         self.state.webhook_urls = opened.webhook_urls
         self.state.expiring_lead_seconds = opened.expiring_lead_seconds
         self.state.tool_queues = opened.tool_queues
+        # Kept in the store: the seat turns name it instead of carrying specs.
+        self.state.snapshot_digest = opened.snapshot_digest
         self.state.threads = {seat: [] for seat in self.request.seats}
         self.state.status = "running"
 
@@ -278,7 +281,8 @@ class RoundtableWorkflow:
                 reasoning_effort=self.request.reasoning_effort,
                 thread=thread,
                 others=_since_last_turn(transcript, seat),
-                tools=self.state.snapshot.tools_for(seat) if self.state.snapshot else [],
+                tools=self._carried_tools(seat),
+                tools_of=self.state.snapshot_digest,
                 script=self.request.script,
             ),
             start_to_close_timeout=MODEL_CALL,
@@ -420,6 +424,14 @@ class RoundtableWorkflow:
             )
 
     # ================================================================= ending
+
+    def _carried_tools(self, seat: str) -> list[ToolSpec]:
+        """The tool specs a seat's turn carries: none when the store keeps
+        the run's snapshot (the turn names its digest, ``tools_of``); runs
+        opened before that send them every turn."""
+        if self.state.snapshot_digest is not None or self.state.snapshot is None:
+            return []
+        return self.state.snapshot.tools_for(seat)
 
     async def _conclude(self) -> None:
         if self.request.manager:

@@ -117,6 +117,7 @@ class Store:
     list_runs = _on("runs", Runs.list)
     set_run_status = _on("runs", Runs.set_status)
     pin_snapshot = _on("runs", Runs.pin_snapshot)
+    kept_snapshot = _on("runs", Runs.kept_snapshot)
     record_refusal = _on("runs", Runs.record_refusal)
     record_turn = _on("runs", Runs.record_turn)
     settle_closed_run = _on("runs", Runs.settle_closed)

@@ -22,12 +22,12 @@ from roundtable.states import (
 )
 from roundtable.store.audit import GENESIS_HASH
 from roundtable.store.database import Database, logged
-from roundtable.store.engine import database_now
+from roundtable.store.engine import database_now, insert_for
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.leases import lease_of
 from roundtable.store.rows import new_id, page_after, require_text, row_to_dict
 from roundtable.store.run_status import carried_target, move_run
-from roundtable.store.schema import ActionRow, RunRow, SessionRow
+from roundtable.store.schema import ActionRow, CapabilitySnapshotRow, RunRow, SessionRow
 from roundtable.store.sessions import Sessions
 from roundtable.store.text import escape_text
 
@@ -76,6 +76,9 @@ class RunGrant:
 class Runs:
     def __init__(self, db: Database, sessions: Sessions, actions: Actions, leases: Leases) -> None:
         self.db, self.sessions, self.actions, self.leases = db, sessions, actions, leases
+        # Digests of snapshot bodies this store has seen committed: kept once,
+        # a later pin of the same snapshot writes no row.
+        self._kept: set[str] = set()
 
     async def create(
         self,
@@ -152,14 +155,30 @@ class Runs:
             raise ConflictError("this Idempotency-Key was already used for a different request")
         return run
 
-    async def pin_snapshot(self, run_id: str, digest: str, status: str | None = None) -> str:
+    async def pin_snapshot(
+        self,
+        run_id: str,
+        digest: str,
+        status: str | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> str:
         """Record the capability snapshot the worker computed for the run (its
         workflow's start, or a reset to it, computes it anew); with
         ``status``, move the run there in the same transaction, as
-        :meth:`set_status` would. The run's status as the transaction left it."""
+        :meth:`set_status` would; with ``body``, keep the snapshot itself
+        under ``digest`` (the caller's digest of that body; the reader
+        checks it, :meth:`kept_snapshot`). The run's status as the
+        transaction left it."""
         wanted = _run_status(status).value if status is not None else None
+        keep = body is not None and digest not in self._kept
         async with self.db.transaction() as session:
             run = await self.db.lock_run(session, run_id)
+            if keep:
+                await session.execute(
+                    insert_for(session, CapabilitySnapshotRow)
+                    .values(digest=digest, body=body, kept_at=await database_now(session))
+                    .on_conflict_do_nothing(index_elements=["digest"])
+                )
             if run.snapshot_digest != digest:
                 run.snapshot_digest = digest
                 await self.db.audit(
@@ -177,7 +196,16 @@ class Runs:
             target = carried_target(RunStatus(run.status), wanted)
             if target is not None:
                 await self.move(session, run, target, None)
-            return run.status
+            status_now = run.status
+        if keep:
+            self._kept.add(digest)
+        return status_now
+
+    async def kept_snapshot(self, digest: str) -> dict[str, Any] | None:
+        """The snapshot body kept under ``digest`` by :meth:`pin_snapshot`."""
+        async with self.db.reader() as session:
+            row = await session.get(CapabilitySnapshotRow, digest)
+            return None if row is None else row.body
 
     async def get(self, run_id: str) -> dict[str, Any]:
         return await self.db.get(RunRow, run_id)

@@ -302,6 +302,20 @@ class ToolCatalogRow(Base):
     published_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class CapabilitySnapshotRow(Base):
+    """A capability snapshot runs were pinned to, kept under its digest (the
+    sha256 ``runs.snapshot_digest`` holds). A seat's turn names the digest
+    instead of carrying its tool specs in the history; the worker that runs
+    the turn reads them from here. Written once, never changed: the digest
+    is of this very body."""
+
+    __tablename__ = "capability_snapshots"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    body: Mapped[dict[str, Any]] = mapped_column(JSONValue)
+    kept_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class InboxSessionRow(Base):
     """A signed-in inbox page (issue 15). Only the session id's hash is kept;
     the session acts with the API token it was opened with, so revoking that
