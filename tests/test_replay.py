@@ -33,7 +33,10 @@ from tests.replaying import replay_failure
 # clocks moved); in recorded-with-sweep-and-reconcile/, the sweep's and the
 # reconciliation's own workflows (and the runs they served); in
 # recorded-with-one-rules-marker/, runs that ask for one patch standing for
-# every rule above (rules-as-of-2026-12) instead of one patch a rule.
+# every rule above (rules-as-of-2026-12) instead of one patch a rule; in
+# recorded-with-kept-snapshots/, runs whose store keeps their snapshot, so
+# their opening's result names its digest and their seat turns carry that
+# (the same command order: no patch).
 # A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {
