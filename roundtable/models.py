@@ -379,7 +379,13 @@ class ReadToolInput(Model):
     run_id: str
     seat: str
     call: ToolCall
-    snapshot: CapabilitySnapshot
+    # Read by nothing: the read runs the worker's own tool and the workflow
+    # checked the grant. Runs send an empty one (it was the whole snapshot,
+    # in every read's history event); the field stays, required, while
+    # workers of the release before, whose model requires it, may read this.
+    snapshot: CapabilitySnapshot = Field(
+        default_factory=lambda: CapabilitySnapshot(tools=[], agents=[])
+    )
     # An earlier attempt of this call may have run (on a tool worker that
     # failed): a read that may not run twice is not run again.
     prior_attempt: bool = False

@@ -2,7 +2,8 @@
 its seat turns name the digest instead of carrying the seat's tool specs
 (most of a turn's input, sent again every turn). The model must still get
 exactly the seat's tools; a digest nobody kept, or a row that is not what
-its key says, fails the turn rather than let the model answer without them."""
+its key says, fails the turn rather than let the model answer without them.
+A read carries no snapshot either (nothing read it)."""
 
 from __future__ import annotations
 
@@ -28,17 +29,19 @@ from roundtable.tools.registry import ToolRegistry
 from tests.fake_openai import fake_openai, message
 from tests.helpers import new_run
 from tests.test_openai_adapter import role_of
-from tests.workflow_harness import TRUSTING, harness
+from tests.workflow_harness import TRUSTING, harness, script, ticket_call
 
 
-async def turn_inputs(handle: WorkflowHandle, converter: DataConverter) -> list[dict[str, Any]]:
-    """Every take_turn input the run scheduled, as the history holds it (JSON)."""
+async def scheduled_inputs(
+    handle: WorkflowHandle, converter: DataConverter, activity: str = "take_turn"
+) -> list[dict[str, Any]]:
+    """Every input of ``activity`` the run scheduled, as the history holds it (JSON)."""
     inputs = []
     async for e in handle.fetch_history_events():
         if e.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             continue
         attrs = e.activity_task_scheduled_event_attributes
-        if attrs.activity_type.name != "take_turn":
+        if attrs.activity_type.name != activity:
             continue
         payloads = list(attrs.input.payloads)
         if converter.payload_codec is not None:
@@ -80,7 +83,7 @@ async def test_seat_turns_name_the_kept_snapshot_and_the_model_gets_each_seats_t
         kept = CapabilitySnapshot.model_validate(await h.store.kept_snapshot(digest))
         assert kept == (await h.state(handle)).snapshot and snapshot_digest(kept) == digest
 
-        turns = await turn_inputs(handle, h.client.data_converter)
+        turns = await scheduled_inputs(handle, h.client.data_converter)
         seats = [t for t in turns if t["role"] == "seat"]
         assert len(seats) == 4 and len(turns) == 5
         assert all(t["tools_of"] == digest and t["tools"] == [] for t in seats)
@@ -93,6 +96,19 @@ async def test_seat_turns_name_the_kept_snapshot_and_the_model_gets_each_seats_t
             sent = fake.for_seat(seat)
             assert len(sent) == 2
             assert all({t["function"]["name"] for t in body["tools"]} == granted for body in sent)
+
+
+async def test_a_read_carries_no_snapshot_and_still_reads(tmp_path) -> None:
+    """A read's input carried the run's whole snapshot, which nothing reads."""
+    async with harness(tmp_path) as h:
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, [ticket_call("ticket_get", "T-1")]))
+        )
+        assert (await handle.result()).status == "completed"
+        (read,) = await scheduled_inputs(handle, h.client.data_converter, "run_read_tool")
+        assert read["snapshot"] == {"tools": [], "agents": []}
+        (told,) = [m for m in (await h.state(handle)).threads["seat-1"] if m.role == "tool"]
+        assert json.loads(told.content)["outcome"] == "succeeded", told.content
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from tests.test_kept_snapshots import turn_inputs
+from tests.test_kept_snapshots import scheduled_inputs
 from tests.workflow_harness import harness, script, ticket_call
 
 ROUNDS, WRITES_PER_TURN = 50, 10  # 500 writes, ten at a time, each on its own ticket
@@ -52,7 +52,8 @@ async def test_five_hundred_writes_keep_every_history_under_ten_thousand_events(
             one = h.client.get_workflow_handle(handle.id, run_id=run.run_id)
             sizes.append(len((await one.fetch_history()).events))
             # The kept snapshot's digest goes with the state into each run.
-            named |= {t.get("tools_of") for t in await turn_inputs(one, h.client.data_converter)}
+            turns = await scheduled_inputs(one, h.client.data_converter)
+            named |= {t.get("tools_of") for t in turns}
         assert named == {digest}
         assert len(runs) >= 2, f"one history of {sizes} events: it never continued as new"
         assert max(sizes) < HISTORY_BOUND, sizes

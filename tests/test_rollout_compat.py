@@ -18,8 +18,10 @@ from roundtable.models import (
     EnsureRunInput,
     EnsureRunOutput,
     Model,
+    ReadToolInput,
     RunState,
     TakeTurnInput,
+    ToolCall,
 )
 from roundtable.temporal import SharedAdapterPayloadConverter
 
@@ -77,3 +79,18 @@ def test_the_check_can_fail() -> None:
     loud = create_model("Loud", __base__=Model, run_id=(str, ...), extra=(str | None, None))
     with pytest.raises(Exception, match="Extra inputs are not permitted"):
         _through_a_payload(loud(run_id="r"), _before(loud, {"extra"}))
+
+
+def test_the_release_before_reads_a_read_that_carries_no_snapshot() -> None:
+    """Reads stopped carrying the run's snapshot (read by nothing) but still
+    send the field, empty: the release before requires it."""
+    call = ToolCall(id="c1", name="ticket_get", arguments={"ticket_id": "T-1"})
+    sent = ReadToolInput(run_id="r", seat="seat-1", call=call)
+    fields: dict[str, Any] = {
+        name: (info.annotation, info) for name, info in ReadToolInput.model_fields.items()
+    }
+    fields["snapshot"] = (CapabilitySnapshot, ...)  # required, as it was
+    before = create_model("OldReadToolInput", __base__=Model, **fields)
+    read = _through_a_payload(sent, before)
+    assert read.model_dump() == sent.model_dump()
+    assert read.snapshot == CapabilitySnapshot(tools=[], agents=[])

@@ -335,7 +335,6 @@ class RoundtableWorkflow:
                         run_id=self.state.run_id,
                         seat=seat,
                         call=call,
-                        snapshot=self.state.snapshot,
                         prior_attempt=prior_attempt,
                     ),
                     start_to_close_timeout=TOOL_CALL,
