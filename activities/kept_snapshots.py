@@ -1,14 +1,16 @@
 """Capability snapshots by digest, for the seat turns that name one instead
 of carrying their tool specs (TakeTurnInput.tools_of).
 
-The store keeps each snapshot's body under its sha256 once (runs share
-snapshots); a worker reads one the first time a turn names it and keeps it
-while it is among the most recently named. The digest is checked against
-the body read, so a row that is not what its key says never reaches a model.
+The store keeps each snapshot once (runs share snapshots), as the very JSON
+text its digest is taken of; a worker reads one the first time a turn names
+it and keeps it while it is among the most recently named. The text read is
+checked against the digest, so a row that is not what its key says never
+reaches a model.
 """
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 
 from pydantic import ValidationError
@@ -27,45 +29,59 @@ def snapshot_digest(snapshot: CapabilitySnapshot) -> str:
     return canonical_digest(snapshot.model_dump(mode="json")) or ""
 
 
+def kept_text(snapshot: CapabilitySnapshot) -> str:
+    """The snapshot as the store keeps it: canonical JSON (sorted keys, no
+    spaces), the values :func:`snapshot_digest` digests, read back exactly.
+    ASCII, so text columns take it whatever a tool's description holds."""
+    return json.dumps(snapshot.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
 class KeptSnapshots:
-    """The snapshots this worker has read or kept, the newest ``size``."""
+    """The snapshots this worker has read or kept: the most recently named,
+    at most ``count`` of them and ``size`` characters of their JSON."""
 
-    def __init__(self, store: Store, size: int = 256) -> None:
+    def __init__(self, store: Store, count: int = 256, size: int = 16 * 1024 * 1024) -> None:
         self.store = store
-        self.size = size
-        self._known: OrderedDict[str, CapabilitySnapshot] = OrderedDict()
+        self.count, self.size = count, size
+        self._known: OrderedDict[str, tuple[CapabilitySnapshot, int]] = OrderedDict()
+        self._held = 0
 
-    def remember(self, digest: str, snapshot: CapabilitySnapshot) -> None:
-        self._known[digest] = snapshot
-        self._known.move_to_end(digest)
-        while len(self._known) > self.size:
-            self._known.popitem(last=False)
+    def remember(self, digest: str, snapshot: CapabilitySnapshot, size: int) -> None:
+        """``size``: the length of its kept text (the bound's measure)."""
+        if digest in self._known:
+            self._known.move_to_end(digest)
+            return
+        self._known[digest] = (snapshot, size)
+        self._held += size
+        while len(self._known) > self.count or (self._held > self.size and len(self._known) > 1):
+            _, (_, dropped) = self._known.popitem(last=False)
+            self._held -= dropped
 
     async def get(self, digest: str) -> CapabilitySnapshot:
         known = self._known.get(digest)
         if known is not None:
             self._known.move_to_end(digest)
-            return known
-        body = await self.store.kept_snapshot(digest)
-        if body is None:
-            raise ApplicationError(
-                f"no capability snapshot is kept under {digest!r}",
-                type=SNAPSHOT_NOT_KEPT,
-                non_retryable=True,
+            return known[0]
+        text = await self.store.kept_snapshot(digest)
+        if text is None:
+            raise _not_kept(f"no capability snapshot is kept under {digest!r}")
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise _not_kept(f"the snapshot kept under {digest!r} is not JSON: {exc}") from exc
+        # The digest of the values as kept, not of a model made of them: a
+        # field added to the models since (with a default) changes nothing.
+        if canonical_digest(value) != digest:
+            raise _not_kept(
+                f"the capability snapshot kept under {digest!r} is not the one it names"
             )
         try:
-            snapshot = CapabilitySnapshot.model_validate(body)
+            snapshot = CapabilitySnapshot.model_validate(value)
         except ValidationError as exc:
-            raise ApplicationError(
-                f"the capability snapshot kept under {digest!r} cannot be read: {exc}",
-                type=SNAPSHOT_NOT_KEPT,
-                non_retryable=True,
-            ) from exc
-        if snapshot_digest(snapshot) != digest:
-            raise ApplicationError(
-                f"the capability snapshot kept under {digest!r} is not the one it names",
-                type=SNAPSHOT_NOT_KEPT,
-                non_retryable=True,
-            )
-        self.remember(digest, snapshot)
+            raise _not_kept(f"the snapshot kept under {digest!r} cannot be read: {exc}") from exc
+        self.remember(digest, snapshot, len(text))
         return snapshot
+
+
+def _not_kept(message: str) -> ApplicationError:
+    return ApplicationError(message, type=SNAPSHOT_NOT_KEPT, non_retryable=True)

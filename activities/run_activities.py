@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.bounded import bounded_result, bounded_text
 from activities.errors import typed_store_errors
-from activities.kept_snapshots import KeptSnapshots, snapshot_digest
+from activities.kept_snapshots import KeptSnapshots, kept_text, snapshot_digest
 from roundtable.agents import UnknownModelError, resolve_model
 from roundtable.agents.prompts import manager_messages, round_prompt, seat_system_prompt
 from roundtable.agents.tool_calls import sanitize_tool_calls
@@ -108,14 +108,10 @@ class RunActivities:
         )
         self._check_granted(run, inp)
         digest = snapshot_digest(snapshot)
-        status = await self.store.pin_snapshot(
-            run["id"],
-            digest,
-            status=inp.open_as,
-            body=snapshot.model_dump(mode="json") if inp.keep_snapshot else None,
-        )
-        if inp.keep_snapshot:
-            self.snapshots.remember(digest, snapshot)
+        body = kept_text(snapshot) if inp.keep_snapshot else None
+        status = await self.store.pin_snapshot(run["id"], digest, status=inp.open_as, body=body)
+        if body is not None:
+            self.snapshots.remember(digest, snapshot, len(body))
         return EnsureRunOutput(
             run_id=run["id"],
             session_id=run["session_id"],

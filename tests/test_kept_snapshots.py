@@ -12,20 +12,25 @@ import json
 from typing import Any
 
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import delete, event, update
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kept_snapshots import SNAPSHOT_NOT_KEPT, snapshot_digest
+from activities.kept_snapshots import SNAPSHOT_NOT_KEPT, KeptSnapshots, kept_text, snapshot_digest
 from activities.run_activities import RunActivities
-from roundtable.models import CapabilitySnapshot, SeatGrant, TakeTurnInput, ToolSpec
+from roundtable.models import (
+    CapabilitySnapshot,
+    EnsureRunInput,
+    SeatGrant,
+    TakeTurnInput,
+    ToolSpec,
+)
 from roundtable.store import Store
-from roundtable.store.runs import Runs
 from roundtable.store.schema import CapabilitySnapshotRow
-from roundtable.tools.registry import ToolRegistry
+from roundtable.tools.registry import ToolDefinition, ToolRegistry
 from tests.fake_openai import fake_openai, message
 from tests.helpers import new_run
 from tests.test_openai_adapter import role_of
@@ -80,7 +85,7 @@ async def test_seat_turns_name_the_kept_snapshot_and_the_model_gets_each_seats_t
         assert (await handle.result()).status == "completed"
 
         digest = (await h.store.get_run(handle.id))["snapshot_digest"]
-        kept = CapabilitySnapshot.model_validate(await h.store.kept_snapshot(digest))
+        kept = CapabilitySnapshot.model_validate_json(await h.store.kept_snapshot(digest))
         assert kept == (await h.state(handle)).snapshot and snapshot_digest(kept) == digest
 
         turns = await scheduled_inputs(handle, h.client.data_converter)
@@ -130,29 +135,90 @@ def seat_turn(run_id: str, digest: str) -> TakeTurnInput:
     )  # fmt: skip
 
 
-async def test_runs_sharing_a_snapshot_keep_one_row(store: Store) -> None:
-    digest = snapshot_digest(SNAPSHOT)
-    body = SNAPSHOT.model_dump(mode="json")
-    first, second = await new_run(store), await new_run(store)
-    await store.pin_snapshot(first["id"], digest, status="running", body=body)
-    await store.pin_snapshot(second["id"], digest, status="running", body=body)
-    # A second store on the same database (another worker) knows nothing of
-    # the first's writes and inserts again: still one row.
-    another = Runs(store.db, store.sessions, store.actions, store.leases)
-    await another.pin_snapshot(second["id"], digest, body=body)
+async def keep(store: Store, run_id: str, snapshot: CapabilitySnapshot = SNAPSHOT) -> str:
+    digest = snapshot_digest(snapshot)
+    await store.pin_snapshot(run_id, digest, status="running", body=kept_text(snapshot))
+    return digest
+
+
+async def _rows(store: Store) -> list[str]:
     async with store.db.reader() as session:
-        rows = (await session.execute(CapabilitySnapshotRow.__table__.select())).all()
-    assert [row.digest for row in rows] == [digest]
-    assert await store.kept_snapshot(digest) == body
+        return [
+            row.digest for row in await session.execute(CapabilitySnapshotRow.__table__.select())
+        ]
+
+
+async def test_runs_sharing_a_snapshot_keep_one_row(store: Store) -> None:
+    first, second = await new_run(store), await new_run(store)
+    digest = await keep(store, first["id"])
+    await keep(store, second["id"])
+    await keep(store, second["id"])  # opened again (a reset): still one row
+    assert await _rows(store) == [digest]
+    assert await store.kept_snapshot(digest) == kept_text(SNAPSHOT)
     assert await store.kept_snapshot("0" * 64) is None
+
+
+async def test_a_row_that_went_comes_back_with_the_next_opening(store: Store) -> None:
+    """Found in review: a store that remembered having written a row wrote
+    none after the row went (a restored database)."""
+    first, second = await new_run(store), await new_run(store)
+    digest = await keep(store, first["id"])
+    async with store.db.transaction() as session:
+        await session.execute(delete(CapabilitySnapshotRow))
+    await keep(store, second["id"])
+    assert await _rows(store) == [digest]
+
+
+def _reading(tool: str, description: str, parameters: dict[str, Any]) -> ToolDefinition:
+    async def handler(_args: Any, _ctx: Any) -> dict[str, Any]:
+        return {}
+
+    return ToolDefinition(
+        name=tool, description=description, side_effect="read", risk_level="R0",
+        handler=handler, input_schema=parameters,
+    )  # fmt: skip
+
+
+# Values the store's JSON columns do not read back as written (found in review:
+# a snapshot kept as JSON came back other than digested, on both databases, and
+# every turn on a worker that had not opened the run failed).
+AWKWARD = {
+    "a whole float with an exponent (an MCP schema's bound)": (
+        "d",
+        {"type": "object", "properties": {"n": {"type": "number", "maximum": 1e16}}},
+    ),
+    "the largest float": ("d", {"type": "number", "maximum": 1.7976931348623157e308}),
+    "a big float bound": ("d", {"type": "number", "exclusiveMaximum": 1e21}),
+    # (A lone surrogate cannot arrive: the MCP SDK's JSON parser refuses it.)
+    "NUL in a description": ("a\x00b", {"type": "object"}),
+}
+
+
+@pytest.mark.parametrize("case", list(AWKWARD))
+async def test_a_worker_that_did_not_open_the_run_gets_exactly_its_tools(
+    store: Store, case: str
+) -> None:
+    description, parameters = AWKWARD[case]
+    registry = ToolRegistry()
+    registry.register(_reading("look", description, parameters))
+    opener = RunActivities(store, registry, authority=TRUSTING)
+    opening = EnsureRunInput(
+        run_id="run-awkward", user_id="u", task_text="t", seats=["seat-1"],
+        open_as="running", keep_snapshot=True,
+    )  # fmt: skip
+    opened = await own_run("run-awkward").run(opener.ensure_run, opening)
+    assert opened.snapshot_digest == snapshot_digest(opened.snapshot)
+    # Another worker (or this one restarted): nothing in memory, the row read.
+    other = RunActivities(store, ToolRegistry(), authority=TRUSTING)
+    given = await other._tools(seat_turn("run-awkward", opened.snapshot_digest))
+    assert given == opened.snapshot.tools_for("seat-1") == [registry.tools["look"].spec()]
 
 
 async def test_a_turn_reads_the_snapshot_once_per_worker(
     store: Store, turns: RunActivities
 ) -> None:
     run = await new_run(store)
-    digest = snapshot_digest(SNAPSHOT)
-    await store.pin_snapshot(run["id"], digest, body=SNAPSHOT.model_dump(mode="json"))
+    digest = await keep(store, run["id"])
     statements: list[str] = []
 
     def note(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
@@ -168,6 +234,17 @@ async def test_a_turn_reads_the_snapshot_once_per_worker(
     assert sum("capability_snapshots" in s for s in statements) == 1, statements
 
 
+def test_what_a_worker_holds_is_bounded_by_count_and_by_size() -> None:
+    held = KeptSnapshots(store=None, count=3, size=100)  # type: ignore[arg-type]
+    for n in range(5):
+        held.remember(f"d{n}", SNAPSHOT, 10)
+    assert list(held._known) == ["d2", "d3", "d4"]
+    held.remember("big", SNAPSHOT, 90)  # 10 + 10 + 90 > 100: the oldest go
+    assert list(held._known) == ["d4", "big"]
+    held.remember("huge", SNAPSHOT, 500)  # larger than the bound: held alone
+    assert list(held._known) == ["huge"]
+
+
 async def test_a_turn_naming_a_snapshot_nobody_kept_fails_without_retrying(
     store: Store, turns: RunActivities
 ) -> None:
@@ -181,8 +258,7 @@ async def test_a_kept_row_that_is_not_what_its_digest_names_is_refused(
     store: Store, turns: RunActivities
 ) -> None:
     run = await new_run(store)
-    digest = snapshot_digest(SNAPSHOT)
-    await store.pin_snapshot(run["id"], digest, body=SNAPSHOT.model_dump(mode="json"))
+    digest = await keep(store, run["id"])
     # Someone widens seat-1's grant in the row behind the digest's back.
     widened = SNAPSHOT.model_copy(
         update={"agents": [SeatGrant(agent_id="seat-1", tools=["look", "peek"])]}
@@ -191,7 +267,7 @@ async def test_a_kept_row_that_is_not_what_its_digest_names_is_refused(
         await session.execute(
             update(CapabilitySnapshotRow)
             .where(CapabilitySnapshotRow.digest == digest)
-            .values(body=widened.model_dump(mode="json"))
+            .values(body=kept_text(widened))
         )
     with pytest.raises(ApplicationError) as refused:
         await own_run(run["id"]).run(turns.take_turn, seat_turn(run["id"], digest))

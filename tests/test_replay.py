@@ -35,8 +35,9 @@ from tests.replaying import replay_failure
 # recorded-with-one-rules-marker/, runs that ask for one patch standing for
 # every rule above (rules-as-of-2026-12) instead of one patch a rule; in
 # recorded-with-kept-snapshots/, runs whose store keeps their snapshot, so
-# their opening's result names its digest and their seat turns carry that
-# (the same command order: no patch).
+# their opening's result and state name its digest (the same command order:
+# no patch; replay guards that the models still read them, not which form a
+# turn is sent in: activity inputs are not compared).
 # A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {

@@ -76,9 +76,6 @@ class RunGrant:
 class Runs:
     def __init__(self, db: Database, sessions: Sessions, actions: Actions, leases: Leases) -> None:
         self.db, self.sessions, self.actions, self.leases = db, sessions, actions, leases
-        # Digests of snapshot bodies this store has seen committed: kept once,
-        # a later pin of the same snapshot writes no row.
-        self._kept: set[str] = set()
 
     async def create(
         self,
@@ -160,33 +157,32 @@ class Runs:
         run_id: str,
         digest: str,
         status: str | None = None,
-        body: dict[str, Any] | None = None,
+        body: str | None = None,
     ) -> str:
         """Record the capability snapshot the worker computed for the run (its
         workflow's start, or a reset to it, computes it anew); with
         ``status``, move the run there in the same transaction, as
-        :meth:`set_status` would; with ``body``, keep the snapshot itself
-        under ``digest`` (the caller's digest of that body; the reader
-        checks it, :meth:`kept_snapshot`). The run's status as the
-        transaction left it."""
+        :meth:`set_status` would; with ``body`` (the snapshot as the JSON
+        text its digest was taken of), keep it under ``digest``, once: the
+        reader checks the two agree (:meth:`kept_snapshot`). Written every
+        opening, not remembered as written: a row that went (a restored
+        database) comes back with the next run of that snapshot. The run's
+        status as the transaction left it."""
         wanted = _run_status(status).value if status is not None else None
-        keep = body is not None and digest not in self._kept
         async with self.db.transaction() as session:
             run = await self.db.lock_run(session, run_id)
-            if keep:
+            pinned = run.snapshot_digest == digest
+            now = await database_now(session) if body is not None or not pinned else None
+            if body is not None:
                 await session.execute(
                     insert_for(session, CapabilitySnapshotRow)
-                    .values(digest=digest, body=body, kept_at=await database_now(session))
+                    .values(digest=digest, body=body, kept_at=now)
                     .on_conflict_do_nothing(index_elements=["digest"])
                 )
-            if run.snapshot_digest != digest:
+            if not pinned:
                 run.snapshot_digest = digest
                 await self.db.audit(
-                    session,
-                    run,
-                    "run.snapshot_pinned",
-                    {"snapshot_digest": digest},
-                    await database_now(session),
+                    session, run, "run.snapshot_pinned", {"snapshot_digest": digest}, now
                 )
             # A move the state machine refuses (a reset of a run that ended,
             # say) is left to the status write that follows, which refuses it
@@ -196,13 +192,10 @@ class Runs:
             target = carried_target(RunStatus(run.status), wanted)
             if target is not None:
                 await self.move(session, run, target, None)
-            status_now = run.status
-        if keep:
-            self._kept.add(digest)
-        return status_now
+            return run.status
 
-    async def kept_snapshot(self, digest: str) -> dict[str, Any] | None:
-        """The snapshot body kept under ``digest`` by :meth:`pin_snapshot`."""
+    async def kept_snapshot(self, digest: str) -> str | None:
+        """The snapshot's JSON text kept under ``digest`` by :meth:`pin_snapshot`."""
         async with self.db.reader() as session:
             row = await session.get(CapabilitySnapshotRow, digest)
             return None if row is None else row.body

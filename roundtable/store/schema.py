@@ -307,12 +307,13 @@ class CapabilitySnapshotRow(Base):
     sha256 ``runs.snapshot_digest`` holds). A seat's turn names the digest
     instead of carrying its tool specs in the history; the worker that runs
     the turn reads them from here. Written once, never changed: the digest
-    is of this very body."""
+    is of this very body, kept as the JSON text that was digested (ASCII),
+    since the JSON columns' writer changes some values (NUL, 1e16)."""
 
     __tablename__ = "capability_snapshots"
 
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
-    body: Mapped[dict[str, Any]] = mapped_column(JSONValue)
+    body: Mapped[str] = mapped_column(Text)
     kept_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
