@@ -6,9 +6,13 @@ import json
 import subprocess
 import sys
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
 
+from roundtable.store import open_store
+from roundtable.store.errors import SchemaNewerError
 from roundtable.store.schema import Base
 
 
@@ -91,3 +95,21 @@ def test_cli_db_upgrade_reports_bad_urls(tmp_path) -> None:
     assert unreachable.returncode == 1
     assert "cannot migrate" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
+
+
+async def test_a_database_a_newer_release_migrated_is_named_as_such(store) -> None:
+    """A worker of the release before, restarted during a rolling deploy or a
+    rollback, met Alembic's "Can't locate revision": it now says what that
+    means, and changes nothing."""
+    async with store.engine.begin() as connection:
+        await connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    for migrate in (True, False):
+        with pytest.raises(SchemaNewerError, match="newer than this Roundtable knows"):
+            async with open_store(
+                store.engine.url.render_as_string(hide_password=False), migrate=migrate
+            ):
+                pass
+    async with store.engine.connect() as connection:
+        assert (
+            await connection.execute(text("SELECT version_num FROM alembic_version"))
+        ).scalar() == "9999"

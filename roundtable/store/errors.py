@@ -72,3 +72,17 @@ class SchemaOutOfDateError(StoreError):
             "run `roundtable db upgrade` (the worker and `roundtable dev` also upgrade it)"
         )
         self.current, self.needed = current, needed
+
+
+class SchemaNewerError(SchemaOutOfDateError):
+    """The database was migrated by a newer release than this one: nothing
+    this code knows can bring it to its own revision."""
+
+    def __init__(self, current: str, needed: str) -> None:
+        StoreError.__init__(
+            self,
+            f"the database schema is at revision {current}, newer than this Roundtable "
+            f"knows (it needs {needed}): a newer release upgraded it; run that release, "
+            "or see docs/architecture.md §7 on rolling back",
+        )
+        self.current, self.needed = current, needed

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from roundtable.store.errors import SchemaOutOfDateError
+from roundtable.store.errors import SchemaNewerError, SchemaOutOfDateError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # Any constant will do; two processes migrating one PostgreSQL database at
@@ -30,6 +30,10 @@ def alembic_config(connection: Connection | None = None) -> Config:
 def _migrate(connection: Connection, direction: str, revision: str) -> None:
     if connection.dialect.name == "postgresql":
         connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+    current = _current(connection)
+    if current is not None and current not in _known_revisions():
+        # Alembic's own word here is "Can't locate revision": say what it means.
+        raise SchemaNewerError(current, head_revision())
     getattr(command, direction)(alembic_config(connection), revision)
     if connection.dialect.name == "sqlite":
         # Foreign keys were off while tables were rebuilt; prove nothing dangles.
@@ -83,6 +87,14 @@ async def current_revision(engine: AsyncEngine) -> str | None:
         return await connection.run_sync(_current)
 
 
+def _known_revisions() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    return {
+        script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()
+    }
+
+
 def head_revision() -> str:
     from alembic.script import ScriptDirectory
 
@@ -96,5 +108,7 @@ async def require_current_schema(engine: AsyncEngine) -> None:
     (SchemaOutOfDateError): commands that only use the database never change
     its schema behind an operator's back."""
     current, head = await current_revision(engine), head_revision()
+    if current is not None and current not in _known_revisions():
+        raise SchemaNewerError(current, head)
     if current != head:
         raise SchemaOutOfDateError(current, head)
