@@ -407,13 +407,9 @@ class WriteActivities:
                 with contextlib.suppress(Exception):
                     await recording
                 raise asyncio.CancelledError()
-            recorded = await recording
+            await recording
             if status != ActionStatus.UNKNOWN:  # the lease is released: wake who waits
                 await self._wake_waiters(action)
-            if recorded:  # it moved the action from executing: it says what it is
-                return ExecuteWriteOutput(
-                    claim=claim, status=status, result=await self._bounded(action, result)
-                )
             # Report what the database says: recovery may have made it unknown first.
             return await self._action_now(inp.action_id, claim)
 
