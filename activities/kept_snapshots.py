@@ -19,10 +19,12 @@ from temporalio.exceptions import ApplicationError
 from roundtable.models import CapabilitySnapshot, canonical_digest
 from roundtable.store import Store
 
-# A turn that names a snapshot the store does not hold (or holds in a form
-# this worker cannot read) cannot be given its tools: it fails, not retried,
-# rather than let the model answer without them.
+# A turn that names a snapshot the store does not hold (or holds other than
+# its digest says) cannot be given its tools: it fails, not retried, rather
+# than let the model answer without them.
 SNAPSHOT_NOT_KEPT = "snapshot_not_kept"
+# One that is kept but not readable by this worker: retried elsewhere.
+SNAPSHOT_NOT_READABLE_HERE = "snapshot_not_readable_here"
 
 
 def snapshot_digest(snapshot: CapabilitySnapshot) -> str:
@@ -70,7 +72,8 @@ class KeptSnapshots:
         except ValueError as exc:
             raise _not_kept(f"the snapshot kept under {digest!r} is not JSON: {exc}") from exc
         # The digest of the values as kept, not of a model made of them: a
-        # field added to the models since (with a default) changes nothing.
+        # row written before a field was added to the models (with a
+        # default) still matches when a newer worker reads it.
         if canonical_digest(value) != digest:
             raise _not_kept(
                 f"the capability snapshot kept under {digest!r} is not the one it names"
@@ -78,7 +81,13 @@ class KeptSnapshots:
         try:
             snapshot = CapabilitySnapshot.model_validate(value)
         except ValidationError as exc:
-            raise _not_kept(f"the snapshot kept under {digest!r} cannot be read: {exc}") from exc
+            # What it names is there, in a form this worker does not know: a
+            # newer release's (a field added since), during a rolling deploy.
+            # Retried, so a worker that knows it takes the turn (review).
+            raise ApplicationError(
+                f"the snapshot kept under {digest!r} is in a form this worker cannot read: {exc}",
+                type=SNAPSHOT_NOT_READABLE_HERE,
+            ) from exc
         self.remember(digest, snapshot, len(text))
         return snapshot
 

@@ -19,7 +19,13 @@ from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kept_snapshots import SNAPSHOT_NOT_KEPT, KeptSnapshots, kept_text, snapshot_digest
+from activities.kept_snapshots import (
+    SNAPSHOT_NOT_KEPT,
+    SNAPSHOT_NOT_READABLE_HERE,
+    KeptSnapshots,
+    kept_text,
+    snapshot_digest,
+)
 from activities.run_activities import RunActivities
 from roundtable.models import (
     CapabilitySnapshot,
@@ -27,6 +33,7 @@ from roundtable.models import (
     SeatGrant,
     TakeTurnInput,
     ToolSpec,
+    canonical_digest,
 )
 from roundtable.store import Store
 from roundtable.store.schema import CapabilitySnapshotRow
@@ -273,6 +280,23 @@ async def test_a_kept_row_that_is_not_what_its_digest_names_is_refused(
         await own_run(run["id"]).run(turns.take_turn, seat_turn(run["id"], digest))
     assert refused.value.type == SNAPSHOT_NOT_KEPT and refused.value.non_retryable
     assert "not the one it names" in str(refused.value)
+
+
+async def test_a_snapshot_in_a_newer_releases_form_is_retried_not_failed(
+    store: Store, turns: RunActivities
+) -> None:
+    """A newer release's snapshot (a field this worker's models do not know)
+    during a rolling deploy: the turn is retried, for a worker that knows it
+    to take, not failed for good (found in review)."""
+    run = await new_run(store)
+    newer = SNAPSHOT.model_dump(mode="json")
+    newer["tools"][0]["cost_hint"] = "cheap"
+    digest = canonical_digest(newer) or ""
+    await store.pin_snapshot(run["id"], digest, body=json.dumps(newer))
+    with pytest.raises(ApplicationError) as refused:
+        await own_run(run["id"]).run(turns.take_turn, seat_turn(run["id"], digest))
+    assert refused.value.type == SNAPSHOT_NOT_READABLE_HERE
+    assert not refused.value.non_retryable
 
 
 async def test_a_turn_that_carries_its_specs_is_given_them(

@@ -10,6 +10,7 @@ from datetime import datetime
 
 import pytest
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 
 from roundtable.models import ReconcileInput
@@ -398,3 +399,44 @@ async def test_one_writes_end_does_not_erase_anothers_blocked_reason(tmp_path) -
         await h.store.reconcile_action(holder, "failed", "op", "did not happen")
         done = await h.wait_for(handle, lambda s: s.status == "completed")
         assert done.blocked_writes == {}
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [{"note": "a\x00b", "ratio": float("nan")}, {"note": "a\ud800c"}],
+    ids=["nul-and-nan", "lone-surrogate"],
+)
+async def test_the_seat_is_told_the_result_as_the_action_row_keeps_it(
+    tmp_path, returned: dict
+) -> None:
+    """What the store keeps of a result is not always what the tool returned
+    (NUL, a lone surrogate and NaN are escaped to be storable); the seat, the
+    API and the audit must agree on one. Found in review of a cut that told
+    the workflow the result as returned: the seat heard null for NaN, and a
+    lone surrogate failed the write's activity after its result committed."""
+
+    def awkward_result(handler):  # type: ignore[no-untyped-def]
+        async def handle(args, ctx):  # type: ignore[no-untyped-def]
+            await handler(args, ctx)
+            return returned
+
+        return handle
+
+    async with harness(
+        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", awkward_result)
+    ) as h:
+        handle = await h.start(
+            task_text="t",
+            script=script(("seat-1", 1, [ticket_call("ticket_comment")])),
+            write_policy=AUTO,
+        )
+        assert (await handle.result()).status == "completed"
+        (action,) = await h.store.list_actions(handle.id)
+        assert action["status"] == "succeeded" and action["attempt_count"] == 1
+        (told,) = [m for m in (await h.state(handle)).threads["seat-1"] if m.role == "tool"]
+        assert json.loads(told.content)["result"] == action["result"]
+        failed = [
+            e async for e in handle.fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+        ]  # fmt: skip
+        assert failed == []
