@@ -422,19 +422,14 @@ async def test_the_seat_is_told_the_result_as_the_action_row_keeps_it(
 
         return handle
 
-    async with harness(
-        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_comment", awkward_result)
-    ) as h:
-        handle = await h.start(
-            task_text="t",
-            script=script(("seat-1", 1, [ticket_call("ticket_comment")])),
-            write_policy=AUTO,
-        )
+    async with one_comment(tmp_path, awkward_result) as (h, api, handle):
         assert (await handle.result()).status == "completed"
         (action,) = await h.store.list_actions(handle.id)
         assert action["status"] == "succeeded" and action["attempt_count"] == 1
         (told,) = [m for m in (await h.state(handle)).threads["seat-1"] if m.role == "tool"]
         assert json.loads(told.content)["result"] == action["result"]
+        shown = await api.http.get(f"/v1/runs/{handle.id}/actions", headers=api.auth("ops"))
+        assert [a["result"] for a in shown.json()] == [action["result"]], shown.text
         failed = [
             e async for e in handle.fetch_history_events()
             if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
