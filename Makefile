@@ -63,9 +63,10 @@ chaos: venv
 
 # The suite's repeated tests at their long size (`make test` runs them short,
 # to stay near 30 minutes): each race 500 times, the store's state machine
-# over 100 sequences, the old/new store writes over more rounds.
+# over 100 sequences, the old/new store writes over more rounds and every
+# case of their matrices (`make test` takes a fixed half).
 stress: venv system-deps
-	RACE_ROUNDS=500 STATE_MACHINE_EXAMPLES=100 REVIEW_ROUNDS=40 REVIEW_SEQUENCES=60 \
+	RACE_ROUNDS=500 STATE_MACHINE_EXAMPLES=100 REVIEW_ROUNDS=40 REVIEW_SEQUENCES=60 REVIEW_MATRIX=all \
 		$(VENV)/bin/pytest tests/test_races.py tests/test_store_state_machine.py \
 		tests/test_review_core_writes.py
 
