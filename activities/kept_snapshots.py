@@ -35,7 +35,13 @@ def kept_text(snapshot: CapabilitySnapshot) -> str:
     """The snapshot as the store keeps it: canonical JSON (sorted keys, no
     spaces), the values :func:`snapshot_digest` digests, read back exactly.
     ASCII, so text columns take it whatever a tool's description holds."""
-    return json.dumps(snapshot.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return kept_form(snapshot)[1]
+
+
+def kept_form(snapshot: CapabilitySnapshot) -> tuple[str, str]:
+    """Its digest and its kept text, from one dump (a run's opening needs both)."""
+    value = snapshot.model_dump(mode="json")
+    return canonical_digest(value) or "", json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 class KeptSnapshots:

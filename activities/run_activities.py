@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.bounded import bounded_result, bounded_text
 from activities.errors import typed_store_errors
-from activities.kept_snapshots import KeptSnapshots, kept_text, snapshot_digest
+from activities.kept_snapshots import KeptSnapshots, kept_form, snapshot_digest
 from roundtable.agents import UnknownModelError, resolve_model
 from roundtable.agents.prompts import manager_messages, round_prompt, seat_system_prompt
 from roundtable.agents.tool_calls import sanitize_tool_calls
@@ -107,8 +107,10 @@ class RunActivities:
             run_id=inp.run_id, user_id=inp.user_id, task_text=inp.task_text
         )
         self._check_granted(run, inp)
-        digest = snapshot_digest(snapshot)
-        body = kept_text(snapshot) if inp.keep_snapshot else None
+        if inp.keep_snapshot:
+            digest, body = kept_form(snapshot)
+        else:
+            digest, body = snapshot_digest(snapshot), None
         status = await self.store.pin_snapshot(run["id"], digest, status=inp.open_as, body=body)
         if body is not None:
             self.snapshots.remember(digest, snapshot, len(body))

@@ -4,6 +4,7 @@ dev``, or ``alembic``), and tell everyone else whether the schema is current."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -30,10 +31,7 @@ def alembic_config(connection: Connection | None = None) -> Config:
 def _migrate(connection: Connection, direction: str, revision: str) -> None:
     if connection.dialect.name == "postgresql":
         connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
-    current = _current(connection)
-    if current is not None and current not in _known_revisions():
-        # Alembic's own word here is "Can't locate revision": say what it means.
-        raise SchemaNewerError(current, head_revision())
+    _refuse_newer(_current(connection))
     getattr(command, direction)(alembic_config(connection), revision)
     if connection.dialect.name == "sqlite":
         # Foreign keys were off while tables were rebuilt; prove nothing dangles.
@@ -87,28 +85,36 @@ async def current_revision(engine: AsyncEngine) -> str | None:
         return await connection.run_sync(_current)
 
 
-def _known_revisions() -> set[str]:
+def _scripts() -> Any:
     from alembic.script import ScriptDirectory
 
-    return {
-        script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()
-    }
+    return ScriptDirectory.from_config(alembic_config())
 
 
-def head_revision() -> str:
-    from alembic.script import ScriptDirectory
+def _known_revisions(scripts: Any = None) -> set[str]:
+    return {script.revision for script in (scripts or _scripts()).walk_revisions()}
 
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+def head_revision(scripts: Any = None) -> str:
+    head = (scripts or _scripts()).get_current_head()
     assert head is not None, "no migrations found"
     return head
+
+
+def _refuse_newer(current: str | None, scripts: Any = None) -> None:
+    """Alembic's own word for a revision it does not know is "Can't locate
+    revision": say what it means, a newer release migrated the database."""
+    scripts = scripts or _scripts()
+    if current is not None and current not in _known_revisions(scripts):
+        raise SchemaNewerError(current, head_revision(scripts))
 
 
 async def require_current_schema(engine: AsyncEngine) -> None:
     """Refuse a database whose schema is not the one this code was written for
     (SchemaOutOfDateError): commands that only use the database never change
     its schema behind an operator's back."""
-    current, head = await current_revision(engine), head_revision()
-    if current is not None and current not in _known_revisions():
-        raise SchemaNewerError(current, head)
+    current, scripts = await current_revision(engine), _scripts()
+    _refuse_newer(current, scripts)
+    head = head_revision(scripts)
     if current != head:
         raise SchemaOutOfDateError(current, head)
