@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import jsonschema
@@ -89,7 +91,7 @@ class ToolDefinition:
             target_key_fields=list(self.target_key_fields),
             target_key_namespace=self.target_key_namespace,
             safe_argument_fields=list(self.safe_argument_fields),
-            parameters=self.input_schema or self.args_model.model_json_schema(),
+            parameters=self.input_schema or json.loads(_schema_text(self.args_model)),
         )
 
     def parse(self, arguments: dict[str, Any]) -> Any:
@@ -124,6 +126,15 @@ class ToolDefinition:
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {detail}")
         return dict(arguments)
+
+
+@cache
+def _schema_text(args_model: type[BaseModel]) -> str:
+    """The JSON Schema of a tool's arguments model, built once: pydantic takes
+    about 150 µs a model to build it, and every run's opening asks for every
+    tool's (a few percent of a worker's CPU per run). Kept as text so each
+    spec gets a dict of its own, which no caller can change for the next."""
+    return json.dumps(args_model.model_json_schema())
 
 
 @dataclass
