@@ -190,11 +190,7 @@ class Actions:
 
     async def find_by_idempotency_key(self, key: str) -> dict[str, Any] | None:
         """The action recorded for this write call, if any."""
-        async with self.db.reader() as session:
-            row = (
-                await session.execute(select(ActionRow).where(ActionRow.idempotency_key == key))
-            ).scalar_one_or_none()
-            return row_to_dict(row) if row is not None else None
+        return await self.db.find(ActionRow, "idempotency_key", key)
 
     async def _insert_action(
         self, data: Mapping[str, Any], run_status: str | None

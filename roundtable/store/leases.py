@@ -171,8 +171,8 @@ class Leases:
             ActionRow.target_key == target.target_key,
             _overlaps(target, ActionRow.target_scope, ActionRow.target_namespace_wide),
         )
-        async with self.db.reader() as session:
-            runs = await session.execute(
+        async with self.db.core_reader() as connection:
+            runs = await connection.execute(
                 select(ActionRow.run_id)
                 .where(
                     same_or_overlapping,
