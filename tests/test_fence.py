@@ -20,6 +20,7 @@ from activities.write_activities import WriteActivities
 from roundtable.models import ReconcileInput
 from roundtable.security import derive_target
 from roundtable.store import open_store
+from roundtable.tools import tickets as tickets_module
 from roundtable.tools.registry import ToolContext, ToolDefiniteFailure, ToolRegistry
 from roundtable.tools.tickets import TicketSystem, TicketUpdateArgs, register_ticket_tools
 from tests.workflow_harness import TRUSTING, as_operator
@@ -78,16 +79,16 @@ async def test_a_write_frozen_inside_its_transaction_and_the_fence_never_both_wi
             else:
                 await tickets.fence(parsed, ToolContext(run_id="x", seat="s", fencing_token=0))
             frozen, wake = asyncio.Event(), asyncio.Event()
-            reads_ticket = TicketSystem._ticket
+            reads_ticket = tickets_module._locked_ticket
 
-            async def freezing(session, args):  # type: ignore[no-untyped-def]
-                row = await reads_ticket(session, args)
+            async def freezing(conn, args):  # type: ignore[no-untyped-def]
+                row = await reads_ticket(conn, args)
                 if not frozen.is_set():
                     frozen.set()
                     await wake.wait()  # SIGSTOP, between the read and the commit
                 return row
 
-            monkeypatch.setattr(TicketSystem, "_ticket", staticmethod(freezing))
+            monkeypatch.setattr(tickets_module, "_locked_ticket", freezing)
 
             async def worker() -> Any:
                 try:

@@ -118,7 +118,7 @@ def is_postgresql(session: AsyncSession | AsyncConnection) -> bool:
     return dialect.name == "postgresql"
 
 
-def insert_for(session: AsyncSession, table: Any) -> Any:
+def insert_for(session: AsyncSession | AsyncConnection, table: Any) -> Any:
     """The dialect's INSERT, which has ``on_conflict_do_*`` on both databases."""
     return (postgresql.insert if is_postgresql(session) else sqlite.insert)(table)
 
