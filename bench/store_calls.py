@@ -3,8 +3,9 @@
     .venv/bin/python -m bench.store_calls [--url URL] [--writes N]
 
 Each of N writes gets a run of its own and an approval, then each call runs
-N times in a row (decide, claim, hold, record the outcome, read the action)
-and its CPU per call is printed: the worker's event loop and SQLite's thread,
+N times in a row (decide, claim, hold, record the outcome, read the action;
+then N runs opened, and a write intercepted in each) and its CPU per call is
+printed: the worker's event loop and SQLite's thread,
 since both are this process. No Temporal, no payloads: what a store change
 saves or costs, measured where it happens. Not part of `make bench` (which
 times whole runs against bare Temporal); for comparing two versions of the
@@ -86,7 +87,38 @@ async def measure(url: str, writes: int) -> dict[str, float]:
             for action, approval in pairs:
                 await call(action, approval)
             spent[name] = 1000 * (time.process_time() - began) / writes
+        # A run's own path: its opening (the rows, then the snapshot pinned
+        # and kept with its first status), then an auto-approved write
+        # intercepted.
+        opened: list[dict[str, Any]] = []
+        began = time.process_time()
+        for index in range(writes):
+            run_id = f"bench-run-{index}"
+            run = await store.ensure_run(run_id=run_id, user_id="bench", task_text="bench")
+            await store.pin_snapshot(run_id, f"{index:064x}", status="running", body="{}")
+            opened.append(run)
+        spent["open run"] = 1000 * (time.process_time() - began) / writes
+        began = time.process_time()
+        for index, run in enumerate(opened):
+            await store.create_action(_auto_approved(run, index))
+        spent["intercept write"] = 1000 * (time.process_time() - began) / writes
         return spent
+
+
+def _auto_approved(run: dict[str, Any], index: int) -> dict[str, Any]:
+    """A write the run's policy approves on its own, as an intercept records it."""
+    return {
+        "session_id": run["session_id"],
+        "run_id": run["id"],
+        "agent_id": "seat-1",
+        "tool_name": "bench_write",
+        "idempotency_key": f"auto-{index}",
+        "target_key": f"bench:auto-{index}",
+        "risk_level": "R1",
+        "status": "approved",
+        "arguments": {"ticket_id": f"T-{index}", "body": "on it"},
+        "safe_argument_fields": ["ticket_id"],
+    }
 
 
 def main() -> None:
