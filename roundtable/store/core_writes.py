@@ -86,9 +86,13 @@ class ChainedRun:
         """The events, in their order, then the run's new head (and changes)."""
         if not self.events:
             return
-        await connection.execute(_insert_events(), self.events)
+        await self.write_events(connection)
         head = {"last_event_seq": self.last_seq, "last_event_hash": self.last_hash}
         await update_row(connection, _RUNS, self.id, {**head, "updated_at": now, **self.changes})
+
+    async def write_events(self, connection: AsyncConnection) -> None:
+        """The events alone, for a run inserted with its head already set."""
+        await connection.execute(_insert_events(), self.events)
 
 
 @cache
@@ -100,12 +104,12 @@ def _insert_events() -> Any:
 def lock_owner_run(table: Table) -> Any:
     """PostgreSQL: lock the run that the row ``:row_id`` of ``table`` belongs
     to, found by a subquery in the locking statement itself (no read first
-    that a concurrent writer could make stale)."""
-    owner = (
-        select(table.c.run_id)
-        .where(table.c.id == bindparam("row_id", type_=table.c.id.type))
-        .scalar_subquery()
-    )
+    that a concurrent writer could make stale); for the runs table, the run
+    ``:row_id``."""
+    row_id = bindparam("row_id", type_=table.c.id.type)
+    if table is _RUNS:  # the run itself
+        return select(_RUNS.c.id).where(_RUNS.c.id == row_id).with_for_update()
+    owner = select(table.c.run_id).where(table.c.id == row_id).scalar_subquery()
     return select(_RUNS.c.id).where(_RUNS.c.id == owner).with_for_update()
 
 
@@ -149,3 +153,28 @@ async def locked_facts(
     facts = row._mapping
     now = facts["database_now"].astimezone(UTC) if postgresql else datetime.now(UTC)
     return facts, now
+
+
+@cache
+def _run_facts(postgresql: bool) -> Any:
+    """Every column of the run (its chain head once), for :func:`locked_run`."""
+    head = {"last_event_seq", "last_event_hash"}
+    return facts_read(postgresql, _RUNS, _RUNS, [c for c in _RUNS.c if c.key not in head])
+
+
+async def locked_run(
+    connection: AsyncConnection, run_id: str
+) -> tuple[Mapping[str, Any], datetime]:
+    """The run ``run_id`` locked by this transaction (:func:`locked_facts`):
+    every column as it stands, and the database clock after the lock."""
+    return await locked_facts(connection, _RUNS, run_id, _run_facts, "run")
+
+
+def as_written(held: Mapping[str, Any], run: ChainedRun, now: datetime) -> dict[str, Any]:
+    """The run's row as :meth:`ChainedRun.write` leaves it (``held``: every
+    column as the transaction read it), with the keys row_to_dict gives."""
+    row = {column.key: held[column.key] for column in _RUNS.c}
+    if run.events:
+        row.update(last_event_seq=run.last_seq, last_event_hash=run.last_hash, updated_at=now)
+        row.update(run.changes)
+    return row

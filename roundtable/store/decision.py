@@ -16,7 +16,7 @@ functions below, which the ORM paths (Approvals.expire, the sweep) use too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -33,13 +33,12 @@ from roundtable.states import (
 from roundtable.store import commit_notes
 from roundtable.store.core_writes import ChainedRun, facts_read, locked_facts, update_row
 from roundtable.store.errors import ConflictError
-from roundtable.store.run_status import carried_target, still_waiting_statement
-from roundtable.store.schema import ActionRow, ApprovalRow, RunRow, SessionRow
+from roundtable.store.run_status import carry_run_status_on
+from roundtable.store.schema import ActionRow, ApprovalRow, RunRow
 
 _APPROVALS = ApprovalRow.__table__
 _ACTIONS = ActionRow.__table__
 _RUNS = RunRow.__table__
-_SESSIONS = SessionRow.__table__
 
 
 def decided_values(
@@ -169,7 +168,8 @@ async def decide_on_connection(
     for event_type, payload in events:
         run.append(event_type, payload, now)
     if outcome != ApprovalStatus.EXPIRED:
-        run_now = await _carry_run_status(connection, run, run_now, facts, run_status, now)
+        held = {"session_id": facts["session_id"], "failure": facts["run_failure"]}
+        run_now = await carry_run_status_on(connection, run, run_now, run_status, held, now)
     await run.write(connection, now)
     if outcome == ApprovalStatus.EXPIRED:
         return None
@@ -194,30 +194,3 @@ def _facts_statement(postgresql: bool) -> Any:
         _RUNS.c.failure.label("run_failure"),
     ]
     return facts_read(postgresql, _APPROVALS, joined, columns)
-
-
-async def _carry_run_status(
-    connection: AsyncConnection,
-    run: ChainedRun,
-    current: RunStatus,
-    facts: Mapping[str, Any],
-    status: str | None,
-    now: datetime,
-) -> RunStatus:
-    """run_status.carry_run_status on a Core connection (the same rule,
-    ``carried_target`` and the same still-waiting query): the run, its
-    session with it, and the change in its log. Returns the run's status now."""
-    target = carried_target(current, status)
-    if target is None:
-        return current
-    if target == RunStatus.RUNNING:
-        waiting = await connection.execute(still_waiting_statement(), {"run_id": run.id})
-        if waiting.scalar():
-            return current
-    session = {"status": target, "updated_at": now}
-    await update_row(connection, _SESSIONS, facts["session_id"], session)
-    run.changes["status"] = target
-    if current == RunStatus.STALLED and facts["run_failure"] is not None:
-        run.changes["failure"] = None  # as the ORM's: written only when it changes
-    run.append("run.status_changed", {"from": current, "to": target}, now)
-    return target

@@ -123,7 +123,7 @@ def insert_for(session: AsyncSession | AsyncConnection, table: Any) -> Any:
     return (postgresql.insert if is_postgresql(session) else sqlite.insert)(table)
 
 
-async def database_now(session: AsyncSession) -> datetime:
+async def database_now(session: AsyncSession | AsyncConnection) -> datetime:
     """The database's clock, for lease and approval deadlines.
 
     PostgreSQL: ``clock_timestamp()`` (``now()`` is the transaction's start,

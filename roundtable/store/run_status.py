@@ -5,18 +5,22 @@ transaction instead of a transaction of its own."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from functools import cache
 from typing import Any
 
 from sqlalchemy import bindparam, exists, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from roundtable.states import RUN_TRANSITIONS, ActionStatus, ApprovalStatus, RunStatus
 from roundtable.store.audit import append_event
+from roundtable.store.core_writes import ChainedRun, update_row
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError
 from roundtable.store.schema import ActionRow, ApprovalRow, RunRow, SessionRow
+
+_SESSIONS = SessionRow.__table__
 
 
 async def move_run(
@@ -70,6 +74,65 @@ async def carry_run_status(
         if not waiting:
             await move_run(session, run, target, None, now)
     return str(run.status)
+
+
+async def move_run_on(
+    connection: AsyncConnection,
+    run: ChainedRun,
+    current: RunStatus,
+    target: RunStatus,
+    failure: dict[str, str] | None,
+    held: Mapping[str, Any],
+    now: datetime,
+) -> bool:
+    """:func:`move_run` on a Core connection, for a transaction that writes
+    the run through ``run`` (its changes and events go out with
+    :meth:`ChainedRun.write`). ``held`` is the run's ``session_id`` and
+    ``failure`` as the transaction read them under the run lock. The same
+    rules: False if already there, ConflictError for a move the state machine
+    does not allow, the session moved with the run, and the failure written
+    only when it changes, as the ORM's flush writes it."""
+    if target == current:
+        return False
+    if target not in RUN_TRANSITIONS[current]:
+        raise ConflictError(f"run {run.id!r} cannot go from {current} to {target}")
+    await update_row(
+        connection, _SESSIONS, held["session_id"], {"status": target, "updated_at": now}
+    )
+    run.changes["status"] = target
+    if (failure is not None or current == RunStatus.STALLED) and failure != held["failure"]:
+        run.changes["failure"] = failure
+    change: dict[str, Any] = {"from": current, "to": target}
+    if failure is not None:
+        change["failure"] = failure
+    run.append("run.status_changed", change, now)
+    return True
+
+
+async def carry_run_status_on(
+    connection: AsyncConnection,
+    run: ChainedRun,
+    current: RunStatus,
+    status: str | None,
+    held: Mapping[str, Any],
+    now: datetime,
+    *,
+    unless_waiting: bool = True,
+) -> RunStatus:
+    """:func:`carry_run_status` on a Core connection (see :func:`move_run_on`
+    for ``run`` and ``held``). With ``unless_waiting`` False, a move to
+    running is made even while something of the run still waits: for the
+    run's opening, which replaces the workflow's own first status write.
+    Returns the run's status now."""
+    target = carried_target(current, status)
+    if target is None:
+        return current
+    if unless_waiting and target == RunStatus.RUNNING:
+        waiting = await connection.execute(still_waiting_statement(), {"run_id": run.id})
+        if waiting.scalar():
+            return current
+    await move_run_on(connection, run, current, target, None, held, now)
+    return target
 
 
 def carried_target(current: RunStatus, status: str | None) -> RunStatus | None:

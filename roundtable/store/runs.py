@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.states import (
@@ -21,14 +22,15 @@ from roundtable.states import (
     RunStatus,
 )
 from roundtable.store.audit import GENESIS_HASH
+from roundtable.store.core_writes import ChainedRun, as_written, locked_run
 from roundtable.store.database import Database, logged
 from roundtable.store.engine import database_now, insert_for
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.leases import lease_of
-from roundtable.store.rows import new_id, page_after, require_text, row_to_dict
-from roundtable.store.run_status import carried_target, move_run
+from roundtable.store.rows import new_id, page_after, require_text
+from roundtable.store.run_status import carry_run_status_on, move_run, move_run_on
 from roundtable.store.schema import ActionRow, CapabilitySnapshotRow, RunRow, SessionRow
-from roundtable.store.sessions import Sessions
+from roundtable.store.sessions import Sessions, check_session, insert_session
 from roundtable.store.text import escape_text
 
 if TYPE_CHECKING:
@@ -72,6 +74,51 @@ class RunGrant:
         }
 
 
+_SESSIONS = SessionRow.__table__
+_RUNS = RunRow.__table__
+_SNAPSHOTS = CapabilitySnapshotRow.__table__
+
+
+@cache
+def _session_owner() -> Any:
+    return select(_SESSIONS.c.user_id).where(
+        _SESSIONS.c.id == bindparam("session_id", type_=_SESSIONS.c.id.type)
+    )
+
+
+async def _insert_run(
+    connection: AsyncConnection,
+    run_id: str,
+    session_id: str,
+    user_id: str,
+    request_fingerprint: str | None,
+    grant: RunGrant,
+) -> dict[str, Any]:
+    """A new run of the session ``session_id`` with its first audit event,
+    in the caller's transaction; its row as row_to_dict gives it."""
+    now = await database_now(connection)
+    chain = ChainedRun(run_id, 0, GENESIS_HASH)
+    chain.append("run.created", {"session_id": session_id, **grant.audited()}, now)
+    row = {
+        "id": run_id,
+        "session_id": session_id,
+        "user_id": user_id,
+        "status": RunStatus.PENDING,
+        "last_event_seq": chain.last_seq,
+        "last_event_hash": chain.last_hash,
+        "request_fingerprint": request_fingerprint,
+        "granted_write_policy": grant.write_policy,
+        "started_by_role": grant.role,
+        "tenants": list(grant.tenants) if grant.tenants is not None else None,
+        "created_at": now,
+        "updated_at": now,
+    }
+    # The run first: its events refer to it.
+    await connection.execute(insert(_RUNS), row)
+    await chain.write_events(connection)
+    return {column.key: row.get(column.key) for column in _RUNS.c}
+
+
 @complete_every_public_coroutine
 class Runs:
     def __init__(self, db: Database, sessions: Sessions, actions: Actions, leases: Leases) -> None:
@@ -88,35 +135,14 @@ class Runs:
     ) -> dict[str, Any]:
         require_text("user_id", user_id)
         grant = grant or RunGrant()
-        async with self.db.transaction() as session:
-            owner = await session.get(SessionRow, session_id)
+        async with self.db.core_transaction() as (connection, _):
+            owner = await connection.execute(_session_owner(), {"session_id": session_id})
             # Another user's session is reported as missing: ids must not leak.
-            if owner is None or owner.user_id != user_id:
+            if owner.scalar_one_or_none() != user_id:
                 raise NotFoundError(f"session {session_id!r} not found")
-            now = await database_now(session)
-            run = RunRow(
-                id=run_id or new_id(),
-                session_id=session_id,
-                user_id=user_id,
-                status=RunStatus.PENDING,
-                last_event_seq=0,
-                last_event_hash=GENESIS_HASH,
-                request_fingerprint=request_fingerprint,
-                granted_write_policy=grant.write_policy,
-                started_by_role=grant.role,
-                tenants=list(grant.tenants) if grant.tenants is not None else None,
-                created_at=now,
-                updated_at=now,
+            return await _insert_run(
+                connection, run_id or new_id(), session_id, user_id, request_fingerprint, grant
             )
-            session.add(run)
-            await self.db.audit(
-                session,
-                run,
-                "run.created",
-                {"session_id": session_id, **grant.audited()},
-                now,
-            )
-        return row_to_dict(run)
 
     async def ensure(
         self,
@@ -134,15 +160,20 @@ class Runs:
         try:
             run = await self.get(run_id)
         except NotFoundError:
-            session = await self.sessions.create(user_id=user_id, task_text=task_text)
+            check_session(user_id, task_text)
             try:
-                return await self.create(
-                    session_id=session["id"],
-                    user_id=user_id,
-                    run_id=run_id,
-                    request_fingerprint=request_fingerprint,
-                    grant=grant,
-                )
+                # The session and the run in one transaction: a run created
+                # concurrently leaves no session of ours behind.
+                async with self.db.core_transaction() as (connection, _):
+                    session = await insert_session(connection, user_id, task_text)
+                    return await _insert_run(
+                        connection,
+                        run_id,
+                        session["id"],
+                        user_id,
+                        request_fingerprint,
+                        grant or RunGrant(),
+                    )
             except IntegrityError:  # created concurrently; theirs stands
                 run = await self.get(run_id)
         if run["user_id"] != user_id:
@@ -169,36 +200,39 @@ class Runs:
         database) comes back with the next run of that snapshot. The run's
         status as the transaction left it."""
         wanted = _run_status(status).value if status is not None else None
-        async with self.db.transaction() as session:
-            run = await self.db.lock_run(session, run_id)
-            pinned = run.snapshot_digest == digest
-            now = await database_now(session) if body is not None or not pinned else None
+        async with self.db.core_transaction() as (connection, _):
+            held, now = await locked_run(connection, run_id)
+            run = ChainedRun(run_id, held["last_event_seq"], held["last_event_hash"])
             if body is not None:
-                await session.execute(
-                    insert_for(session, CapabilitySnapshotRow)
+                await connection.execute(
+                    insert_for(connection, _SNAPSHOTS)
                     .values(digest=digest, body=body, kept_at=now)
                     .on_conflict_do_nothing(index_elements=["digest"])
                 )
-            if not pinned:
-                run.snapshot_digest = digest
-                await self.db.audit(
-                    session, run, "run.snapshot_pinned", {"snapshot_digest": digest}, now
-                )
+            if held["snapshot_digest"] != digest:
+                run.changes["snapshot_digest"] = digest
+                run.append("run.snapshot_pinned", {"snapshot_digest": digest}, now)
             # A move the state machine refuses (a reset of a run that ended,
             # say) is left to the status write that follows, which refuses it
             # as it always did; the pin stands either way. No still-waiting
             # check, unlike a write's carried status: this replaces the
             # workflow's own set_status("running"), which made none either.
-            target = carried_target(RunStatus(run.status), wanted)
-            if target is not None:
-                await self.move(session, run, target, None)
-            return run.status
+            shown = await carry_run_status_on(
+                connection,
+                run,
+                RunStatus(held["status"]),
+                wanted,
+                held,
+                now,
+                unless_waiting=False,
+            )
+            await run.write(connection, now)
+            return str(shown)
 
     async def kept_snapshot(self, digest: str) -> str | None:
         """The snapshot's JSON text kept under ``digest`` by :meth:`pin_snapshot`."""
-        async with self.db.reader() as session:
-            row = await session.get(CapabilitySnapshotRow, digest)
-            return None if row is None else row.body
+        row = await self.db.find(CapabilitySnapshotRow, "digest", digest)
+        return None if row is None else row["body"]
 
     async def get(self, run_id: str) -> dict[str, Any]:
         return await self.db.get(RunRow, run_id)
@@ -235,10 +269,13 @@ class Runs:
         it is cleared when a stalled run moves on."""
         target = _run_status(status)
         checked = _failure(failure)
-        async with self.db.transaction() as session:
-            run = await self.db.lock_run(session, run_id)
-            await self.move(session, run, target, checked)
-        return row_to_dict(run)
+        async with self.db.core_transaction() as (connection, _):
+            held, now = await locked_run(connection, run_id)
+            run = ChainedRun(run_id, held["last_event_seq"], held["last_event_hash"])
+            current = RunStatus(held["status"])
+            await move_run_on(connection, run, current, target, checked, held, now)
+            await run.write(connection, now)
+        return as_written(held, run, now)
 
     async def move(
         self,

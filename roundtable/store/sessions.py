@@ -4,16 +4,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.states import RunStatus
 from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import InvalidInputError
-from roundtable.store.rows import new_id, require_text, row_to_dict
+from roundtable.store.rows import new_id, require_text
 from roundtable.store.schema import SessionRow
 from roundtable.store.text import refuse_unstorable
+
+_SESSIONS = SessionRow.__table__
+
+
+def check_session(user_id: str, task_text: str) -> None:
+    """A new session's fields, checked before anything is written."""
+    require_text("user_id", user_id)
+    if not isinstance(task_text, str):
+        raise InvalidInputError("task_text must be a string", field="task_text")
+    refuse_unstorable("task_text", task_text)
+
+
+async def insert_session(connection: AsyncConnection, user_id: str, task_text: str) -> dict:
+    """A new session (fields checked by :func:`check_session`), in the
+    caller's transaction; its row as row_to_dict gives it."""
+    now = await database_now(connection)
+    row = {
+        "id": new_id(),
+        "user_id": user_id,
+        "task_text": task_text,
+        "status": RunStatus.PENDING,
+        "created_at": now,
+        "updated_at": now,
+    }
+    await connection.execute(insert(_SESSIONS), row)
+    return row
 
 
 @complete_every_public_coroutine
@@ -22,22 +49,9 @@ class Sessions:
         self.db = db
 
     async def create(self, *, user_id: str, task_text: str) -> dict[str, Any]:
-        require_text("user_id", user_id)
-        if not isinstance(task_text, str):
-            raise InvalidInputError("task_text must be a string", field="task_text")
-        refuse_unstorable("task_text", task_text)
-        async with self.db.transaction() as session:
-            now = await database_now(session)
-            row = SessionRow(
-                id=new_id(),
-                user_id=user_id,
-                task_text=task_text,
-                status=RunStatus.PENDING,
-                created_at=now,
-                updated_at=now,
-            )
-            session.add(row)
-        return row_to_dict(row)
+        check_session(user_id, task_text)
+        async with self.db.core_transaction() as (connection, _):
+            return await insert_session(connection, user_id, task_text)
 
     async def get(self, session_id: str) -> dict[str, Any]:
         return await self.db.get(SessionRow, session_id)
