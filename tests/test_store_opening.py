@@ -6,6 +6,8 @@ leaves the run as it was for the status write that follows to refuse."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from roundtable.store import ConflictError, Store
@@ -58,3 +60,33 @@ async def test_an_unknown_status_is_refused_before_anything_is_written(store: St
     with pytest.raises(ValueError, match="unknown run status"):
         await store.pin_snapshot(run["id"], "digest-1", status="sprinting")
     assert (await store.get_run(run["id"]))["snapshot_digest"] is None
+
+
+async def test_openers_racing_for_one_run_leave_one_run_one_session_and_a_sound_chain(
+    store: Store,
+) -> None:
+    """Workers opening the same run at once (a reset, a retried local
+    activity): the session and the run go in one transaction, so the losers
+    leave no session behind, and every one of them gets the winner's run."""
+    opened = await asyncio.gather(
+        *(store.ensure_run(run_id="run-raced", user_id="racer", task_text="t") for _ in range(8))
+    )
+    assert len({run["session_id"] for run in opened}) == 1
+    assert [s["id"] for s in await store.list_sessions(user_id="racer")] == [
+        opened[0]["session_id"]
+    ]
+    assert await _kinds(store, "run-raced") == ["run.created"]
+    await store.pin_snapshot("run-raced", "digest-1", status="running")
+    await store.set_run_status("run-raced", "completed")
+    assert await store.verify_audit_chain("run-raced")
+
+
+async def test_the_opened_run_is_the_row_as_stored(store: Store) -> None:
+    """What ensure_run and set_status answer is what a later read finds."""
+    opened = await store.ensure_run(run_id="run-read-back", user_id="u", task_text="t")
+    assert opened == await store.get_run("run-read-back")
+    ended = await store.set_run_status(
+        "run-read-back", "failed", failure={"code": "boom", "message": "it broke"}
+    )
+    assert ended == await store.get_run("run-read-back")
+    assert ended["failure"] == {"code": "boom", "message": "it broke"}
