@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -24,9 +24,12 @@ from roundtable.states import (
     INITIAL_ACTION_STATUSES,
     RECONCILE_OUTCOMES,
     ActionStatus,
+    ApprovalStatus,
+    RunStatus,
 )
 from roundtable.store import commit_notes
-from roundtable.store.approvals import Approvals
+from roundtable.store.approvals import Approvals, requested_payload
+from roundtable.store.core_writes import ChainedRun, locked_run
 from roundtable.store.database import Database, found, reload
 from roundtable.store.engine import database_now
 from roundtable.store.errors import (
@@ -37,8 +40,8 @@ from roundtable.store.errors import (
 )
 from roundtable.store.leases import lease_of
 from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
-from roundtable.store.run_status import carry_run_status
-from roundtable.store.schema import ActionLeaseRow, ActionRow, ActionSecretRow, RunRow
+from roundtable.store.run_status import carry_run_status_on
+from roundtable.store.schema import ActionLeaseRow, ActionRow, ActionSecretRow, ApprovalRow, RunRow
 from roundtable.store.text import refuse_unstorable
 
 RISK_LEVELS = ("R0", "R1", "R2", "R3")
@@ -62,6 +65,10 @@ _OPTIONAL_FIELDS = (
     "target_namespace_wide",
     "approval_expires_at",
 )
+_ACTIONS = ActionRow.__table__
+_SECRETS = ActionSecretRow.__table__
+_APPROVALS = ApprovalRow.__table__
+
 # What makes a repeated idempotency key "the same action" rather than a clash.
 _IDENTITY_FIELDS = ("run_id", "agent_id", "tool_name", "target_key")
 
@@ -105,35 +112,35 @@ def _validated_action_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {**fields, "safe_argument_fields": list(safe), "target_namespace_wide": namespace_wide}
 
 
-def _new_action_row(
+def _new_action_values(
     data: Mapping[str, Any], action_id: str, digest: str | None, now: datetime
-) -> ActionRow:
+) -> dict[str, Any]:
     """The row of a validated new action; its arguments as the public view
     may show them (redacted), a refused one already final."""
     refused = data["status"] == ActionStatus.REJECTED
-    return ActionRow(
-        id=action_id,
-        session_id=data["session_id"],
-        run_id=data["run_id"],
-        agent_id=data["agent_id"],
-        tool_name=data["tool_name"],
-        logical_action_id=data.get("logical_action_id"),
-        turn_index=data.get("turn_index"),
-        risk_level=data["risk_level"],
-        status=data["status"],
-        arguments=redact_arguments(data.get("arguments"), data["safe_argument_fields"]),
-        safe_argument_fields=data["safe_argument_fields"],
-        arguments_digest=digest,
-        result={"error_code": DENIED_BY_POLICY} if refused else None,
-        finished_at=now if refused else None,
-        attempt_count=0,
-        target_key=data["target_key"],
-        target_scope=data.get("target_scope"),
-        target_namespace_wide=data["target_namespace_wide"],
-        idempotency_key=data["idempotency_key"],
-        created_at=now,
-        updated_at=now,
-    )
+    return {
+        "id": action_id,
+        "session_id": data["session_id"],
+        "run_id": data["run_id"],
+        "agent_id": data["agent_id"],
+        "tool_name": data["tool_name"],
+        "logical_action_id": data.get("logical_action_id"),
+        "turn_index": data.get("turn_index"),
+        "risk_level": data["risk_level"],
+        "status": data["status"],
+        "arguments": redact_arguments(data.get("arguments"), data["safe_argument_fields"]),
+        "safe_argument_fields": data["safe_argument_fields"],
+        "arguments_digest": digest,
+        "result": {"error_code": DENIED_BY_POLICY} if refused else None,
+        "finished_at": now if refused else None,
+        "attempt_count": 0,
+        "target_key": data["target_key"],
+        "target_scope": data.get("target_scope"),
+        "target_namespace_wide": data["target_namespace_wide"],
+        "idempotency_key": data["idempotency_key"],
+        "created_at": now,
+        "updated_at": now,
+    }
 
 
 async def refuse_unreconcilable(session: AsyncSession, action: ActionRow) -> datetime:
@@ -208,42 +215,55 @@ class Actions:
             if arguments is not None
             else None
         )
-        async with self.db.transaction() as session:
-            run = await self.db.lock_run(session, data["run_id"])
-            if run.session_id != data["session_id"]:
+        expires_at = data.get("approval_expires_at")
+        async with self.db.core_transaction() as (connection, notes):
+            held, now = await locked_run(connection, data["run_id"])
+            if held["session_id"] != data["session_id"]:
                 raise InvalidInputError("session_id does not match the run's session")
-            now = await database_now(session)
-            row = _new_action_row(data, action_id, digest, now)
-            session.add(row)
-            if row.status == ActionStatus.REJECTED:  # refused by the policy: ends here
-                commit_notes.note(session, commit_notes.ActionEnded(row.tool_name, row.status))
+            if expires_at is not None and expires_at <= now:
+                raise InvalidInputError("expires_at must be in the future")
+            row = _new_action_values(data, action_id, digest, now)
+            approval: dict[str, Any] | None = None
+            if expires_at is not None:
+                approval = {
+                    "id": new_id(),
+                    "action_id": action_id,
+                    "run_id": data["run_id"],
+                    "status": ApprovalStatus.PENDING,
+                    "expires_at": expires_at,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                row["approval_id"] = approval["id"]
+            # The action first: its secret, its approval and its events refer to it.
+            await connection.execute(insert(_ACTIONS), row)
+            if row["status"] == ActionStatus.REJECTED:  # refused by the policy: ends here
+                notes.append(commit_notes.ActionEnded(row["tool_name"], row["status"]))
             if sealed is not None:
-                session.add(
-                    ActionSecretRow(action_id=action_id, arguments_encrypted=sealed, created_at=now)
-                )
-            await self.db.audit(
-                session,
-                run,
+                secret = {"action_id": action_id, "arguments_encrypted": sealed, "created_at": now}
+                await connection.execute(insert(_SECRETS), secret)
+            run = ChainedRun(data["run_id"], held["last_event_seq"], held["last_event_hash"])
+            created = ("agent_id", "tool_name", "risk_level", "status", "logical_action_id")
+            run.append(
                 "action.created",
                 {
                     "action_id": action_id,
-                    "agent_id": row.agent_id,
-                    "tool_name": row.tool_name,
-                    "risk_level": row.risk_level,
-                    "status": row.status,
-                    "logical_action_id": row.logical_action_id,
-                    "turn_index": row.turn_index,
+                    **{name: row[name] for name in created},
+                    "turn_index": row["turn_index"],
                 },
                 now,
             )
-            opened = {}
-            if data.get("approval_expires_at") is not None:
-                approval = await self.approvals.open_locked(
-                    session, run, row, data["approval_expires_at"], now
+            opened: dict[str, Any] = {}
+            if approval is not None:
+                await connection.execute(insert(_APPROVALS), approval)
+                said = requested_payload(approval["id"], action_id, expires_at)
+                run.append("approval.requested", said, now)
+                shown = await carry_run_status_on(
+                    connection, run, RunStatus(held["status"]), run_status, held, now
                 )
-                shown = await carry_run_status(session, run, run_status, now)
-                opened = {"approval_expires_at": approval.expires_at, "run_status": shown}
-        return {**row_to_dict(row), **opened}
+                opened = {"approval_expires_at": expires_at, "run_status": str(shown)}
+            await run.write(connection, now)
+        return {**{column.key: row.get(column.key) for column in _ACTIONS.c}, **opened}
 
     async def get(self, action_id: str) -> dict[str, Any]:
         return await self.db.get(ActionRow, action_id)

@@ -66,6 +66,15 @@ def require_digest(action: ActionRow | None, arguments_digest: str) -> None:
         )
 
 
+def requested_payload(approval_id: str, action_id: str, expires_at: datetime) -> dict[str, Any]:
+    """What the audit log says of an approval opened: ``approval.requested``."""
+    return {
+        "approval_id": approval_id,
+        "action_id": action_id,
+        "expires_at": expires_at.isoformat(),
+    }
+
+
 @complete_every_public_coroutine
 class Approvals:
     def __init__(self, db: Database) -> None:
@@ -98,11 +107,7 @@ class Approvals:
             session,
             run,
             "approval.requested",
-            {
-                "approval_id": approval.id,
-                "action_id": action.id,
-                "expires_at": expires_at.isoformat(),
-            },
+            requested_payload(approval.id, action.id, expires_at),
             now,
         )
         return approval
