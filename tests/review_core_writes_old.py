@@ -4,23 +4,32 @@ before 0dc49cf and 49e3f3c (``git show 0dc49cf^:roundtable/store/approvals.py``,
 review tests can run old and new on the same inputs and compare what each
 leaves in the database. Built from the helpers those versions called, which
 are still in the store (``Approvals._apply_decision`` / ``_expire_locked``,
-``carry_run_status``, ``Leases._attempt_reported`` / ``_end_attempt``)."""
+``Leases._attempt_reported`` / ``_end_attempt``), and from the ORM form of
+the carried run status (``carry_run_status`` below), which the store no
+longer has since its own writes moved to Core statements (f1c1edd)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable import chaos_hook
-from roundtable.states import APPROVAL_DECISIONS, TERMINAL_RESULT_STATUSES, ActionStatus
+from roundtable.states import (
+    APPROVAL_DECISIONS,
+    TERMINAL_RESULT_STATUSES,
+    ActionStatus,
+    RunStatus,
+)
 from roundtable.store.approvals import require_digest, require_pending
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError
 from roundtable.store.rows import require_text, row_to_dict
-from roundtable.store.run_status import carry_run_status
-from roundtable.store.schema import ActionLeaseRow, ActionRow, ApprovalRow
+from roundtable.store.run_status import carried_target, move_run, still_waiting_statement
+from roundtable.store.schema import ActionLeaseRow, ActionRow, ApprovalRow, RunRow
 from roundtable.store.text import escape_text, refuse_unstorable
 
 
@@ -120,3 +129,21 @@ async def old_record_result(
         await self.db.audit(session, run, f"action.{status}", payload, now)
         chaos_hook.maybe_fail("record_result")
     return True
+
+
+async def carry_run_status(
+    session: AsyncSession, run: RunRow, status: str | None, now: datetime
+) -> str:
+    """What a write's own transaction tells the run: move it to ``status`` when
+    its state machine allows (a live run between running and waiting_input),
+    leave it where it is otherwise (ended, say: the workflow's own publish
+    then has the last word). Returns the status the run holds now."""
+    target = carried_target(RunStatus(run.status), status)
+    if target is not None:
+        waiting = (
+            target == RunStatus.RUNNING
+            and (await session.execute(still_waiting_statement(), {"run_id": run.id})).scalar()
+        )
+        if not waiting:
+            await move_run(session, run, target, None, now)
+    return str(run.status)

@@ -171,7 +171,7 @@ class Approvals:
         With ``arguments_digest``, a decision about other arguments than the
         action now holds is a conflict too (checked under the run lock).
         ``run_status``: what the run shows once this decision is recorded (its
-        workflow's word), set in the same transaction (see carry_run_status).
+        workflow's word), set in the same transaction (see carry_run_status_on).
         ``guard(run owner, risk level)``: who may decide, checked first, on the
         locked rows; whatever it raises refuses the decision.
 

@@ -58,24 +58,6 @@ async def move_run(
     return True
 
 
-async def carry_run_status(
-    session: AsyncSession, run: RunRow, status: str | None, now: datetime
-) -> str:
-    """What a write's own transaction tells the run: move it to ``status`` when
-    its state machine allows (a live run between running and waiting_input),
-    leave it where it is otherwise (ended, say: the workflow's own publish
-    then has the last word). Returns the status the run holds now."""
-    target = carried_target(RunStatus(run.status), status)
-    if target is not None:
-        waiting = (
-            target == RunStatus.RUNNING
-            and (await session.execute(still_waiting_statement(), {"run_id": run.id})).scalar()
-        )
-        if not waiting:
-            await move_run(session, run, target, None, now)
-    return str(run.status)
-
-
 async def move_run_on(
     connection: AsyncConnection,
     run: ChainedRun,
@@ -119,10 +101,14 @@ async def carry_run_status_on(
     *,
     unless_waiting: bool = True,
 ) -> RunStatus:
-    """:func:`carry_run_status` on a Core connection (see :func:`move_run_on`
-    for ``run`` and ``held``). With ``unless_waiting`` False, a move to
-    running is made even while something of the run still waits: for the
-    run's opening, which replaces the workflow's own first status write.
+    """What a write's own transaction tells the run: move it to ``status`` when
+    its state machine allows (a live run between running and waiting_input,
+    and to running only while nothing of it still waits), leave it where it
+    is otherwise (ended, say: the workflow's own publish then has the last
+    word). See :func:`move_run_on` for ``run`` and ``held``. With
+    ``unless_waiting`` False, a move to running is made even while something
+    of the run still waits: for the run's opening, which replaces the
+    workflow's own first status write.
     Returns the run's status now."""
     target = carried_target(current, status)
     if target is None:
