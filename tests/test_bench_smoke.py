@@ -97,4 +97,5 @@ def test_the_floor_measures_all_three_sides() -> None:
 def test_store_calls_measures_each_call() -> None:
     """bench/store_calls.py (not part of `make bench`): a few writes."""
     stdout = _bench("bench.store_calls", "--writes", "3", timeout=120)
-    assert stdout.count("ms CPU per call") == 5, stdout
+    # Five calls on an approved write's path, two on a run's own.
+    assert stdout.count("ms CPU per call") == 7, stdout
