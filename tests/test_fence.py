@@ -33,7 +33,7 @@ async def test_a_failed_reconciliation_fences_a_frozen_attempt(tmp_path) -> None
         try:
             registry, action, token, ctx, parsed = await claimed_write(store, tickets)
             # The worker starts its write, then freezes (nothing more from it).
-            await tickets._start("update", parsed, ctx)
+            await tickets._start("update", parsed, ctx, [])
             later = datetime.now(UTC) + timedelta(seconds=5)
             await store.recover_expired_action_leases(now=later)
             assert (await store.get_action(action["id"]))["status"] == "unknown"
@@ -75,7 +75,7 @@ async def test_a_write_frozen_inside_its_transaction_and_the_fence_never_both_wi
         try:
             registry, action, _, ctx, parsed = await claimed_write(store, tickets)
             if frozen_in == "finish":
-                await tickets._start("update", parsed, ctx)
+                await tickets._start("update", parsed, ctx, [])
             else:
                 await tickets.fence(parsed, ToolContext(run_id="x", seat="s", fencing_token=0))
             frozen, wake = asyncio.Event(), asyncio.Event()
@@ -93,7 +93,7 @@ async def test_a_write_frozen_inside_its_transaction_and_the_fence_never_both_wi
             async def worker() -> Any:
                 try:
                     if frozen_in == "start":
-                        await tickets._start("update", parsed, ctx)
+                        await tickets._start("update", parsed, ctx, [])
                     return await tickets._finish(parsed, ctx, lambda t: t.fields.update(p="1"))
                 except ToolDefiniteFailure as refused:
                     return refused

@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from roundtable.store.engine import create_engine_for
+from roundtable.tools import tickets as tickets_module
 from roundtable.tools.registry import ToolContext, ToolDefiniteFailure
 from roundtable.tools.tickets import TicketSystem, TicketUpdateArgs, _Base
 
@@ -103,3 +104,95 @@ async def test_workers_opening_the_ticket_system_at_once_all_open(postgres_url: 
         async with engine.begin() as conn:
             await conn.run_sync(lambda sync: _Base.metadata.drop_all(sync))
         await engine.dispose()
+
+
+def _lock_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every concurrent caller reads the log before any of them locks the
+    ticket: the widest window two arrivals of one key can race in."""
+    locking = tickets_module._locked_ticket
+
+    async def later(conn, args):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.3)
+        return await locking(conn, args)
+
+    monkeypatch.setattr(tickets_module, "_locked_ticket", later)
+
+
+async def test_arrivals_of_one_key_at_once_are_answered_and_counted(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in review: on PostgreSQL the log was read before the ticket was
+    locked, so a second arrival racing the first failed on the log's unique
+    key and was never counted: a write Roundtable sent twice at once, the
+    very thing ``arrivals`` is for, left no trace."""
+    _lock_later(monkeypatch)
+    system = await TicketSystem.open(database_url)
+    try:
+        fresh = TicketUpdateArgs(tenant_id="acme", ticket_id="T-race", fields={"a": 1})
+        answers = await asyncio.gather(
+            *(system.update(fresh, writer("twice", 1)) for _ in range(2)), return_exceptions=True
+        )
+        assert not [a for a in answers if isinstance(a, BaseException)], answers
+        (entry,) = await system.write_log()
+        assert entry["arrivals"] == 2 and entry["outcome"] == "applied"
+    finally:
+        await system.close()
+
+
+async def test_first_writes_of_one_new_ticket_at_once_all_apply(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _lock_later(monkeypatch)
+    system = await TicketSystem.open(database_url)
+    try:
+        fresh = TicketUpdateArgs(tenant_id="acme", ticket_id="T-new", fields={"a": 1})
+        answers = await asyncio.gather(
+            *(system.update(fresh, writer(f"k{n}", n + 1)) for n in range(4)),
+            return_exceptions=True,
+        )
+        # Each applies or is refused as stale: none fails on the ticket's creation.
+        failures = [a for a in answers if isinstance(a, BaseException)]
+        assert all(isinstance(f, ToolDefiniteFailure) for f in failures), failures
+        outcomes = sorted(w["outcome"] for w in await system.write_log())
+        assert "applied" in outcomes and set(outcomes) <= {"applied", "rejected_stale"}
+    finally:
+        await system.close()
+
+
+async def test_a_call_cancelled_while_it_starts_is_logged_as_abandoned(
+    tickets: TicketSystem,
+) -> None:
+    """Found in review: _start runs to completion and the cancel was raised
+    outside the handler that closes the entry, so it said "started" for ever
+    for a write that never applied and never will."""
+    call = asyncio.create_task(tickets.update(ARGS, writer("cut", 1)))
+    await asyncio.sleep(0)  # _start is under way; its caller goes away
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    (entry,) = await tickets.write_log()
+    assert entry["outcome"] == "abandoned" and entry["finished_at"]
+
+
+async def test_a_repeat_cancelled_while_it_starts_leaves_the_first_call_alone(
+    tickets: TicketSystem,
+) -> None:
+    first = asyncio.create_task(tickets.update(ARGS, writer("k", 1)))
+    await asyncio.sleep(0.1)  # the first call has started and waits mid-write
+    repeat = asyncio.create_task(tickets.update(ARGS, writer("k", 1)))
+    await asyncio.sleep(0)
+    repeat.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await repeat
+    await first
+    (entry,) = await tickets.write_log()
+    assert entry["outcome"] == "applied" and entry["arrivals"] == 2
+
+
+async def test_a_finish_with_no_entry_in_the_log_applies_nothing(tickets: TicketSystem) -> None:
+    """Found in review: the log is the ground truth, and a finish that found
+    no entry to end still applied the write, unlogged."""
+    with pytest.raises(RuntimeError, match="no write log entry"):
+        await tickets._finish(ARGS, writer("never-started", 1), lambda t: t.fields.update(a=1))
+    assert await tickets.read("acme", "T-1") is None
+    assert await tickets.write_log() == []

@@ -238,17 +238,23 @@ class TicketSystem:
                 "missing_write_credentials",
                 "ticket writes need an idempotency key and fencing token",
             )
-        first = await self._start(operation, args, ctx)
-        if first is not None:
-            return first
+        # Set by _start when it logged this call as started: a cancel that
+        # arrives while _start runs is raised once it has finished (it runs
+        # to completion), and the entry it made must not stay "started".
+        started: list[bool] = []
         try:
+            first = await self._start(operation, args, ctx, started)
+            if first is not None:
+                return first
             if self.write_delay_seconds:
                 await asyncio.sleep(self.write_delay_seconds)
             result = await self._finish(args, ctx, apply)
         except asyncio.CancelledError:
             # The caller went away before the write applied: nothing changed,
             # and the log says so (shielded: the note must outlive the cancel).
-            await asyncio.shield(self._close_log(ctx, "abandoned"))
+            # Only this call's own entry: a repeat's belongs to the first call.
+            if started:
+                await asyncio.shield(self._close_log(ctx, "abandoned"))
             raise
         if args.ticket_id in self.drop_after_write:
             raise ConnectionResetError("connection dropped after the ticket was written")
@@ -261,9 +267,19 @@ class TicketSystem:
     # customer's system would.
 
     @to_completion
-    async def _start(self, operation: str, args: TicketRef, ctx: ToolContext) -> dict | None:
+    async def _start(
+        self, operation: str, args: TicketRef, ctx: ToolContext, started: list[bool]
+    ) -> dict | None:
         async with self.engine.begin() as conn:
             seen = await _log_entry(conn, ctx)
+            if seen is None:
+                ticket = await _locked_ticket(conn, args)
+                # Read again under the ticket's lock: a call with this key that
+                # got there first (Roundtable sending one write twice at once,
+                # the broken promise ``arrivals`` exists to show) has committed
+                # its entry by now, and this one is counted, not refused by the
+                # log's unique key (PostgreSQL reads what committed since).
+                seen = await _log_entry(conn, ctx)
             if seen is not None:
                 # The repeat is counted (committed), then answered as the first time.
                 await conn.execute(
@@ -272,7 +288,7 @@ class TicketSystem:
                     .values(arrivals=_LOG.c.arrivals + 1)
                 )
             else:
-                highest = (await _locked_ticket(conn, args)).highest_fencing_token
+                highest = ticket.highest_fencing_token
                 stale = ctx.fencing_token < highest
                 if not stale and ctx.fencing_token > highest:
                     await conn.execute(
@@ -295,6 +311,8 @@ class TicketSystem:
                         arrivals=1,
                     )
                 )
+                if not stale:
+                    started.append(True)
         if seen is not None:
             if seen.outcome == REJECTED_STALE:
                 raise ToolDefiniteFailure("stale_fencing_token", "this write was refused")
@@ -399,14 +417,20 @@ async def _end_log(
     only_if: str | None = None,
 ) -> None:
     """The log entry of this call ends: ``outcome`` (and ``result``), now;
-    with ``only_if``, only an entry still in that state."""
+    with ``only_if``, only an entry still in that state (if any). Without
+    it the entry must be there: the log is the ground truth, and a write
+    never applies without its entry."""
     ending = update(_LOG).where(_LOG.c.idempotency_key == ctx.idempotency_key)
     if only_if is not None:
         ending = ending.where(_LOG.c.outcome == only_if)
     values: dict[str, Any] = {"outcome": outcome, "finished_at": datetime.now(UTC)}
     if result is not None:
         values["result"] = result
-    await conn.execute(ending.values(values))
+    ended = await conn.execute(ending.values(values))
+    if only_if is None and ended.rowcount != 1:
+        # No entry to end: the write must not apply unlogged. Raised inside
+        # the transaction, so the ticket's change rolls back with it.
+        raise RuntimeError(f"no write log entry for {ctx.idempotency_key!r}")
 
 
 def register_ticket_tools(registry: ToolRegistry, system: TicketSystem) -> None:
