@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any
+from functools import cached_property
+from typing import Any, cast
 
 import jsonschema
 from pydantic import BaseModel, ValidationError
+from pydantic_core import to_jsonable_python
 
 from roundtable.models import CapabilitySnapshot, RiskLevel, SeatGrant, SideEffect, ToolSpec
 
@@ -91,8 +92,26 @@ class ToolDefinition:
             target_key_fields=list(self.target_key_fields),
             target_key_namespace=self.target_key_namespace,
             safe_argument_fields=list(self.safe_argument_fields),
-            parameters=self.input_schema or json.loads(_schema_text(self.args_model)),
+            parameters=json.loads(self._parameters_text),
         )
+
+    @cached_property
+    def _parameters_text(self) -> str:
+        """The JSON Schema of the tool's arguments, as JSON text, built once
+        per tool: pydantic takes about 150 µs a model to build it, and every
+        run's opening asks for every tool's (a few percent of a worker's CPU
+        per run). Kept as text so each spec gets a copy of its own, nested
+        dicts too, which no caller can change for the next spec or for the
+        tool's own argument checks. Values JSON cannot write (a Decimal a
+        model's ``json_schema_extra`` put there) are written as pydantic's
+        JSON mode writes them, as the snapshot's digest takes them. A model
+        changed after the tool's first spec (``model_rebuild``) is not seen:
+        tools are built when the worker starts, as their specs are published."""
+        if self.input_schema is not None:
+            schema = self.input_schema
+        else:  # __post_init__ saw to it that there is exactly one
+            schema = cast(type[BaseModel], self.args_model).model_json_schema()
+        return json.dumps(schema, default=to_jsonable_python)
 
     def parse(self, arguments: dict[str, Any]) -> Any:
         """The arguments as the handler takes them, or ToolArgumentsError."""
@@ -126,15 +145,6 @@ class ToolDefinition:
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {detail}")
         return dict(arguments)
-
-
-@cache
-def _schema_text(args_model: type[BaseModel]) -> str:
-    """The JSON Schema of a tool's arguments model, built once: pydantic takes
-    about 150 µs a model to build it, and every run's opening asks for every
-    tool's (a few percent of a worker's CPU per run). Kept as text so each
-    spec gets a dict of its own, which no caller can change for the next."""
-    return json.dumps(args_model.model_json_schema())
 
 
 @dataclass
