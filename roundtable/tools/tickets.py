@@ -271,15 +271,14 @@ class TicketSystem:
         self, operation: str, args: TicketRef, ctx: ToolContext, started: list[bool]
     ) -> dict | None:
         async with self.engine.begin() as conn:
+            # The ticket's lock first, then the log: a call with this key that
+            # got there first (Roundtable sending one write twice at once, the
+            # broken promise ``arrivals`` exists to show) has committed its
+            # entry by the time this one holds the lock, and this one is
+            # counted, not refused by the log's unique key (PostgreSQL reads
+            # what committed since; SQLite's writers are serialised anyway).
+            ticket = await _locked_ticket(conn, args)
             seen = await _log_entry(conn, ctx)
-            if seen is None:
-                ticket = await _locked_ticket(conn, args)
-                # Read again under the ticket's lock: a call with this key that
-                # got there first (Roundtable sending one write twice at once,
-                # the broken promise ``arrivals`` exists to show) has committed
-                # its entry by now, and this one is counted, not refused by the
-                # log's unique key (PostgreSQL reads what committed since).
-                seen = await _log_entry(conn, ctx)
             if seen is not None:
                 # The repeat is counted (committed), then answered as the first time.
                 await conn.execute(
