@@ -17,6 +17,8 @@ async def test_action_fields_are_validated(store) -> None:
         {"status": "succeeded"},
         {"risk_level": "R9"},
         {"turn_index": "one"},
+        # Past the 32-bit column: PostgreSQL refused it with a database error.
+        {"turn_index": 2**40},
         {"arguments": ["not", "a", "dict"]},
         {"safe_argument_fields": "tenant_id"},
         {"surprise_field": 1},

@@ -90,3 +90,33 @@ async def test_the_opened_run_is_the_row_as_stored(store: Store) -> None:
     )
     assert ended == await store.get_run("run-read-back")
     assert ended["failure"] == {"code": "boom", "message": "it broke"}
+
+
+async def test_a_run_named_by_a_number_keeps_a_sound_chain(store: Store) -> None:
+    """Found in review: the Core status writes hashed their events with the
+    id the caller gave; SQLite finds run "5" when asked for 5, so the events
+    were hashed with a number and stored with text, and the chain no longer
+    verified. PostgreSQL's driver refuses the number: nothing is written."""
+    await store.ensure_run(run_id="5", user_id="u", task_text="t")
+    for write in (
+        lambda: store.pin_snapshot(5, "digest-1", status="running"),  # type: ignore[arg-type]
+        lambda: store.set_run_status(5, "waiting_input"),  # type: ignore[arg-type]
+    ):
+        try:
+            await write()
+        except Exception:  # noqa: S110 - refused as a whole is fine; a broken chain is not
+            pass
+    assert await store.verify_audit_chain("5")
+    with pytest.raises(Exception):  # noqa: B017 - any refusal, before anything is written
+        await store.ensure_run(run_id=6, user_id="u", task_text="t")  # type: ignore[arg-type]
+
+
+async def test_a_failure_is_answered_as_it_is_stored(store: Store) -> None:
+    """Found in review: a failure message the database cannot keep as it is
+    (NUL, a lone surrogate) was answered raw and stored escaped."""
+    run = await new_run(store)
+    failure = {"code": "tool\x00crash", "message": "it said a\x00b and \ud800"}
+    answered = await store.set_run_status(run["id"], "failed", failure=failure)
+    assert answered == await store.get_run(run["id"])
+    assert answered["failure"]["message"] == "it said a\\u0000b and \\ud800"
+    assert await store.verify_audit_chain(run["id"])

@@ -109,6 +109,9 @@ def _validated_action_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     turn_index = fields.get("turn_index")
     if turn_index is not None and (not isinstance(turn_index, int) or isinstance(turn_index, bool)):
         raise InvalidInputError("turn_index must be an integer")
+    if turn_index is not None and not -(2**31) <= turn_index < 2**31:
+        # The column is 32 bits: PostgreSQL refuses more, SQLite keeps it.
+        raise InvalidInputError("turn_index is out of range")
     return {**fields, "safe_argument_fields": list(safe), "target_namespace_wide": namespace_wide}
 
 
@@ -242,7 +245,7 @@ class Actions:
             if sealed is not None:
                 secret = {"action_id": action_id, "arguments_encrypted": sealed, "created_at": now}
                 await connection.execute(insert(_SECRETS), secret)
-            run = ChainedRun(data["run_id"], held["last_event_seq"], held["last_event_hash"])
+            run = ChainedRun(held["id"], held["last_event_seq"], held["last_event_hash"])
             created = ("agent_id", "tool_name", "risk_level", "status", "logical_action_id")
             run.append(
                 "action.created",

@@ -46,13 +46,15 @@ def _run_status(status: str) -> RunStatus:
 
 
 def _failure(failure: Mapping[str, Any] | None) -> dict[str, str] | None:
-    """A run's failure as stored: a short code and a bounded message."""
+    """A run's failure as stored: a short code and a bounded message, with
+    what the database cannot keep escaped as the JSON column escapes it, so
+    the answer is what a later read finds."""
     if failure is None:
         return None
     code, message = failure.get("code"), failure.get("message")
     if not isinstance(code, str) or not code or not isinstance(message, str):
         raise InvalidInputError("failure needs a code and a message")
-    return {"code": code[:64], "message": message[:2000]}
+    return {"code": escape_text(code[:64]), "message": escape_text(message[:2000])}
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ async def _insert_run(
 ) -> dict[str, Any]:
     """A new run of the session ``session_id`` with its first audit event,
     in the caller's transaction; its row as row_to_dict gives it."""
+    # The id as it is stored and hashed: text (SQLite would keep 5 as "5"
+    # while the event's hash took the number).
+    require_text("run_id", run_id)
     now = await database_now(connection)
     chain = ChainedRun(run_id, 0, GENESIS_HASH)
     chain.append("run.created", {"session_id": session_id, **grant.audited()}, now)
@@ -202,7 +207,7 @@ class Runs:
         wanted = _run_status(status).value if status is not None else None
         async with self.db.core_transaction() as (connection, _):
             held, now = await locked_run(connection, run_id)
-            run = ChainedRun(run_id, held["last_event_seq"], held["last_event_hash"])
+            run = ChainedRun(held["id"], held["last_event_seq"], held["last_event_hash"])
             if body is not None:
                 await connection.execute(
                     insert_for(connection, _SNAPSHOTS)
@@ -271,7 +276,7 @@ class Runs:
         checked = _failure(failure)
         async with self.db.core_transaction() as (connection, _):
             held, now = await locked_run(connection, run_id)
-            run = ChainedRun(run_id, held["last_event_seq"], held["last_event_hash"])
+            run = ChainedRun(held["id"], held["last_event_seq"], held["last_event_hash"])
             current = RunStatus(held["status"])
             await move_run_on(connection, run, current, target, checked, held, now)
             await run.write(connection, now)
