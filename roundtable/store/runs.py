@@ -95,13 +95,15 @@ async def _insert_run(
     user_id: str,
     request_fingerprint: str | None,
     grant: RunGrant,
+    now: datetime | None = None,
 ) -> dict[str, Any]:
     """A new run of the session ``session_id`` with its first audit event,
-    in the caller's transaction; its row as row_to_dict gives it."""
+    in the caller's transaction (at ``now``, the database's clock read in it
+    already, if given); its row as row_to_dict gives it."""
     # The id as it is stored and hashed: text (SQLite would keep 5 as "5"
     # while the event's hash took the number).
     require_text("run_id", run_id)
-    now = await database_now(connection)
+    now = now or await database_now(connection)
     chain = ChainedRun(run_id, 0, GENESIS_HASH)
     chain.append("run.created", {"session_id": session_id, **grant.audited()}, now)
     row = {
@@ -178,6 +180,7 @@ class Runs:
                         user_id,
                         request_fingerprint,
                         grant or RunGrant(),
+                        now=session["created_at"],
                     )
             except IntegrityError:  # created concurrently; theirs stands
                 run = await self.get(run_id)
