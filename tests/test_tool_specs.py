@@ -24,15 +24,10 @@ async def _handler(args: Any, ctx: Any) -> dict[str, Any]:
     return {}
 
 
-def _tool(name: str) -> ToolDefinition:
-    return ToolDefinition(
-        name=name,
-        description="test",
-        side_effect="write",
-        risk_level="R2",
-        handler=_handler,
-        args_model=_Args,
-    )
+def _tool(name: str, **given: Any) -> ToolDefinition:
+    """A write tool over ``_Args``, or over what ``given`` says instead."""
+    facts: dict[str, Any] = {"side_effect": "write", "risk_level": "R2", "args_model": _Args}
+    return ToolDefinition(name=name, description="test", handler=_handler, **{**facts, **given})
 
 
 def test_the_spec_gives_the_arguments_models_own_schema() -> None:
@@ -57,14 +52,7 @@ def test_a_tool_described_by_its_schema_gives_each_spec_a_copy_of_its_own() -> N
     caller changing a spec changed the next run's and the tool's argument
     checks."""
     schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 5}}}
-    tool = ToolDefinition(
-        name="mcp",
-        description="test",
-        side_effect="read",
-        risk_level="R0",
-        handler=_handler,
-        input_schema=schema,
-    )
+    tool = _tool("mcp", side_effect="read", risk_level="R0", args_model=None, input_schema=schema)
     first = tool.spec()
     first.parameters["properties"]["q"]["maxLength"] = 1
     assert tool.spec().parameters == schema
@@ -84,12 +72,5 @@ def test_a_schema_value_json_cannot_write_is_written_as_pydantic_writes_it() -> 
         model_config = ConfigDict(json_schema_extra=extra)
         ticket_id: str
 
-    tool = ToolDefinition(
-        name="extra",
-        description="test",
-        side_effect="write",
-        risk_level="R2",
-        handler=_handler,
-        args_model=Extra,
-    )
+    tool = _tool("extra", args_model=Extra)
     assert tool.spec().parameters["x-limit"] == to_jsonable_python(Decimal("1.5"))
