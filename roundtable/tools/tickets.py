@@ -387,7 +387,7 @@ async def _locked_ticket(conn: AsyncConnection, args: TicketRef) -> Any:
     ticket = (await conn.execute(locked)).one_or_none()
     if ticket is not None:
         return ticket
-    # Two first writers of one ticket: one makes it, both then lock it.
+    # Two first writers of one ticket: one makes it, the other then locks it.
     made = {
         "tenant_id": args.tenant_id,
         "ticket_id": args.ticket_id,
@@ -396,7 +396,10 @@ async def _locked_ticket(conn: AsyncConnection, args: TicketRef) -> Any:
         "comments": [],
         "highest_fencing_token": 0,
     }
-    await conn.execute(insert_for(conn, _TICKETS).values(made).on_conflict_do_nothing())
+    inserted = await conn.execute(insert_for(conn, _TICKETS).values(made).on_conflict_do_nothing())
+    if inserted.rowcount == 1:
+        # Ours: the row is as made, and no other writer sees it before we commit.
+        return SimpleNamespace(**made)
     return (await conn.execute(locked)).one()
 
 
