@@ -21,10 +21,10 @@ from functools import cache
 from typing import Any, TypeVar
 
 from sqlalchemy import Select, Table, bindparam, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from roundtable.states import ENDING_ACTION_STATUSES
-from roundtable.store import commit_notes
+from roundtable.store import commit_notes, sqlite_core
 from roundtable.store.audit import append_event
 from roundtable.store.engine import database_clock, database_now, read_only_engine
 from roundtable.store.errors import NotFoundError
@@ -39,6 +39,7 @@ from roundtable.store.schema import (
     SessionRow,
     ToolResultRow,
 )
+from roundtable.store.sqlite_core import CoreConnection
 
 T = TypeVar("T")
 R = TypeVar("R", bound=Base)
@@ -94,7 +95,7 @@ class Database:
     @asynccontextmanager
     async def core_transaction(
         self,
-    ) -> AsyncIterator[tuple[AsyncConnection, list[commit_notes.Note]]]:
+    ) -> AsyncIterator[tuple[CoreConnection, list[commit_notes.Note]]]:
         """One transaction on a Core connection, for a hot path whose
         statements are all Core (the claim): no ORM session, identity map or
         flush around them, which on PostgreSQL cost more than the claim's own
@@ -106,18 +107,23 @@ class Database:
         async with contextlib.AsyncExitStack() as stack:
             if self._local_writer is not None:
                 await stack.enter_async_context(self._local_writer)
-            connection = await stack.enter_async_context(self.engine.connect())
-            if self.engine.dialect.name == "postgresql":
-                # The claim's checks rely on READ COMMITTED and its locks on one
-                # transaction: pinned on this connection (an engine's option
-                # would lose to one set on an engine beneath it), whatever the
-                # engine or the database's default says. Under AUTOCOMMIT the
-                # first statement's locks would be gone before the second, and
-                # current_setting would still say read committed. asyncpg
-                # sends the level with its BEGIN: no round trip of its own.
+                # Each statement one trip, without SQLAlchemy's execution
+                # around it (sqlite_core.py).
+                sqlite = sqlite_core.transaction(self.engine, "BEGIN IMMEDIATE")
+                yield await stack.enter_async_context(sqlite), notes
+            else:
+                connection = await stack.enter_async_context(self.engine.connect())
+                # The claim's checks rely on READ COMMITTED and its locks on
+                # one transaction: pinned on this connection (an engine's
+                # option would lose to one set on an engine beneath it),
+                # whatever the engine or the database's default says. Under
+                # AUTOCOMMIT the first statement's locks would be gone before
+                # the second, and current_setting would still say read
+                # committed. asyncpg sends the level with its BEGIN: no round
+                # trip of its own.
                 await connection.execution_options(isolation_level="READ COMMITTED")
-            await stack.enter_async_context(connection.begin())
-            yield connection, notes
+                await stack.enter_async_context(connection.begin())
+                yield connection, notes
         if notes:
             self._tell(notes)
 
@@ -144,11 +150,14 @@ class Database:
         async with self.reader() as session:
             return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
 
-    def core_reader(self) -> AsyncConnection:
+    def core_reader(self) -> contextlib.AbstractAsyncContextManager[CoreConnection]:
         """A Core connection for reads only (never takes SQLite's write lock),
         for reads on the hot paths: an ORM session around a statement (its
         identity map, the objects built and taken apart again) costs more of
-        this process's CPU than the read itself."""
+        this process's CPU than the read itself. On SQLite, its statements
+        go one trip each (sqlite_core.py), in a deferred transaction."""
+        if self._local_writer is not None:
+            return sqlite_core.reading(self.engine)
         return self._readers.connect()
 
     async def get(self, model: type[R], row_id: str) -> dict[str, Any]:

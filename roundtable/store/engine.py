@@ -114,7 +114,7 @@ def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
 
 
 def is_postgresql(session: AsyncSession | AsyncConnection) -> bool:
-    dialect = session.dialect if isinstance(session, AsyncConnection) else session.bind.dialect
+    dialect = session.bind.dialect if isinstance(session, AsyncSession) else session.dialect
     return dialect.name == "postgresql"
 
 

@@ -1,0 +1,298 @@
+"""Core statements on SQLite without SQLAlchemy's execution around each.
+
+A run's store calls are Core statements (core_writes.py), and on SQLite most
+of their cost was not SQLite's: SQLAlchemy's execution of one statement (its
+execution context, result metadata and greenlet switch) took about three
+times the CPU of the trip that ran it (bench/README, "What was cut"). Here a
+statement is compiled by SQLAlchemy, once, through the engine's own compiled
+cache, and its parameters and rows go through the same bind and result
+processors SQLAlchemy would apply; the statement itself runs through the
+connection's one-trip cursor (sqlite_driver.py). So the SQL, the values
+stored and the values read are SQLAlchemy's; only its per-statement
+machinery is left out.
+
+What stays as SQLAlchemy does it: the engine's ``before_cursor_execute`` and
+``after_cursor_execute`` listeners are told of every statement, BEGIN
+included (the store refuses unstorable text there; tests and the claim's
+benchmark count statements there), and a database error is raised as the
+same ``sqlalchemy.exc`` class, its parameters hidden as the engine hides
+them. What this refuses rather than imitates: statements whose values
+SQLAlchemy would compute in Python (column defaults fetched before an
+INSERT or UPDATE) and executemany with RETURNING; the store's hot paths
+pass every value.
+
+PostgreSQL is untouched: its hot paths run on SQLAlchemy's AsyncConnection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import exc
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql import compiler
+
+from roundtable.store.sqlite_driver import OneTripConnection
+
+
+class CoreRow(tuple):
+    """One row: a tuple, with ``_mapping`` and attribute access by column
+    key, as SQLAlchemy's Row."""
+
+    __slots__ = ()
+    _keys: tuple[str, ...] = ()
+
+    @property
+    def _mapping(self) -> dict[str, Any]:
+        return dict(zip(self._keys, self, strict=True))
+
+    def _asdict(self) -> dict[str, Any]:
+        return self._mapping
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[self._keys.index(key)]
+        except ValueError:
+            raise AttributeError(key) from None
+
+
+def _processed(processors: list[Any], row: Sequence[Any]) -> Iterator[Any]:
+    return (value if p is None else p(value) for p, value in zip(processors, row, strict=True))
+
+
+@functools.cache
+def _row_class(keys: tuple[str, ...]) -> type[CoreRow]:
+    return type("CoreRow", (CoreRow,), {"__slots__": (), "_keys": keys})
+
+
+class CoreResult:
+    """The part of SQLAlchemy's CursorResult the store's Core paths use:
+    every row is already fetched."""
+
+    def __init__(self, keys: tuple[str, ...], rows: list[CoreRow], rowcount: int) -> None:
+        self._keys = keys
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def __iter__(self) -> Iterator[CoreRow]:
+        return iter(self._rows)
+
+    def all(self) -> list[CoreRow]:
+        return list(self._rows)
+
+    def first(self) -> CoreRow | None:
+        return self._rows[0] if self._rows else None
+
+    def one_or_none(self) -> CoreRow | None:
+        if len(self._rows) > 1:
+            raise exc.MultipleResultsFound("Multiple rows were found when one or none was required")
+        return self.first()
+
+    def one(self) -> CoreRow:
+        row = self.one_or_none()
+        if row is None:
+            raise exc.NoResultFound("No row was found when one was required")
+        return row
+
+    def scalar(self) -> Any:
+        row = self.first()
+        return None if row is None else row[0]
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+    def scalar_one_or_none(self) -> Any:
+        row = self.one_or_none()
+        return None if row is None else row[0]
+
+    def scalars(self) -> CoreScalars:
+        return CoreScalars([row[0] for row in self._rows])
+
+    def mappings(self) -> CoreScalars:
+        return CoreScalars([row._mapping for row in self._rows])
+
+
+class CoreScalars(list):
+    """A list with the ``all``/``first``/``one`` a ScalarResult offers."""
+
+    def all(self) -> list[Any]:
+        return list(self)
+
+    def first(self) -> Any:
+        return self[0] if self else None
+
+    def one(self) -> Any:
+        if len(self) != 1:
+            raise exc.NoResultFound("Exactly one row was required")
+        return self[0]
+
+
+class SQLiteCoreConnection:
+    """A transaction's connection on SQLite, for Core statements: what the
+    store's hot paths call of SQLAlchemy's AsyncConnection (``execute`` and
+    ``dialect``), each statement one trip to SQLite's thread."""
+
+    def __init__(self, engine: AsyncEngine, driver: OneTripConnection, sync_connection: Any):
+        self._engine = engine.sync_engine
+        self.dialect: Dialect = engine.dialect
+        self._driver = driver
+        # Told to the listeners as their connection argument, as SQLAlchemy does.
+        self._sync_connection = sync_connection
+
+    async def execute(self, statement: Any, parameters: Any = None) -> CoreResult:
+        many = isinstance(parameters, list | tuple) and len(parameters) > 1
+        groups: Sequence[Mapping[str, Any]]
+        if parameters is None:
+            groups = []
+        elif isinstance(parameters, list | tuple):
+            groups = parameters
+        else:
+            groups = [parameters]
+        sql, bound, keys, processors = self._prepared(statement, groups, many)
+        rows, rowcount = await self._run(sql, bound if many else bound[0], many)
+        if not keys:
+            return CoreResult(keys, [], rowcount)
+        made = _row_class(keys)
+        return CoreResult(keys, [made(_processed(processors, row)) for row in rows], rowcount)
+
+    def _prepared(
+        self, statement: Any, groups: Sequence[Mapping[str, Any]], many: bool
+    ) -> tuple[str, list[tuple[Any, ...]], tuple[str, ...], list[Any]]:
+        """The SQL, each group's parameters in their order and processed,
+        and the result's keys and processors, as SQLAlchemy's execution
+        context makes them (DefaultExecutionContext._init_compiled)."""
+        dialect = self.dialect
+        compiled, extracted, collected, _ = statement._compile_w_cache(
+            dialect=dialect,
+            compiled_cache=self._engine._compiled_cache,
+            column_keys=sorted(groups[0]) if groups else [],
+            for_executemany=many,
+            schema_translate_map=None,
+            linting=dialect.compiler_linting | compiler.WARN_LINTING,
+        )
+        if compiled.insert_prefetch or compiled.update_prefetch:
+            raise NotImplementedError(
+                "a Core statement on SQLite's fast path must pass every value: "
+                f"{statement} would take column defaults computed in Python"
+            )
+        if many and (compiled.effective_returning or compiled.returning):
+            raise NotImplementedError("executemany with RETURNING is not on SQLite's fast path")
+        values = [
+            compiled.construct_params(
+                group,
+                escape_names=False,
+                _group_number=number,
+                extracted_parameters=extracted,
+                _collected_params=collected,
+            )
+            for number, group in enumerate(groups)
+        ] or [
+            compiled.construct_params(
+                extracted_parameters=extracted, escape_names=False, _collected_params=collected
+            )
+        ]
+        processors: Mapping[str, Any] = compiled._bind_processors
+        sql = compiled.string
+        order = compiled.positiontup
+        if compiled.literal_execute_params or compiled.post_compile_params:
+            if many:
+                raise NotImplementedError("expanding parameters with executemany")
+            expanded = compiled._process_parameters_for_postcompile(values[0])
+            sql = expanded.statement
+            processors = {**processors, **expanded.processors}
+            order = expanded.positiontup
+        bound = [
+            tuple(processors[key](value[key]) if key in processors else value[key] for key in order)
+            for value in values
+        ]
+        columns = compiled._result_columns
+        keys = tuple(column[0] for column in columns)
+        results = [column[3]._cached_result_processor(dialect, None) for column in columns]
+        return sql, bound, keys, results
+
+    async def _run(self, sql: str, parameters: Any, many: bool) -> tuple[list[Any], int]:
+        """The statement on SQLite's thread, told to the engine's listeners
+        before and after, its errors raised as SQLAlchemy raises them."""
+        dispatch = self._engine.dispatch
+        dispatch.before_cursor_execute(self._sync_connection, None, sql, parameters, None, many)
+        cursor = self._driver.cursor()
+        try:
+            if many:
+                await cursor.executemany(sql, parameters)
+            else:
+                await cursor.execute(sql, parameters)
+        except self.dialect.loaded_dbapi.Error as error:
+            raise exc.DBAPIError.instance(
+                sql,
+                parameters,
+                error,
+                self.dialect.loaded_dbapi.Error,
+                hide_parameters=True,
+                dialect=self.dialect,
+                ismulti=many,
+            ) from error
+        rows = await cursor.fetchall()
+        dispatch.after_cursor_execute(self._sync_connection, None, sql, parameters, None, many)
+        return rows, cursor.rowcount
+
+    async def begin(self, sql: str) -> None:
+        """Open the transaction: ``sql`` goes with the first statement."""
+        await self._run(sql, (), False)
+
+    async def commit(self) -> None:
+        # Told first, as SQLAlchemy tells it: a listener that raises stops
+        # the commit (the caller then rolls back).
+        self._engine.dispatch.commit(self._sync_connection)
+        try:
+            await self._driver.commit()
+        except self.dialect.loaded_dbapi.Error as error:
+            raise exc.DBAPIError.instance(
+                "COMMIT", (), error, self.dialect.loaded_dbapi.Error, dialect=self.dialect
+            ) from error
+
+    async def rollback(self) -> None:
+        self._engine.dispatch.rollback(self._sync_connection)
+        await self._driver.rollback()
+
+
+@contextlib.asynccontextmanager
+async def transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[SQLiteCoreConnection]:
+    """A pooled connection, in one transaction opened by ``begin`` (``BEGIN
+    IMMEDIATE`` for a writer, ``BEGIN`` for a reader): committed when the
+    block ends, rolled back when it raises (or is cancelled)."""
+    async with engine.connect() as pooled:
+        raw = await pooled.get_raw_connection()
+        connection = SQLiteCoreConnection(engine, raw.driver_connection, pooled.sync_connection)
+        await connection.begin(begin)
+        try:
+            yield connection
+            await connection.commit()
+        except BaseException:
+            await connection.rollback()
+            raise
+
+
+@contextlib.asynccontextmanager
+async def reading(engine: AsyncEngine) -> AsyncIterator[SQLiteCoreConnection]:
+    """A pooled connection in a deferred transaction, rolled back at the end:
+    its reads see one instant and take no write lock."""
+    async with engine.connect() as pooled:
+        raw = await pooled.get_raw_connection()
+        connection = SQLiteCoreConnection(engine, raw.driver_connection, pooled.sync_connection)
+        await connection.begin("BEGIN")
+        try:
+            yield connection
+        finally:
+            await connection.rollback()
+
+
+# What a Core hot path is given: SQLAlchemy's connection on PostgreSQL, this
+# module's on SQLite.
+CoreConnection = AsyncConnection | SQLiteCoreConnection
