@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionma
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from roundtable.completion import to_completion
+from roundtable.store import sqlite_core
 from roundtable.store.engine import create_engine_for, insert_for
 from roundtable.tools.registry import (
     ToolContext,
@@ -264,13 +265,19 @@ class TicketSystem:
     # for a customer's, and the benchmark's bare side writes its row with one
     # statement; an ORM session around each of a write's two transactions
     # made the stand-in cost our runs more of the worker's CPU than the
-    # customer's system would.
+    # customer's system would. On SQLite they go by the store's fast path
+    # (store/sqlite_core.py), for the same reason.
+
+    def _transaction(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        if self.engine.dialect.name == "sqlite":
+            return sqlite_core.transaction(self.engine, "BEGIN IMMEDIATE")
+        return self.engine.begin()
 
     @to_completion
     async def _start(
         self, operation: str, args: TicketRef, ctx: ToolContext, started: list[bool]
     ) -> dict | None:
-        async with self.engine.begin() as conn:
+        async with self._transaction() as conn:
             # The ticket's lock first, then the log: a call with this key that
             # got there first (Roundtable sending one write twice at once, the
             # broken promise ``arrivals`` exists to show) has committed its
@@ -325,7 +332,7 @@ class TicketSystem:
 
     @to_completion
     async def _finish(self, args: TicketRef, ctx: ToolContext, apply: Any) -> dict[str, Any]:
-        async with self.engine.begin() as conn:
+        async with self._transaction() as conn:
             ticket = await _locked_ticket(conn, args)
             if ctx.fencing_token >= ticket.highest_fencing_token:
                 # The handler changes a copy; the copy is written back whole.
@@ -353,7 +360,7 @@ class TicketSystem:
         ticket: True. False when the log shows the write already applied (the
         operator's "failed" would be wrong). Under the ticket's row lock, so a
         write is either applied before this or refused after it."""
-        async with self.engine.begin() as conn:
+        async with self._transaction() as conn:
             ticket = await _locked_ticket(conn, args)
             log = await _log_entry(conn, ctx)
             if log is not None and log.outcome == "applied":
@@ -367,7 +374,7 @@ class TicketSystem:
 
     @to_completion
     async def _close_log(self, ctx: ToolContext, outcome: str) -> None:
-        async with self.engine.begin() as conn:
+        async with self._transaction() as conn:
             await _end_log(conn, ctx, outcome, only_if="started")
 
 

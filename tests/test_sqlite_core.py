@@ -1,0 +1,305 @@
+"""Core statements on SQLite's fast path (roundtable/store/sqlite_core.py)
+against SQLAlchemy's own execution on the same engine: the same SQL, values
+stored and read, errors, listeners told, and transactions that commit or roll
+back whole, cancelled or not."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    bindparam,
+    event,
+    exc,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from roundtable.store import open_store, sqlite_core
+from roundtable.store.engine import create_engine_for
+from roundtable.store.errors import InvalidInputError
+from roundtable.store.schema import Base, JSONValue, UTCDateTime
+
+_META = MetaData()
+# Every column type the store's tables use, nullable, and one Python default
+# (which the fast path must refuse to imitate).
+_KINDS = Table(
+    "kinds",
+    _META,
+    Column("id", String(36), primary_key=True),
+    Column("name", String(255), unique=True),
+    Column("body", Text),
+    Column("small", Integer),
+    Column("big", BigInteger),
+    Column("flag", Boolean),
+    Column("at", UTCDateTime()),
+    Column("doc", JSONValue),
+    Column("counted", Integer, default=0),
+)
+_NOW = datetime(2026, 12, 4, 19, 30, 1, 123456, tzinfo=UTC)
+
+
+def _row(key: str, **changes: Any) -> dict[str, Any]:
+    row = {
+        "id": key,
+        "name": f"name-{key}",
+        "body": "ünïcode ✓ and 'quotes'",
+        "small": -7,
+        "big": 2**40,
+        "flag": True,
+        "at": _NOW,
+        "doc": {"list": [1, 2.5, None, "x"], "nested": {"t": True}},
+        "counted": 3,
+    }
+    return {**row, **changes}
+
+
+@pytest.fixture
+async def engine(tmp_path) -> AsyncIterator[AsyncEngine]:
+    made = create_engine_for(f"sqlite+aiosqlite:///{tmp_path / 'core.db'}")
+    async with made.begin() as conn:
+        await conn.run_sync(_META.create_all)
+    yield made
+    await made.dispose()
+
+
+def fast(engine: AsyncEngine) -> Any:
+    return sqlite_core.transaction(engine, "BEGIN IMMEDIATE")
+
+
+async def _both(engine: AsyncEngine, statement: Any, params: Any = None) -> tuple[list, list]:
+    """The rows a read gives through SQLAlchemy and through the fast path,
+    each value with its key and type."""
+
+    def typed(result: Any) -> list:
+        keys = result.keys()
+        return [[(k, v, type(v)) for k, v in zip(keys, row, strict=True)] for row in result]
+
+    async with engine.connect() as conn:
+        theirs = typed(await conn.execute(statement, params))
+    async with fast(engine) as conn:
+        ours = typed(await conn.execute(statement, params))
+    return theirs, ours
+
+
+async def test_values_are_stored_and_read_as_sqlalchemy_stores_and_reads_them(engine) -> None:
+    # Written by each path, read by both: the same values, of the same types.
+    async with engine.begin() as conn:
+        await conn.execute(insert(_KINDS), _row("theirs"))
+    async with fast(engine) as conn:
+        await conn.execute(insert(_KINDS), _row("ours"))
+        await conn.execute(
+            insert(_KINDS),
+            _row("nulls", name=None, body=None, small=None, big=None, flag=None, at=None, doc=None),
+        )
+    for key in ("theirs", "ours", "nulls"):
+        theirs, ours = await _both(engine, select(_KINDS).where(_KINDS.c.id == key))
+        assert theirs == ours and len(ours) == 1, key
+    # Aware UTC datetimes out, from any zone in; JSON as JSON; bools as bools.
+    async with fast(engine) as conn:
+        row = (await conn.execute(select(_KINDS).where(_KINDS.c.id == "ours"))).one()
+    assert row.at == _NOW and row.at.tzinfo is UTC
+    assert row.flag is True and row.doc["nested"] == {"t": True}
+    # The raw text on disk is the same as SQLAlchemy's.
+    raw = select(func.cast(_KINDS.c.at, Text), func.cast(_KINDS.c.doc, Text)).order_by(_KINDS.c.id)
+    theirs, ours = await _both(engine, raw)
+    assert theirs == ours
+
+
+async def test_statements_of_every_shape_the_store_sends(engine) -> None:
+    async with fast(engine) as conn:
+        # executemany, one trip of its own
+        many = await conn.execute(
+            insert(_KINDS), [_row(str(n)) | {"name": f"n{n}"} for n in range(5)]
+        )
+        assert many.rowcount == 5
+        # values built into the statement, not passed
+        await conn.execute(insert(_KINDS).values(**_row("built")))
+        # UPDATE … RETURNING, and a row count
+        returned = await conn.execute(
+            update(_KINDS)
+            .where(_KINDS.c.id == bindparam("row_id"))
+            .values(small=bindparam("small"))
+            .returning(_KINDS.c.id, _KINDS.c.small, _KINDS.c.at),
+            {"row_id": "built", "small": 42},
+        )
+        assert [tuple(r) for r in returned] == [("built", 42, _NOW)]
+        missed = await conn.execute(update(_KINDS).where(_KINDS.c.id == "nobody").values(small=1))
+        assert missed.rowcount == 0
+    # IN lists, expanding, passed and built in
+    ids = ["0", "3", "built", "absent"]
+    for statement, params in (
+        (select(_KINDS.c.id, _KINDS.c.small).where(_KINDS.c.id.in_(ids)), None),
+        (
+            select(_KINDS.c.id).where(_KINDS.c.id.in_(bindparam("ids", expanding=True))),
+            {"ids": ids},
+        ),
+        (select(func.count()).select_from(_KINDS), None),
+        (select(_KINDS.c.id, (_KINDS.c.small + 1).label("next")).order_by(_KINDS.c.id), None),
+    ):
+        theirs, ours = await _both(engine, statement.order_by(None), params)
+        assert sorted(theirs) == sorted(ours) and ours, statement
+
+
+async def test_the_store_tables_read_alike_after_a_run_s_opening(tmp_path) -> None:
+    async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'store.db'}") as store:
+        await store.runs.ensure(run_id="run-1", user_id="user-1", task_text="a task ✓")
+        await store.runs.pin_snapshot("run-1", "d" * 64, status="running", body='{"tools": []}')
+        await store.runs.set_status("run-1", "waiting_input")
+        seen = 0
+        for table in Base.metadata.sorted_tables:
+            theirs, ours = await _both(store.engine, select(table))
+            assert theirs == ours, table.name
+            seen += len(ours)
+        assert seen >= 6  # a session, a run, its events, the snapshot
+
+
+async def test_errors_are_sqlalchemys_own_with_their_values_hidden(engine) -> None:
+    secret = "s3cr3t-value"
+    async with engine.begin() as conn:
+        await conn.execute(insert(_KINDS), _row("taken", body=secret))
+    theirs: Exception | None = None
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(insert(_KINDS), _row("taken", body=secret))
+    except exc.IntegrityError as error:
+        theirs = error
+    with pytest.raises(exc.IntegrityError) as ours:
+        async with fast(engine) as conn:
+            await conn.execute(insert(_KINDS), _row("fresh", body=secret))
+            await conn.execute(insert(_KINDS), _row("taken", body=secret))
+    assert theirs is not None and type(ours.value.orig) is type(theirs.orig)
+    assert str(ours.value.orig) == str(theirs.orig)
+    assert secret not in str(ours.value) and "hidden" in str(ours.value)
+    # Rolled back whole: the first insert went with it.
+    async with fast(engine) as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["taken"]
+    with pytest.raises(exc.OperationalError):
+        async with fast(engine) as conn:
+            await conn.execute(select(Column("missing", Integer)).select_from(_KINDS))
+
+
+async def test_unstorable_text_is_refused_before_it_is_sent(engine) -> None:
+    sent: list[str] = []
+    event.listen(engine.sync_engine, "after_cursor_execute", lambda *a: sent.append(a[2]))
+    with pytest.raises(InvalidInputError):
+        async with fast(engine) as conn:
+            await conn.execute(insert(_KINDS), _row("nul", body="a\x00b"))
+    assert not any("INSERT" in sql for sql in sent)
+    async with fast(engine) as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).all() == []
+
+
+async def test_listeners_are_told_every_statement_the_begin_and_the_end(engine) -> None:
+    told: list[tuple[str, str]] = []
+    sync = engine.sync_engine
+    event.listen(sync, "before_cursor_execute", lambda *a: told.append(("before", a[2])))
+    event.listen(sync, "after_cursor_execute", lambda *a: told.append(("after", a[2])))
+    event.listen(sync, "commit", lambda *_: told.append(("commit", "")))
+    event.listen(sync, "rollback", lambda *_: told.append(("rollback", "")))
+    async with fast(engine) as conn:
+        await conn.execute(select(_KINDS.c.id))
+    assert [kind for kind, _ in told] == ["before", "after", "before", "after", "commit"]
+    assert told[0][1] == "BEGIN IMMEDIATE" and told[2][1].startswith("SELECT")
+    told.clear()
+    with pytest.raises(RuntimeError):
+        async with fast(engine) as conn:
+            raise RuntimeError("the caller's own failure")
+    assert [kind for kind, _ in told] == ["before", "after", "rollback"]
+
+
+async def test_a_commit_listener_that_raises_rolls_the_transaction_back(engine) -> None:
+    def refuse(_conn: Any) -> None:
+        raise RuntimeError("no commit")
+
+    event.listen(engine.sync_engine, "commit", refuse)
+    with pytest.raises(RuntimeError):
+        async with fast(engine) as conn:
+            await conn.execute(insert(_KINDS), _row("kept?"))
+    event.remove(engine.sync_engine, "commit", refuse)
+    async with fast(engine) as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).all() == []
+
+
+async def test_what_it_would_not_do_as_sqlalchemy_does_it_refuses(engine) -> None:
+    without_default = {k: v for k, v in _row("defaults").items() if k != "counted"}
+    with pytest.raises(NotImplementedError, match="column defaults"):
+        async with fast(engine) as conn:
+            await conn.execute(insert(_KINDS), without_default)
+    with pytest.raises(NotImplementedError, match="RETURNING"):
+        async with fast(engine) as conn:
+            await conn.execute(
+                insert(_KINDS).returning(_KINDS.c.id), [_row("a") | {"name": "a"}, _row("b")]
+            )
+    async with fast(engine) as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).all() == []
+
+
+async def test_a_cancelled_transaction_leaves_nothing_and_the_next_one_runs(engine) -> None:
+    inside = asyncio.Event()
+
+    async def cancelled() -> None:
+        async with fast(engine) as conn:
+            await conn.execute(insert(_KINDS), _row("cancelled"))
+            inside.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(cancelled())
+    await inside.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with fast(engine) as conn:
+        await conn.execute(insert(_KINDS), _row("next"))
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["next"]
+
+
+async def test_a_reader_sees_one_instant_and_lets_a_writer_through(engine) -> None:
+    count = select(func.count()).select_from(_KINDS)
+    async with sqlite_core.reading(engine) as reader:
+        assert (await reader.execute(count)).scalar_one() == 0
+        # A writer commits while the reader is open: WAL lets it through.
+        async with asyncio.timeout(10):
+            async with fast(engine) as writer:
+                await writer.execute(insert(_KINDS), _row("during"))
+        assert (await reader.execute(count)).scalar_one() == 0
+    async with sqlite_core.reading(engine) as reader:
+        assert (await reader.execute(count)).scalar_one() == 1
+
+
+async def test_rows_answer_as_sqlalchemy_rows_do(engine) -> None:
+    async with fast(engine) as conn:
+        await conn.execute(insert(_KINDS), [_row("a") | {"name": "a"}, _row("b")])
+        rows = await conn.execute(select(_KINDS.c.id, _KINDS.c.at).order_by(_KINDS.c.id))
+        first = rows.first()
+        assert first is not None
+        assert first._mapping == {"id": "a", "at": _NOW} == first._asdict()
+        assert (first.id, first[1]) == ("a", _NOW)
+        with pytest.raises(AttributeError):
+            _ = first.missing
+        with pytest.raises(exc.MultipleResultsFound):
+            rows.one_or_none()
+        with pytest.raises(exc.MultipleResultsFound):
+            rows.scalar_one()
+        empty = await conn.execute(select(_KINDS.c.id).where(_KINDS.c.id == "none"))
+        assert empty.scalar() is None and empty.scalar_one_or_none() is None
+        with pytest.raises(exc.NoResultFound):
+            empty.one()
+        assert rows.mappings().all() == [{"id": "a", "at": _NOW}, {"id": "b", "at": _NOW}]
+    assert timedelta(0) == _NOW - first.at
