@@ -692,15 +692,14 @@ class _Holder:
         if self.sqlite:
             self.raw = sqlite3.connect(make_url(self.url).database, isolation_level=None)
             self.raw.execute("BEGIN IMMEDIATE")
-            original = sqlite_driver.OneTripCursor._run
+            original = sqlite_driver.OneTripConnection._open
             waiting = self.waiting
 
-            def run(cursor, method, sql, parameters, begin):  # on the driver's thread
-                if begin is not None:
-                    waiting.set()  # about to wait for the write lock
-                return original(cursor, method, sql, parameters, begin)
+            def open_(connection, begin):  # on the driver's thread
+                waiting.set()  # about to wait for the write lock
+                return original(connection, begin)
 
-            self.monkeypatch.setattr(sqlite_driver.OneTripCursor, "_run", run)
+            self.monkeypatch.setattr(sqlite_driver.OneTripConnection, "_open", open_)
         else:
             self.raw = await asyncpg.connect(_asyncpg_dsn(self.url))
             self.admin = await asyncpg.connect(_asyncpg_dsn(self.url))

@@ -23,6 +23,7 @@ from roundtable.store.audit import chained_event
 from roundtable.store.engine import is_postgresql
 from roundtable.store.errors import NotFoundError
 from roundtable.store.schema import AuditEventRow, RunRow
+from roundtable.store.sqlite_core import CoreConnection, SQLiteCoreConnection
 
 _RUNS = RunRow.__table__
 _EVENTS = AuditEventRow.__table__
@@ -55,14 +56,32 @@ async def update_row(
     values: Mapping[str, Any],
     expected: str | None = None,
     returning: tuple[str, ...] = (),
+    *,
+    later: bool = False,
 ) -> Any:
     """Set ``values`` on the row ``row_id`` (only while its status is
-    ``expected``, when given); the result, for ``returning``'s columns."""
+    ``expected``, when given); the result, for ``returning``'s columns. With
+    ``later``, by :func:`write_later`, and no result."""
     statement = _update_statement(table, tuple(sorted(values)), expected is not None, returning)
     params = {**values, "row_id": row_id}
     if expected is not None:
         params["expected"] = expected
+    if later:
+        return await write_later(connection, statement, params)
     return await connection.execute(statement, params)
+
+
+async def write_later(connection: CoreConnection, statement: Any, parameters: Any = None) -> None:
+    """A write whose answer the transaction does not need (no RETURNING, no
+    row count checked): on SQLite it goes with the transaction's next
+    statement, in its trip, or with the other writes left at the end in one
+    trip before the commit (sqlite_core.py; its error, if any, is raised
+    there, and the transaction rolls back all the same); on PostgreSQL it is
+    sent at once."""
+    if isinstance(connection, SQLiteCoreConnection):
+        connection.later(statement, parameters)
+    else:
+        await connection.execute(statement, parameters)
 
 
 @dataclass
@@ -88,11 +107,12 @@ class ChainedRun:
             return
         await self.write_events(connection)
         head = {"last_event_seq": self.last_seq, "last_event_hash": self.last_hash}
-        await update_row(connection, _RUNS, self.id, {**head, "updated_at": now, **self.changes})
+        values = {**head, "updated_at": now, **self.changes}
+        await update_row(connection, _RUNS, self.id, values, later=True)
 
     async def write_events(self, connection: AsyncConnection) -> None:
         """The events alone, for a run inserted with its head already set."""
-        await connection.execute(_insert_events(), self.events)
+        await write_later(connection, _insert_events(), self.events)
 
 
 @cache

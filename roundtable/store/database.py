@@ -157,7 +157,7 @@ class Database:
         this process's CPU than the read itself. On SQLite, its statements
         go one trip each (sqlite_core.py), in a deferred transaction."""
         if self._local_writer is not None:
-            return sqlite_core.reading(self.engine)
+            return sqlite_core.reading(self._readers)
         return self._readers.connect()
 
     async def get(self, model: type[R], row_id: str) -> dict[str, Any]:

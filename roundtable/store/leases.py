@@ -55,6 +55,7 @@ from roundtable.states import (
 )
 from roundtable.store import commit_notes
 from roundtable.store.audit import chained_event
+from roundtable.store.core_writes import write_later
 from roundtable.store.database import Database, reload
 from roundtable.store.engine import (
     database_clock,
@@ -775,14 +776,16 @@ async def _claim_sqlite(
     lease, counter, scope, executing, event, head = _sqlite_writes()
     if (await connection.execute(lease, params)).scalar_one_or_none() is None:
         return facts, None  # impossible under the write lock; refuse
-    await connection.execute(counter, params)
+    # The counters go with the action's move, the event and chain head with
+    # the commit: one trip each (core_writes.write_later).
+    await write_later(connection, counter, params)
     if grant.scope is not None:
-        await connection.execute(scope, params)
+        await write_later(connection, scope, params)
     started = (await connection.execute(executing, params)).one_or_none()
     if started is None:  # impossible under the write lock; refuse rather than guess
         raise ConflictError(f"action {action_id!r} changed while being claimed")
-    await connection.execute(event, params)
-    await connection.execute(head, params)
+    await write_later(connection, event, params)
+    await write_later(connection, head, params)
     return facts, _executing_dict(started._mapping)
 
 

@@ -29,7 +29,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from roundtable import chaos_hook
 from roundtable.states import ENDING_ACTION_STATUSES, ActionStatus
 from roundtable.store import commit_notes
-from roundtable.store.core_writes import ChainedRun, facts_read, locked_facts, update_row
+from roundtable.store.core_writes import (
+    ChainedRun,
+    facts_read,
+    locked_facts,
+    update_row,
+    write_later,
+)
 from roundtable.store.schema import ActionLeaseRow, ActionRow, RunRow
 from roundtable.store.text import escape_text
 
@@ -106,10 +112,10 @@ async def record_outcome_on_connection(
     if status in ENDING_ACTION_STATUSES:
         notes.append(commit_notes.ActionEnded(tool, status))
     if status != ActionStatus.UNKNOWN:
-        await connection.execute(_free_target(), {"action_id": action_id})
+        await write_later(connection, _free_target(), {"action_id": action_id})
     elif attempt_over:  # the attempt has ended: stop its lease's clock, keep the row
         stop = {"stop_action_id": action_id, "token": facts["fencing_token"], "now": now}
-        await connection.execute(stop_lease_clock(), stop)
+        await write_later(connection, stop_lease_clock(), stop)
     run = ChainedRun(facts["run_id"], facts["last_event_seq"], facts["last_event_hash"])
     run.append(f"action.{status}", outcome_payload(action_id, facts["fencing_token"], result), now)
     await run.write(connection, now)

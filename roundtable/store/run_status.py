@@ -78,9 +78,8 @@ async def move_run_on(
         return False
     if target not in RUN_TRANSITIONS[current]:
         raise ConflictError(f"run {run.id!r} cannot go from {current} to {target}")
-    await update_row(
-        connection, _SESSIONS, held["session_id"], {"status": target, "updated_at": now}
-    )
+    session_values = {"status": target, "updated_at": now}
+    await update_row(connection, _SESSIONS, held["session_id"], session_values, later=True)
     run.changes["status"] = target
     if (failure is not None or current == RunStatus.STALLED) and failure != held["failure"]:
         run.changes["failure"] = failure

@@ -22,7 +22,7 @@ from roundtable.states import (
     RunStatus,
 )
 from roundtable.store.audit import GENESIS_HASH
-from roundtable.store.core_writes import ChainedRun, as_written, locked_run
+from roundtable.store.core_writes import ChainedRun, as_written, locked_run, write_later
 from roundtable.store.database import Database, logged
 from roundtable.store.engine import database_now, insert_for
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
@@ -121,7 +121,7 @@ async def _insert_run(
         "updated_at": now,
     }
     # The run first: its events refer to it.
-    await connection.execute(insert(_RUNS), row)
+    await write_later(connection, insert(_RUNS), row)
     await chain.write_events(connection)
     return {column.key: row.get(column.key) for column in _RUNS.c}
 
@@ -212,10 +212,11 @@ class Runs:
             held, now = await locked_run(connection, run_id)
             run = ChainedRun(held["id"], held["last_event_seq"], held["last_event_hash"])
             if body is not None:
-                await connection.execute(
+                await write_later(
+                    connection,
                     insert_for(connection, _SNAPSHOTS)
                     .values(digest=digest, body=body, kept_at=now)
-                    .on_conflict_do_nothing(index_elements=["digest"])
+                    .on_conflict_do_nothing(index_elements=["digest"]),
                 )
             if held["snapshot_digest"] != digest:
                 run.changes["snapshot_digest"] = digest

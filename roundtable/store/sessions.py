@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.states import RunStatus
+from roundtable.store.core_writes import write_later
 from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import InvalidInputError
@@ -39,7 +40,7 @@ async def insert_session(connection: AsyncConnection, user_id: str, task_text: s
         "created_at": now,
         "updated_at": now,
     }
-    await connection.execute(insert(_SESSIONS), row)
+    await write_later(connection, insert(_SESSIONS), row)
     return row
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -134,6 +135,23 @@ class CoreScalars(list):
         return self[0]
 
 
+# Per compiled statement (they live in the engine's compiled cache): the
+# result's keys and each column's processor, worked out once.
+_RESULTS: weakref.WeakKeyDictionary[Any, tuple[tuple[str, ...], list[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _result_processing(compiled: Any, dialect: Dialect) -> tuple[tuple[str, ...], list[Any]]:
+    known = _RESULTS.get(compiled)
+    if known is None:
+        columns = compiled._result_columns
+        keys = tuple(column[0] for column in columns)
+        known = keys, [column[3]._cached_result_processor(dialect, None) for column in columns]
+        _RESULTS[compiled] = known
+    return known
+
+
 class SQLiteCoreConnection:
     """A transaction's connection on SQLite, for Core statements: what the
     store's hot paths call of SQLAlchemy's AsyncConnection (``execute`` and
@@ -145,8 +163,33 @@ class SQLiteCoreConnection:
         self._driver = driver
         # Told to the listeners as their connection argument, as SQLAlchemy does.
         self._sync_connection = sync_connection
+        # Writes prepared by later(), not sent yet.
+        self._later: list[tuple[str, Any, bool]] = []
 
     async def execute(self, statement: Any, parameters: Any = None) -> CoreResult:
+        step, keys, processors = self._step(statement, parameters)
+        # Writes left for later go first, in this statement's trip.
+        steps, self._later = [*self._later, step], []
+        _, rows, rowcount = (await self._send(steps))[-1]
+        if not keys:
+            return CoreResult(keys, [], rowcount)
+        made = _row_class(keys)
+        return CoreResult(keys, [made(_processed(processors, row)) for row in rows], rowcount)
+
+    def later(self, statement: Any, parameters: Any = None) -> None:
+        """A write whose answer the transaction does not need (an INSERT, an
+        UPDATE whose row count nobody checks): prepared and told to the
+        listeners now (so unstorable text is refused here, as ``execute``
+        refuses it), sent with the transaction's next statement, in its
+        trip, or in one trip just before the commit. Its error, if any, is
+        raised there."""
+        self._later.append(self._step(statement, parameters)[0])
+
+    def _step(
+        self, statement: Any, parameters: Any
+    ) -> tuple[tuple[str, Any, bool], tuple[str, ...], list[Any]]:
+        """The statement ready to send, told to the before-listeners; the
+        result's keys and processors."""
         many = isinstance(parameters, list | tuple) and len(parameters) > 1
         groups: Sequence[Mapping[str, Any]]
         if parameters is None:
@@ -156,11 +199,11 @@ class SQLiteCoreConnection:
         else:
             groups = [parameters]
         sql, bound, keys, processors = self._prepared(statement, groups, many)
-        rows, rowcount = await self._run(sql, bound if many else bound[0], many)
-        if not keys:
-            return CoreResult(keys, [], rowcount)
-        made = _row_class(keys)
-        return CoreResult(keys, [made(_processed(processors, row)) for row in rows], rowcount)
+        step = (sql, bound if many else bound[0], many)
+        self._engine.dispatch.before_cursor_execute(
+            self._sync_connection, None, sql, step[1], None, many
+        )
+        return step, keys, processors
 
     def _prepared(
         self, statement: Any, groups: Sequence[Mapping[str, Any]], many: bool
@@ -212,44 +255,51 @@ class SQLiteCoreConnection:
             tuple(processors[key](value[key]) if key in processors else value[key] for key in order)
             for value in values
         ]
-        columns = compiled._result_columns
-        keys = tuple(column[0] for column in columns)
-        results = [column[3]._cached_result_processor(dialect, None) for column in columns]
+        keys, results = _result_processing(compiled, dialect)
         return sql, bound, keys, results
 
-    async def _run(self, sql: str, parameters: Any, many: bool) -> tuple[list[Any], int]:
-        """The statement on SQLite's thread, told to the engine's listeners
-        before and after, its errors raised as SQLAlchemy raises them."""
-        dispatch = self._engine.dispatch
-        dispatch.before_cursor_execute(self._sync_connection, None, sql, parameters, None, many)
-        cursor = self._driver.cursor()
+    async def _send(self, steps: list[tuple[str, Any, bool]]) -> list[tuple[Any, list[Any], int]]:
+        """The statements in one trip to SQLite's thread, told to the
+        after-listeners; an error raised as SQLAlchemy raises it, for the
+        statement that failed."""
+        error_class = self.dialect.loaded_dbapi.Error
+        sent = [("executemany" if many else "execute", sql, bound) for sql, bound, many in steps]
         try:
-            if many:
-                await cursor.executemany(sql, parameters)
-            else:
-                await cursor.execute(sql, parameters)
-        except self.dialect.loaded_dbapi.Error as error:
+            done = await self._driver.run_steps(sent)
+        except error_class as error:
+            sql, bound, many = steps[getattr(error, "step", -1)]
             raise exc.DBAPIError.instance(
                 sql,
-                parameters,
+                bound,
                 error,
-                self.dialect.loaded_dbapi.Error,
+                error_class,
                 hide_parameters=True,
                 dialect=self.dialect,
                 ismulti=many,
             ) from error
-        rows = await cursor.fetchall()
-        dispatch.after_cursor_execute(self._sync_connection, None, sql, parameters, None, many)
-        return rows, cursor.rowcount
+        dispatch = self._engine.dispatch
+        for sql, bound, many in steps:
+            dispatch.after_cursor_execute(self._sync_connection, None, sql, bound, None, many)
+        return done
 
     async def begin(self, sql: str) -> None:
-        """Open the transaction: ``sql`` goes with the first statement."""
-        await self._run(sql, (), False)
+        """Open the transaction: ``sql`` goes with the first statement (the
+        one-trip cursor holds it back while the connection is known idle)."""
+        dispatch = self._engine.dispatch
+        dispatch.before_cursor_execute(self._sync_connection, None, sql, (), None, False)
+        await self._driver.cursor().execute(sql)
+        dispatch.after_cursor_execute(self._sync_connection, None, sql, (), None, False)
 
     async def commit(self) -> None:
         # Told first, as SQLAlchemy tells it: a listener that raises stops
         # the commit (the caller then rolls back).
         self._engine.dispatch.commit(self._sync_connection)
+        # Writes left for later go in one trip before the commit's: the
+        # listeners hear of them before the transaction commits, and a
+        # transaction cancelled while they run rolls back, as before.
+        steps, self._later = self._later, []
+        if steps:
+            await self._send(steps)
         try:
             await self._driver.commit()
         except self.dialect.loaded_dbapi.Error as error:
@@ -258,18 +308,25 @@ class SQLiteCoreConnection:
             ) from error
 
     async def rollback(self) -> None:
+        self._later = []  # never sent
         self._engine.dispatch.rollback(self._sync_connection)
         await self._driver.rollback()
 
 
 @contextlib.asynccontextmanager
-async def transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[SQLiteCoreConnection]:
+async def transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[CoreConnection]:
     """A pooled connection, in one transaction opened by ``begin`` (``BEGIN
     IMMEDIATE`` for a writer, ``BEGIN`` for a reader): committed when the
-    block ends, rolled back when it raises (or is cancelled)."""
+    block ends, rolled back when it raises (or is cancelled). An engine
+    built on aiosqlite's own driver (tests compare against it) gets
+    SQLAlchemy's connection, as before."""
     async with engine.connect() as pooled:
-        raw = await pooled.get_raw_connection()
-        connection = SQLiteCoreConnection(engine, raw.driver_connection, pooled.sync_connection)
+        driver = (await pooled.get_raw_connection()).driver_connection
+        if not isinstance(driver, OneTripConnection):
+            async with pooled.begin():
+                yield pooled
+            return
+        connection = SQLiteCoreConnection(engine, driver, pooled.sync_connection)
         await connection.begin(begin)
         try:
             yield connection
@@ -280,12 +337,16 @@ async def transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[SQLiteCo
 
 
 @contextlib.asynccontextmanager
-async def reading(engine: AsyncEngine) -> AsyncIterator[SQLiteCoreConnection]:
+async def reading(engine: AsyncEngine) -> AsyncIterator[CoreConnection]:
     """A pooled connection in a deferred transaction, rolled back at the end:
-    its reads see one instant and take no write lock."""
+    its reads see one instant and take no write lock. (aiosqlite's own
+    driver: as :func:`transaction`.)"""
     async with engine.connect() as pooled:
-        raw = await pooled.get_raw_connection()
-        connection = SQLiteCoreConnection(engine, raw.driver_connection, pooled.sync_connection)
+        driver = (await pooled.get_raw_connection()).driver_connection
+        if not isinstance(driver, OneTripConnection):
+            yield pooled
+            return
+        connection = SQLiteCoreConnection(engine, driver, pooled.sync_connection)
         await connection.begin("BEGIN")
         try:
             yield connection

@@ -73,7 +73,7 @@ class OneTripCursor:
         left half-stepped."""
         self._reset()
         if begin is not None:
-            self._connection._conn.execute(begin)
+            self._connection._open(begin)
         cursor = self._connection._conn.cursor()
         try:
             getattr(cursor, method)(sql, parameters)
@@ -156,8 +156,38 @@ class OneTripConnection(aiosqlite.core.Connection):
 
     def _begun(self, begin: str, call: Any) -> Any:
         """On the thread: the held-back BEGIN, then the call."""
-        self._conn.execute(begin)
+        self._open(begin)
         return call()
+
+    def _open(self, begin: str) -> None:
+        """On the thread: a held-back BEGIN, sent at last (where a writer
+        waits for SQLite's write lock)."""
+        self._conn.execute(begin)
+
+    def _steps(self, steps: list[tuple[str, str, Any]]) -> list[tuple[Any, list[Any], int]]:
+        """On the thread: each statement in its order, with every row of
+        each; each one's (description, rows, row count). A statement that
+        fails stops the rest; its error carries its index as ``step``."""
+        done = []
+        for index, (method, sql, parameters) in enumerate(steps):
+            cursor = self._conn.cursor()
+            try:
+                getattr(cursor, method)(sql, parameters)
+                rows = cursor.fetchall() if cursor.description else []
+                done.append((cursor.description, rows, cursor.rowcount))
+            except sqlite3.Error as error:
+                error.step = index  # type: ignore[attr-defined]
+                raise
+            finally:
+                cursor.close()
+        return done
+
+    async def run_steps(
+        self, steps: list[tuple[str, str, Any]]
+    ) -> list[tuple[Any, list[Any], int]]:
+        """Several statements in one trip (a held BEGIN first, as with any
+        call); see :meth:`_steps`."""
+        return await self._execute(self._steps, steps)
 
     def _hold_begin(self, sql: str) -> bool:
         """Hold a BEGIN back for the next statement, if nothing can differ."""
