@@ -34,6 +34,7 @@ from roundtable.store import open_store, sqlite_core
 from roundtable.store.engine import create_engine_for
 from roundtable.store.errors import InvalidInputError
 from roundtable.store.schema import Base, JSONValue, UTCDateTime
+from roundtable.store.sqlite_driver import OneTripConnection
 
 _META = MetaData()
 # Every column type the store's tables use, nullable, and one Python default
@@ -303,3 +304,112 @@ async def test_rows_answer_as_sqlalchemy_rows_do(engine) -> None:
             empty.one()
         assert rows.mappings().all() == [{"id": "a", "at": _NOW}, {"id": "b", "at": _NOW}]
     assert timedelta(0) == _NOW - first.at
+
+
+@pytest.fixture
+def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every call queued for a connection's thread, by name."""
+    seen: list[str] = []
+    queue = OneTripConnection._execute
+
+    async def counted(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "?")
+        seen.append(name)
+        return await queue(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(OneTripConnection, "_execute", counted)
+    return seen
+
+
+async def _warm(engine: AsyncEngine) -> None:
+    """The pool's connection opened and known idle."""
+    async with fast(engine) as conn:
+        await conn.execute(select(_KINDS.c.id))
+
+
+async def test_writes_left_for_later_go_with_the_next_statement_or_before_the_commit(
+    engine, trips
+) -> None:
+    await _warm(engine)
+    told: list[str] = []
+    event.listen(engine.sync_engine, "after_cursor_execute", lambda *a: told.append(a[2][:6]))
+    event.listen(engine.sync_engine, "commit", lambda *_: told.append("COMMIT"))
+    trips.clear()
+    async with fast(engine) as conn:
+        conn.later(insert(_KINDS), _row("a") | {"name": "a"})
+        conn.later(update(_KINDS).where(_KINDS.c.id == "a").values(small=1))
+        seen = (await conn.execute(select(_KINDS.c.small).where(_KINDS.c.id == "a"))).scalar()
+        assert seen == 1  # the writes went first, in this statement's trip
+        conn.later(insert(_KINDS), _row("b"))
+        conn.later(insert(_KINDS), _row("c") | {"name": "c"})
+    # BEGIN with the two writes and the read; the last two writes; the commit.
+    assert len(trips) == 3
+    assert told == ["BEGIN ", "INSERT", "UPDATE", "SELECT", "INSERT", "INSERT", "COMMIT"]
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id).order_by(_KINDS.c.id))).scalars().all() == [
+            "a",
+            "b",
+            "c",
+        ]
+
+
+async def test_a_write_left_for_later_fails_where_it_is_sent_and_nothing_stays(engine) -> None:
+    async with fast(engine) as conn:
+        conn.later(insert(_KINDS), _row("taken"))
+    with pytest.raises(exc.IntegrityError) as failed:
+        async with fast(engine) as conn:
+            conn.later(insert(_KINDS), _row("fresh") | {"name": "fresh"})
+            conn.later(insert(_KINDS), _row("taken"))  # the same key
+            await conn.execute(select(_KINDS.c.id))
+    assert "INSERT" in str(failed.value) and "hidden" in str(failed.value)
+    with pytest.raises(exc.IntegrityError):
+        async with fast(engine) as conn:
+            conn.later(insert(_KINDS), _row("taken"))  # fails in the trip before the commit
+    # Unstorable text is refused when the write is left, before anything is sent.
+    with pytest.raises(InvalidInputError):
+        async with fast(engine) as conn:
+            conn.later(insert(_KINDS), _row("nul", body="\x00"))
+            raise AssertionError("not reached")
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["taken"]
+
+
+async def test_writes_left_for_later_are_dropped_by_a_rollback_or_a_cancel(engine) -> None:
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        async with fast(engine) as conn:
+            conn.later(insert(_KINDS), _row("dropped"))
+            raise Boom
+    inside = asyncio.Event()
+
+    async def cancelled() -> None:
+        async with fast(engine) as conn:
+            conn.later(insert(_KINDS), _row("cancelled"))
+            inside.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(cancelled())
+    await inside.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).all() == []
+
+
+async def test_a_lone_read_is_one_trip_outside_any_transaction(engine, trips) -> None:
+    await _warm(engine)
+    trips.clear()
+    async with sqlite_core.reading(engine, alone=True) as conn:
+        assert (await conn.execute(select(func.count()).select_from(_KINDS))).scalar_one() == 0
+        with pytest.raises(RuntimeError, match="one statement"):
+            await conn.execute(select(_KINDS.c.id))
+    # One trip: no BEGIN, no rollback (the pool's is not sent either).
+    assert trips == ["_steps"]
+    # Nothing held: a writer goes through at once, and the next lone read sees it.
+    async with asyncio.timeout(10), fast(engine) as conn:
+        await conn.execute(insert(_KINDS), _row("after"))
+    async with sqlite_core.reading(engine, alone=True) as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["after"]

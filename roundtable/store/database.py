@@ -150,14 +150,17 @@ class Database:
         async with self.reader() as session:
             return [row_to_dict(row) for row in (await session.execute(query)).scalars()]
 
-    def core_reader(self) -> contextlib.AbstractAsyncContextManager[CoreConnection]:
+    def core_reader(
+        self, alone: bool = False
+    ) -> contextlib.AbstractAsyncContextManager[CoreConnection]:
         """A Core connection for reads only (never takes SQLite's write lock),
         for reads on the hot paths: an ORM session around a statement (its
         identity map, the objects built and taken apart again) costs more of
         this process's CPU than the read itself. On SQLite, its statements
-        go one trip each (sqlite_core.py), in a deferred transaction."""
+        go one trip each (sqlite_core.py), in a deferred transaction; with
+        ``alone``, one statement in one trip and no transaction around it."""
         if self._local_writer is not None:
-            return sqlite_core.reading(self._readers)
+            return sqlite_core.reading(self._readers, alone)
         return self._readers.connect()
 
     async def get(self, model: type[R], row_id: str) -> dict[str, Any]:
@@ -172,7 +175,7 @@ class Database:
         :func:`row_to_dict` makes it), or None; one statement, on
         :meth:`core_reader`."""
         table = model.__table__
-        async with self.core_reader() as connection:
+        async with self.core_reader(alone=True) as connection:
             row = (await connection.execute(_where(table, column), {"value": value})).one_or_none()
         return None if row is None else dict(zip(_keys(table), row, strict=True))
 

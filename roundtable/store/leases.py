@@ -172,7 +172,7 @@ class Leases:
             ActionRow.target_key == target.target_key,
             _overlaps(target, ActionRow.target_scope, ActionRow.target_namespace_wide),
         )
-        async with self.db.core_reader() as connection:
+        async with self.db.core_reader(alone=True) as connection:
             runs = await connection.execute(
                 select(ActionRow.run_id)
                 .where(

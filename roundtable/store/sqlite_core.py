@@ -135,6 +135,11 @@ class CoreScalars(list):
         return self[0]
 
 
+# Per dialect, per statement: its compiled form for each set of parameter
+# names (SQLiteCoreConnection._compiled).
+_COMPILED: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[Any, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
 # Per compiled statement (they live in the engine's compiled cache): the
 # result's keys and each column's processor, worked out once.
 _RESULTS: weakref.WeakKeyDictionary[Any, tuple[tuple[str, ...], list[Any]]] = (
@@ -157,7 +162,14 @@ class SQLiteCoreConnection:
     store's hot paths call of SQLAlchemy's AsyncConnection (``execute`` and
     ``dialect``), each statement one trip to SQLite's thread."""
 
-    def __init__(self, engine: AsyncEngine, driver: OneTripConnection, sync_connection: Any):
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        driver: OneTripConnection,
+        sync_connection: Any,
+        *,
+        alone: bool = False,
+    ) -> None:
         self._engine = engine.sync_engine
         self.dialect: Dialect = engine.dialect
         self._driver = driver
@@ -165,8 +177,14 @@ class SQLiteCoreConnection:
         self._sync_connection = sync_connection
         # Writes prepared by later(), not sent yet.
         self._later: list[tuple[str, Any, bool]] = []
+        # One statement only, outside any transaction (reading(alone=True)).
+        self._alone = alone
+        self._sent = 0
 
     async def execute(self, statement: Any, parameters: Any = None) -> CoreResult:
+        if self._alone and self._sent:
+            raise RuntimeError("a lone read runs one statement; use a reading transaction")
+        self._sent += 1
         step, keys, processors = self._step(statement, parameters)
         # Writes left for later go first, in this statement's trip.
         steps, self._later = [*self._later, step], []
@@ -212,14 +230,7 @@ class SQLiteCoreConnection:
         and the result's keys and processors, as SQLAlchemy's execution
         context makes them (DefaultExecutionContext._init_compiled)."""
         dialect = self.dialect
-        compiled, extracted, collected, _ = statement._compile_w_cache(
-            dialect=dialect,
-            compiled_cache=self._engine._compiled_cache,
-            column_keys=sorted(groups[0]) if groups else [],
-            for_executemany=many,
-            schema_translate_map=None,
-            linting=dialect.compiler_linting | compiler.WARN_LINTING,
-        )
+        compiled, extracted, collected = self._compiled(statement, groups, many)
         if compiled.insert_prefetch or compiled.update_prefetch:
             raise NotImplementedError(
                 "a Core statement on SQLite's fast path must pass every value: "
@@ -258,6 +269,30 @@ class SQLiteCoreConnection:
         keys, results = _result_processing(compiled, dialect)
         return sql, bound, keys, results
 
+    def _compiled(
+        self, statement: Any, groups: Sequence[Mapping[str, Any]], many: bool
+    ) -> tuple[Any, Any, Any]:
+        """SQLAlchemy's compiled form of ``statement`` for these parameter
+        names, with the values built into the statement. A statement is
+        immutable, so what its cache key gives is kept for the statement
+        itself (the hot paths build theirs once): generating the key again
+        on every call cost more than the rest of the preparation."""
+        names = tuple(sorted(groups[0])) if groups else ()
+        by_statement = _COMPILED.setdefault(self.dialect, weakref.WeakKeyDictionary())
+        kept = by_statement.setdefault(statement, {})
+        found = kept.get((names, many))
+        if found is None:
+            compiled, extracted, collected, _ = statement._compile_w_cache(
+                dialect=self.dialect,
+                compiled_cache=self._engine._compiled_cache,
+                column_keys=list(names),
+                for_executemany=many,
+                schema_translate_map=None,
+                linting=self.dialect.compiler_linting | compiler.WARN_LINTING,
+            )
+            found = kept[(names, many)] = (compiled, extracted, collected)
+        return found
+
     async def _send(self, steps: list[tuple[str, Any, bool]]) -> list[tuple[Any, list[Any], int]]:
         """The statements in one trip to SQLite's thread, told to the
         after-listeners; an error raised as SQLAlchemy raises it, for the
@@ -291,15 +326,15 @@ class SQLiteCoreConnection:
         dispatch.after_cursor_execute(self._sync_connection, None, sql, (), None, False)
 
     async def commit(self) -> None:
-        # Told first, as SQLAlchemy tells it: a listener that raises stops
-        # the commit (the caller then rolls back).
-        self._engine.dispatch.commit(self._sync_connection)
         # Writes left for later go in one trip before the commit's: the
         # listeners hear of them before the transaction commits, and a
         # transaction cancelled while they run rolls back, as before.
         steps, self._later = self._later, []
         if steps:
             await self._send(steps)
+        # Told before the commit, as SQLAlchemy tells it: a listener that
+        # raises stops the commit (the caller then rolls back).
+        self._engine.dispatch.commit(self._sync_connection)
         try:
             await self._driver.commit()
         except self.dialect.loaded_dbapi.Error as error:
@@ -337,16 +372,21 @@ async def transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[CoreConn
 
 
 @contextlib.asynccontextmanager
-async def reading(engine: AsyncEngine) -> AsyncIterator[CoreConnection]:
+async def reading(engine: AsyncEngine, alone: bool = False) -> AsyncIterator[CoreConnection]:
     """A pooled connection in a deferred transaction, rolled back at the end:
-    its reads see one instant and take no write lock. (aiosqlite's own
-    driver: as :func:`transaction`.)"""
+    its reads see one instant and take no write lock. ``alone``: for one
+    statement only, sent with no transaction around it (SQLite's autocommit
+    gives a lone statement its own), one trip in all; a second is refused.
+    (aiosqlite's own driver: as :func:`transaction`.)"""
     async with engine.connect() as pooled:
         driver = (await pooled.get_raw_connection()).driver_connection
         if not isinstance(driver, OneTripConnection):
             yield pooled
             return
-        connection = SQLiteCoreConnection(engine, driver, pooled.sync_connection)
+        connection = SQLiteCoreConnection(engine, driver, pooled.sync_connection, alone=alone)
+        if alone:
+            yield connection
+            return
         await connection.begin("BEGIN")
         try:
             yield connection

@@ -164,10 +164,13 @@ class OneTripConnection(aiosqlite.core.Connection):
         waits for SQLite's write lock)."""
         self._conn.execute(begin)
 
-    def _steps(self, steps: list[tuple[str, str, Any]]) -> list[tuple[Any, list[Any], int]]:
+    def _steps(
+        self, steps: list[tuple[str, str, Any]]
+    ) -> tuple[list[tuple[Any, list[Any], int]], bool]:
         """On the thread: each statement in its order, with every row of
-        each; each one's (description, rows, row count). A statement that
-        fails stops the rest; its error carries its index as ``step``."""
+        each; each one's (description, rows, row count), and whether a
+        transaction is open after them. A statement that fails stops the
+        rest; its error carries its index as ``step``."""
         done = []
         for index, (method, sql, parameters) in enumerate(steps):
             cursor = self._conn.cursor()
@@ -180,14 +183,20 @@ class OneTripConnection(aiosqlite.core.Connection):
                 raise
             finally:
                 cursor.close()
-        return done
+        return done, self._conn.in_transaction
 
     async def run_steps(
         self, steps: list[tuple[str, str, Any]]
     ) -> list[tuple[Any, list[Any], int]]:
         """Several statements in one trip (a held BEGIN first, as with any
-        call); see :meth:`_steps`."""
-        return await self._execute(self._steps, steps)
+        call); see :meth:`_steps`. Statements sent outside a transaction (a
+        lone read, in SQLite's autocommit) leave the connection known idle
+        outside one, by the rule of :meth:`_end`, so the pool's rollback
+        after them is not sent."""
+        queued = self._queued
+        done, still_open = await self._execute(self._steps, steps)
+        self._idle_outside_transaction = not still_open and self._queued == queued + 1
+        return done
 
     def _hold_begin(self, sql: str) -> bool:
         """Hold a BEGIN back for the next statement, if nothing can differ."""

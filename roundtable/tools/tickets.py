@@ -40,6 +40,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from roundtable.completion import to_completion
 from roundtable.store import sqlite_core
+from roundtable.store.core_writes import write_later
 from roundtable.store.engine import create_engine_for, insert_for
 from roundtable.tools.registry import (
     ToolContext,
@@ -288,22 +289,25 @@ class TicketSystem:
             seen = await _log_entry(conn, ctx)
             if seen is not None:
                 # The repeat is counted (committed), then answered as the first time.
-                await conn.execute(
+                await write_later(
+                    conn,
                     update(_LOG)
                     .where(_LOG.c.idempotency_key == ctx.idempotency_key)
-                    .values(arrivals=_LOG.c.arrivals + 1)
+                    .values(arrivals=_LOG.c.arrivals + 1),
                 )
             else:
                 highest = ticket.highest_fencing_token
                 stale = ctx.fencing_token < highest
                 if not stale and ctx.fencing_token > highest:
-                    await conn.execute(
+                    await write_later(
+                        conn,
                         update(_TICKETS)
                         .where(*_is_ticket(args))
-                        .values(highest_fencing_token=ctx.fencing_token)
+                        .values(highest_fencing_token=ctx.fencing_token),
                     )
                 now = datetime.now(UTC)
-                await conn.execute(
+                await write_later(
+                    conn,
                     insert(_LOG).values(
                         idempotency_key=ctx.idempotency_key,
                         fencing_token=ctx.fencing_token,
@@ -315,7 +319,7 @@ class TicketSystem:
                         finished_at=now if stale else None,
                         outcome=REJECTED_STALE if stale else "started",
                         arrivals=1,
-                    )
+                    ),
                 )
                 if not stale:
                     started.append(True)
@@ -342,7 +346,9 @@ class TicketSystem:
                     comments=list(ticket.comments),
                 )
                 apply(changed)
-                await conn.execute(update(_TICKETS).where(*_is_ticket(args)).values(vars(changed)))
+                await write_later(
+                    conn, update(_TICKETS).where(*_is_ticket(args)).values(vars(changed))
+                )
                 result = {
                     "ticket_id": args.ticket_id,
                     "status": changed.status,
@@ -367,8 +373,9 @@ class TicketSystem:
                 return False
             below = (ctx.fencing_token or 0) + 1
             if below > ticket.highest_fencing_token:
-                await conn.execute(
-                    update(_TICKETS).where(*_is_ticket(args)).values(highest_fencing_token=below)
+                await write_later(
+                    conn,
+                    update(_TICKETS).where(*_is_ticket(args)).values(highest_fencing_token=below),
                 )
             return True
 
