@@ -102,7 +102,8 @@ class Database:
         statements. The same writer queue and BEGIN (IMMEDIATE on SQLite) as
         :meth:`transaction`, at READ COMMITTED on PostgreSQL; notes appended
         to the list are told once the transaction has committed, and dropped
-        with a rollback."""
+        with a rollback. On SQLite the connection is sqlite_core's (the same
+        ``execute``, plus writes left for later: core_writes.write_later)."""
         notes: list[commit_notes.Note] = []
         async with contextlib.AsyncExitStack() as stack:
             if self._local_writer is not None:
