@@ -26,9 +26,12 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import ColumnClause
 
 from roundtable.store import open_store, sqlite_core
 from roundtable.store.engine import create_engine_for
@@ -413,3 +416,97 @@ async def test_a_lone_read_is_one_trip_outside_any_transaction(engine, trips) ->
         await conn.execute(insert(_KINDS), _row("after"))
     async with sqlite_core.reading(engine, alone=True) as conn:
         assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["after"]
+
+
+# What an adversarial review found the fast path did unlike SQLAlchemy, none
+# of it reached by the store's own calls, each now as SQLAlchemy does it.
+
+
+async def test_a_textual_read_gives_its_rows_named_by_the_cursor(engine) -> None:
+    async with fast(engine) as conn:
+        await conn.execute(insert(_KINDS), _row("a"))
+    theirs, ours = await _both(engine, text("SELECT id, small, flag FROM kinds"))
+    assert ours == theirs == [[("id", "a", str), ("small", -7, int), ("flag", 1, int)]]
+
+
+async def test_a_statement_that_returns_no_rows_refuses_to_be_asked_for_them(engine) -> None:
+    async with fast(engine) as conn:
+        changed = await conn.execute(update(_KINDS).values(small=1))
+        assert changed.rowcount == 0 and not changed.returns_rows
+        for ask in ("all", "first", "one_or_none", "scalar_one_or_none", "scalars"):
+            with pytest.raises(exc.ResourceClosedError):
+                getattr(changed, ask)()
+
+
+async def test_scalars_and_mappings_answer_as_sqlalchemy_s(engine) -> None:
+    async with fast(engine) as conn:
+        await conn.execute(insert(_KINDS), [_row("a") | {"name": "a"}, _row("b")])
+        two = await conn.execute(select(_KINDS.c.id))
+        with pytest.raises(exc.MultipleResultsFound):
+            two.scalars().one()
+        with pytest.raises(exc.MultipleResultsFound):
+            two.scalars().one_or_none()
+        none = await conn.execute(select(_KINDS.c.id).where(_KINDS.c.id == "x"))
+        with pytest.raises(exc.NoResultFound):
+            none.scalars().one()
+        row = (await conn.execute(select(_KINDS.c.id).where(_KINDS.c.id == "a"))).one()
+        assert row._mapping[_KINDS.c.id] == row._mapping["id"] == "a"
+        with pytest.raises(KeyError):
+            row._mapping[_KINDS.c.small]
+
+
+async def test_listeners_may_change_what_is_sent_and_hear_the_row_count(engine) -> None:
+    heard: list[tuple[str, int]] = []
+
+    def tag(_conn, _cursor, statement, parameters, _context, _many):  # type: ignore[no-untyped-def]
+        return statement + " -- tagged", parameters
+
+    def count(_conn, cursor, statement, *_):  # type: ignore[no-untyped-def]
+        heard.append((statement, cursor.rowcount))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", tag, retval=True)
+    event.listen(engine.sync_engine, "after_cursor_execute", count)
+    async with fast(engine) as conn:
+        await conn.execute(insert(_KINDS), _row("a"))
+        conn.later(update(_KINDS).values(small=2))
+    assert [(sql.endswith("-- tagged"), n) for sql, n in heard[-2:]] == [(True, 1), (True, 1)]
+
+
+async def test_a_value_its_type_refuses_is_sqlalchemy_s_statement_error(engine) -> None:
+    naive = _row("naive", at=datetime(2026, 12, 4, 12, 0))  # no zone
+    with pytest.raises(exc.StatementError) as ours:
+        async with fast(engine) as conn:
+            await conn.execute(insert(_KINDS), naive)
+    with pytest.raises(exc.StatementError) as theirs:
+        async with engine.begin() as conn:
+            await conn.execute(insert(_KINDS), naive)
+    assert type(ours.value.orig) is type(theirs.value.orig) is ValueError
+    assert "naive" in str(ours.value) and "hidden" in str(ours.value)
+
+
+async def test_a_reader_refuses_a_write_left_for_later(engine) -> None:
+    for alone in (False, True):
+        async with sqlite_core.reading(engine, alone=alone) as conn:
+            with pytest.raises(RuntimeError, match="does not write"):
+                conn.later(insert(_KINDS), _row("never"))
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).all() == []
+
+
+async def test_statements_built_per_call_do_not_pile_up_in_the_compiled_memo(engine) -> None:
+    class Opaque(ColumnClause):  # a construct SQLAlchemy cannot cache
+        inherit_cache = False
+
+    @compiles(Opaque)
+    def _opaque(element, compiler, **kw):  # type: ignore[no-untyped-def]
+        return "id"
+
+    for n in range(sqlite_core._COMPILED_KEPT + 300):
+        built = (
+            select(Opaque("id")).select_from(_KINDS)
+            if n % 2
+            else select(_KINDS.c.id).where(_KINDS.c.small == n)
+        )
+        async with sqlite_core.reading(engine, alone=True) as conn:
+            await conn.execute(built)
+    assert len(sqlite_core._COMPILED) <= sqlite_core._COMPILED_KEPT

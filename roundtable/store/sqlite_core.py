@@ -11,15 +11,23 @@ connection's one-trip cursor (sqlite_driver.py). So the SQL, the values
 stored and the values read are SQLAlchemy's; only its per-statement
 machinery is left out.
 
-What stays as SQLAlchemy does it: the engine's ``before_cursor_execute`` and
-``after_cursor_execute`` listeners are told of every statement, BEGIN
-included (the store refuses unstorable text there; tests and the claim's
-benchmark count statements there), and a database error is raised as the
-same ``sqlalchemy.exc`` class, its parameters hidden as the engine hides
-them. What this refuses rather than imitates: statements whose values
-SQLAlchemy would compute in Python (column defaults fetched before an
-INSERT or UPDATE) and executemany with RETURNING; the store's hot paths
-pass every value.
+What stays as SQLAlchemy does it: the engine's ``before_cursor_execute``
+listeners are told of every statement before it is sent and may change its
+SQL and parameters (the store refuses unstorable text there), and
+``after_cursor_execute``, ``commit`` and ``rollback`` listeners are told in
+SQLAlchemy's order (tests and the claim's benchmark count statements
+there); a database error, or a value a type refuses, is raised as the same
+``sqlalchemy.exc`` class, its parameters hidden as the engine hides them;
+rows answer as SQLAlchemy's rows and results do for what the store asks of
+them (a statement that returns no rows refuses to be asked for rows).
+What differs, and is told here: a listener gets no execution context, and
+the cursor an after-listener gets is the cursor's description and row count
+(the cursor itself lives on SQLite's thread); the engine's ``begin`` event
+is not fired (its one listener, engine.py's, is what sends BEGIN on
+SQLAlchemy's path; here the BEGIN is sent, and told, as a statement). What
+this refuses rather than imitates: statements whose values SQLAlchemy would
+compute in Python (column defaults fetched before an INSERT or UPDATE) and
+executemany with RETURNING; the store's hot paths pass every value.
 
 PostgreSQL is untouched: its hot paths run on SQLAlchemy's AsyncConnection.
 """
@@ -29,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +49,17 @@ from sqlalchemy.sql import compiler
 from roundtable.store.sqlite_driver import OneTripConnection
 
 
+class RowMapping(dict):
+    """A row's values by column key; a column object finds its own key,
+    as in SQLAlchemy's RowMapping."""
+
+    def __missing__(self, key: Any) -> Any:
+        name = getattr(key, "key", None)
+        if isinstance(name, str) and name in self:
+            return self[name]
+        raise KeyError(key)
+
+
 class CoreRow(tuple):
     """One row: a tuple, with ``_mapping`` and attribute access by column
     key, as SQLAlchemy's Row."""
@@ -48,11 +68,11 @@ class CoreRow(tuple):
     _keys: tuple[str, ...] = ()
 
     @property
-    def _mapping(self) -> dict[str, Any]:
-        return dict(zip(self._keys, self, strict=True))
+    def _mapping(self) -> RowMapping:
+        return RowMapping(zip(self._keys, self, strict=True))
 
     def _asdict(self) -> dict[str, Any]:
-        return self._mapping
+        return dict(self._mapping)
 
     def __getattr__(self, key: str) -> Any:
         try:
@@ -70,17 +90,46 @@ def _row_class(keys: tuple[str, ...]) -> type[CoreRow]:
     return type("CoreRow", (CoreRow,), {"__slots__": (), "_keys": keys})
 
 
+def _one(rows: Sequence[Any], required: bool) -> Any:
+    """The only row, as SQLAlchemy's ``one``/``one_or_none`` find it."""
+    if len(rows) > 1:
+        raise exc.MultipleResultsFound(
+            "Multiple rows were found when exactly one was required"
+            if required
+            else "Multiple rows were found when one or none was required"
+        )
+    if not rows:
+        if required:
+            raise exc.NoResultFound("No row was found when one was required")
+        return None
+    return rows[0]
+
+
 class CoreResult:
     """The part of SQLAlchemy's CursorResult the store's Core paths use:
-    every row is already fetched."""
+    every row is already fetched. A statement that returns no rows (an
+    UPDATE without RETURNING) has only its row count: asking it for rows is
+    an error, as in SQLAlchemy, not an empty answer."""
 
-    def __init__(self, keys: tuple[str, ...], rows: list[CoreRow], rowcount: int) -> None:
+    def __init__(self, keys: tuple[str, ...] | None, rows: list[CoreRow], rowcount: int) -> None:
         self._keys = keys
-        self._rows = rows
+        self._fetched = rows
         self.rowcount = rowcount
 
+    @property
+    def returns_rows(self) -> bool:
+        return self._keys is not None
+
+    @property
+    def _rows(self) -> list[CoreRow]:
+        if self._keys is None:
+            raise exc.ResourceClosedError(
+                "This result object does not return rows. It has been closed automatically."
+            )
+        return self._fetched
+
     def keys(self) -> list[str]:
-        return list(self._keys)
+        return list(self._keys or ())
 
     def __iter__(self) -> Iterator[CoreRow]:
         return iter(self._rows)
@@ -89,18 +138,14 @@ class CoreResult:
         return list(self._rows)
 
     def first(self) -> CoreRow | None:
-        return self._rows[0] if self._rows else None
+        rows = self._rows
+        return rows[0] if rows else None
 
     def one_or_none(self) -> CoreRow | None:
-        if len(self._rows) > 1:
-            raise exc.MultipleResultsFound("Multiple rows were found when one or none was required")
-        return self.first()
+        return _one(self._rows, required=False)
 
     def one(self) -> CoreRow:
-        row = self.one_or_none()
-        if row is None:
-            raise exc.NoResultFound("No row was found when one was required")
-        return row
+        return _one(self._rows, required=True)
 
     def scalar(self) -> Any:
         row = self.first()
@@ -121,7 +166,8 @@ class CoreResult:
 
 
 class CoreScalars(list):
-    """A list with the ``all``/``first``/``one`` a ScalarResult offers."""
+    """A list with the ``all``/``first``/``one``/``one_or_none`` a
+    ScalarResult offers."""
 
     def all(self) -> list[Any]:
         return list(self)
@@ -130,16 +176,18 @@ class CoreScalars(list):
         return self[0] if self else None
 
     def one(self) -> Any:
-        if len(self) != 1:
-            raise exc.NoResultFound("Exactly one row was required")
-        return self[0]
+        return _one(self, required=True)
+
+    def one_or_none(self) -> Any:
+        return _one(self, required=False)
 
 
-# Per dialect, per statement: its compiled form for each set of parameter
-# names (SQLiteCoreConnection._compiled).
-_COMPILED: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[Any, Any]]] = (
-    weakref.WeakKeyDictionary()
-)
+# Compiled forms kept per statement object (SQLiteCoreConnection._compiled),
+# by identity, the most recently used first out of a bounded table: a
+# statement the hot paths build once is found again; one built per call
+# passes through without piling up.
+_COMPILED_KEPT = 2048
+_COMPILED: OrderedDict[tuple[int, int, tuple[str, ...], bool], tuple[Any, ...]] = OrderedDict()
 # Per compiled statement (they live in the engine's compiled cache): the
 # result's keys and each column's processor, worked out once.
 _RESULTS: weakref.WeakKeyDictionary[Any, tuple[tuple[str, ...], list[Any]]] = (
@@ -147,7 +195,17 @@ _RESULTS: weakref.WeakKeyDictionary[Any, tuple[tuple[str, ...], list[Any]]] = (
 )
 
 
-def _result_processing(compiled: Any, dialect: Dialect) -> tuple[tuple[str, ...], list[Any]]:
+def _result_processing(
+    compiled: Any, dialect: Dialect, description: Any
+) -> tuple[tuple[str, ...] | None, list[Any]]:
+    """The result's keys and each column's processor; None for keys when
+    the statement returns no rows. A textual statement's columns (no types
+    known) are named by the cursor, their values as SQLite gives them, as
+    SQLAlchemy reads them."""
+    if description is None:
+        return None, []
+    if not compiled._result_columns:
+        return tuple(column[0] for column in description), [None] * len(description)
     known = _RESULTS.get(compiled)
     if known is None:
         columns = compiled._result_columns
@@ -155,6 +213,17 @@ def _result_processing(compiled: Any, dialect: Dialect) -> tuple[tuple[str, ...]
         known = keys, [column[3]._cached_result_processor(dialect, None) for column in columns]
         _RESULTS[compiled] = known
     return known
+
+
+class CursorFacts:
+    """What an after-listener is told of the cursor (the one-trip cursor
+    is made and closed on SQLite's thread): its description and row count."""
+
+    __slots__ = ("description", "rowcount")
+
+    def __init__(self, description: Any, rowcount: int) -> None:
+        self.description = description
+        self.rowcount = rowcount
 
 
 class SQLiteCoreConnection:
@@ -168,6 +237,7 @@ class SQLiteCoreConnection:
         driver: OneTripConnection,
         sync_connection: Any,
         *,
+        read_only: bool = False,
         alone: bool = False,
     ) -> None:
         self._engine = engine.sync_engine
@@ -177,6 +247,7 @@ class SQLiteCoreConnection:
         self._sync_connection = sync_connection
         # Writes prepared by later(), not sent yet.
         self._later: list[tuple[str, Any, bool]] = []
+        self._read_only = read_only
         # One statement only, outside any transaction (reading(alone=True)).
         self._alone = alone
         self._sent = 0
@@ -185,12 +256,13 @@ class SQLiteCoreConnection:
         if self._alone and self._sent:
             raise RuntimeError("a lone read runs one statement; use a reading transaction")
         self._sent += 1
-        step, keys, processors = self._step(statement, parameters)
+        step, compiled = self._step(statement, parameters)
         # Writes left for later go first, in this statement's trip.
         steps, self._later = [*self._later, step], []
-        _, rows, rowcount = (await self._send(steps))[-1]
-        if not keys:
-            return CoreResult(keys, [], rowcount)
+        description, rows, rowcount = (await self._send(steps))[-1]
+        keys, processors = _result_processing(compiled, self.dialect, description)
+        if keys is None:
+            return CoreResult(None, [], rowcount)
         made = _row_class(keys)
         return CoreResult(keys, [made(_processed(processors, row)) for row in rows], rowcount)
 
@@ -200,14 +272,16 @@ class SQLiteCoreConnection:
         listeners now (so unstorable text is refused here, as ``execute``
         refuses it), sent with the transaction's next statement, in its
         trip, or in one trip just before the commit. Its error, if any, is
-        raised there."""
+        raised there. A reader's connection refuses it: nothing would send
+        it."""
+        if self._read_only:
+            raise RuntimeError("a reading connection does not write; use a transaction")
         self._later.append(self._step(statement, parameters)[0])
 
-    def _step(
-        self, statement: Any, parameters: Any
-    ) -> tuple[tuple[str, Any, bool], tuple[str, ...], list[Any]]:
-        """The statement ready to send, told to the before-listeners; the
-        result's keys and processors."""
+    def _step(self, statement: Any, parameters: Any) -> tuple[tuple[str, Any, bool], Any]:
+        """The statement ready to send, as the before-listeners leave it
+        (each returns the SQL and parameters, changed or not, as SQLAlchemy
+        has them do); its compiled form."""
         many = isinstance(parameters, list | tuple) and len(parameters) > 1
         groups: Sequence[Mapping[str, Any]]
         if parameters is None:
@@ -216,20 +290,19 @@ class SQLiteCoreConnection:
             groups = parameters
         else:
             groups = [parameters]
-        sql, bound, keys, processors = self._prepared(statement, groups, many)
-        step = (sql, bound if many else bound[0], many)
-        self._engine.dispatch.before_cursor_execute(
-            self._sync_connection, None, sql, step[1], None, many
-        )
-        return step, keys, processors
+        compiled, sql, bound = self._prepared(statement, groups, many)
+        sent: Any = bound if many else bound[0]
+        for listener in self._engine.dispatch.before_cursor_execute:
+            sql, sent = listener(self._sync_connection, None, sql, sent, None, many)
+        return (sql, sent, many), compiled
 
     def _prepared(
         self, statement: Any, groups: Sequence[Mapping[str, Any]], many: bool
-    ) -> tuple[str, list[tuple[Any, ...]], tuple[str, ...], list[Any]]:
-        """The SQL, each group's parameters in their order and processed,
-        and the result's keys and processors, as SQLAlchemy's execution
-        context makes them (DefaultExecutionContext._init_compiled)."""
-        dialect = self.dialect
+    ) -> tuple[Any, str, list[tuple[Any, ...]]]:
+        """The compiled statement, its SQL and each group's parameters in
+        their order and processed, as SQLAlchemy's execution context makes
+        them (DefaultExecutionContext._init_compiled); a value a processor
+        refuses (a naive datetime) raised as SQLAlchemy raises it."""
         compiled, extracted, collected = self._compiled(statement, groups, many)
         if compiled.insert_prefetch or compiled.update_prefetch:
             raise NotImplementedError(
@@ -238,6 +311,28 @@ class SQLiteCoreConnection:
             )
         if many and (compiled.effective_returning or compiled.returning):
             raise NotImplementedError("executemany with RETURNING is not on SQLite's fast path")
+        try:
+            return (compiled, *self._bound(compiled, extracted, collected, groups, many))
+        except (NotImplementedError, exc.SQLAlchemyError):
+            raise
+        except Exception as error:
+            raise exc.DBAPIError.instance(
+                compiled.string,
+                groups,
+                error,
+                self.dialect.loaded_dbapi.Error,
+                hide_parameters=True,
+                dialect=self.dialect,
+            ) from error
+
+    @staticmethod
+    def _bound(
+        compiled: Any,
+        extracted: Any,
+        collected: Any,
+        groups: Sequence[Mapping[str, Any]],
+        many: bool,
+    ) -> tuple[str, list[tuple[Any, ...]]]:
         values = [
             compiled.construct_params(
                 group,
@@ -266,8 +361,7 @@ class SQLiteCoreConnection:
             tuple(processors[key](value[key]) if key in processors else value[key] for key in order)
             for value in values
         ]
-        keys, results = _result_processing(compiled, dialect)
-        return sql, bound, keys, results
+        return sql, bound
 
     def _compiled(
         self, statement: Any, groups: Sequence[Mapping[str, Any]], many: bool
@@ -278,25 +372,31 @@ class SQLiteCoreConnection:
         itself (the hot paths build theirs once): generating the key again
         on every call cost more than the rest of the preparation."""
         names = tuple(sorted(groups[0])) if groups else ()
-        by_statement = _COMPILED.setdefault(self.dialect, weakref.WeakKeyDictionary())
-        kept = by_statement.setdefault(statement, {})
-        found = kept.get((names, many))
-        if found is None:
-            compiled, extracted, collected, _ = statement._compile_w_cache(
-                dialect=self.dialect,
-                compiled_cache=self._engine._compiled_cache,
-                column_keys=list(names),
-                for_executemany=many,
-                schema_translate_map=None,
-                linting=self.dialect.compiler_linting | compiler.WARN_LINTING,
-            )
-            found = kept[(names, many)] = (compiled, extracted, collected)
-        return found
+        key = (id(self.dialect), id(statement), names, many)
+        kept = _COMPILED.get(key)
+        # Ids are reused once an object is gone: the entry holds both, and
+        # counts only if they are these very objects.
+        if kept is not None and kept[0] is self.dialect and kept[1] is statement:
+            _COMPILED.move_to_end(key)
+            return kept[2:]
+        compiled, extracted, collected, _ = statement._compile_w_cache(
+            dialect=self.dialect,
+            compiled_cache=self._engine._compiled_cache,
+            column_keys=list(names),
+            for_executemany=many,
+            schema_translate_map=None,
+            linting=self.dialect.compiler_linting | compiler.WARN_LINTING,
+        )
+        _COMPILED[key] = (self.dialect, statement, compiled, extracted, collected)
+        if len(_COMPILED) > _COMPILED_KEPT:
+            _COMPILED.popitem(last=False)
+        return compiled, extracted, collected
 
     async def _send(self, steps: list[tuple[str, Any, bool]]) -> list[tuple[Any, list[Any], int]]:
         """The statements in one trip to SQLite's thread, told to the
-        after-listeners; an error raised as SQLAlchemy raises it, for the
-        statement that failed."""
+        after-listeners (with what the cursor gave: description and row
+        count); an error raised as SQLAlchemy raises it, for the statement
+        that failed."""
         error_class = self.dialect.loaded_dbapi.Error
         sent = [("executemany" if many else "execute", sql, bound) for sql, bound, many in steps]
         try:
@@ -313,8 +413,9 @@ class SQLiteCoreConnection:
                 ismulti=many,
             ) from error
         dispatch = self._engine.dispatch
-        for sql, bound, many in steps:
-            dispatch.after_cursor_execute(self._sync_connection, None, sql, bound, None, many)
+        for (sql, bound, many), (description, _, rowcount) in zip(steps, done, strict=True):
+            cursor = CursorFacts(description, rowcount)
+            dispatch.after_cursor_execute(self._sync_connection, cursor, sql, bound, None, many)
         return done
 
     async def begin(self, sql: str) -> None:
@@ -323,7 +424,8 @@ class SQLiteCoreConnection:
         dispatch = self._engine.dispatch
         dispatch.before_cursor_execute(self._sync_connection, None, sql, (), None, False)
         await self._driver.cursor().execute(sql)
-        dispatch.after_cursor_execute(self._sync_connection, None, sql, (), None, False)
+        facts = CursorFacts(None, -1)
+        dispatch.after_cursor_execute(self._sync_connection, facts, sql, (), None, False)
 
     async def commit(self) -> None:
         # Writes left for later go in one trip before the commit's: the
@@ -383,7 +485,9 @@ async def reading(engine: AsyncEngine, alone: bool = False) -> AsyncIterator[Cor
         if not isinstance(driver, OneTripConnection):
             yield pooled
             return
-        connection = SQLiteCoreConnection(engine, driver, pooled.sync_connection, alone=alone)
+        connection = SQLiteCoreConnection(
+            engine, driver, pooled.sync_connection, read_only=True, alone=alone
+        )
         if alone:
             yield connection
             return
