@@ -254,12 +254,13 @@ async def test_what_it_would_not_do_as_sqlalchemy_does_it_refuses(engine) -> Non
         assert (await conn.execute(select(_KINDS.c.id))).all() == []
 
 
-async def test_a_cancelled_transaction_leaves_nothing_and_the_next_one_runs(engine) -> None:
+async def _cancelled_inside(engine: AsyncEngine, write: Any) -> None:
+    """A transaction cancelled while it waits, after ``write(conn)``."""
     inside = asyncio.Event()
 
     async def cancelled() -> None:
         async with fast(engine) as conn:
-            await conn.execute(insert(_KINDS), _row("cancelled"))
+            await write(conn)
             inside.set()
             await asyncio.sleep(60)
 
@@ -268,6 +269,13 @@ async def test_a_cancelled_transaction_leaves_nothing_and_the_next_one_runs(engi
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_cancelled_transaction_leaves_nothing_and_the_next_one_runs(engine) -> None:
+    async def write(conn: Any) -> None:
+        await conn.execute(insert(_KINDS), _row("cancelled"))
+
+    await _cancelled_inside(engine, write)
     async with fast(engine) as conn:
         await conn.execute(insert(_KINDS), _row("next"))
     async with engine.connect() as conn:
@@ -385,19 +393,11 @@ async def test_writes_left_for_later_are_dropped_by_a_rollback_or_a_cancel(engin
         async with fast(engine) as conn:
             conn.later(insert(_KINDS), _row("dropped"))
             raise Boom
-    inside = asyncio.Event()
 
-    async def cancelled() -> None:
-        async with fast(engine) as conn:
-            conn.later(insert(_KINDS), _row("cancelled"))
-            inside.set()
-            await asyncio.sleep(60)
+    async def write(conn: Any) -> None:
+        conn.later(insert(_KINDS), _row("cancelled"))
 
-    task = asyncio.create_task(cancelled())
-    await inside.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await _cancelled_inside(engine, write)
     async with engine.connect() as conn:
         assert (await conn.execute(select(_KINDS.c.id))).all() == []
 
