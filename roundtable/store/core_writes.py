@@ -17,7 +17,6 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import FromClause, Table, bindparam, func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable.store.audit import chained_event
 from roundtable.store.engine import is_postgresql
@@ -50,7 +49,7 @@ def _update_statement(
 
 
 async def update_row(
-    connection: AsyncConnection,
+    connection: CoreConnection,
     table: Table,
     row_id: str,
     values: Mapping[str, Any],
@@ -101,7 +100,7 @@ class ChainedRun:
         self.events.append(event)
         self.last_seq, self.last_hash = event["seq"], event["hash"]
 
-    async def write(self, connection: AsyncConnection, now: datetime) -> None:
+    async def write(self, connection: CoreConnection, now: datetime) -> None:
         """The events, in their order, then the run's new head (and changes)."""
         if not self.events:
             return
@@ -110,7 +109,7 @@ class ChainedRun:
         values = {**head, "updated_at": now, **self.changes}
         await update_row(connection, _RUNS, self.id, values, later=True)
 
-    async def write_events(self, connection: AsyncConnection) -> None:
+    async def write_events(self, connection: CoreConnection) -> None:
         """The events alone, for a run inserted with its head already set."""
         await write_later(connection, _insert_events(), self.events)
 
@@ -148,7 +147,7 @@ def facts_read(postgresql: bool, table: Table, joined: FromClause, columns: list
 
 
 async def locked_facts(
-    connection: AsyncConnection,
+    connection: CoreConnection,
     table: Table,
     row_id: str,
     facts_statement: Callable[[bool], Any],
@@ -182,9 +181,7 @@ def _run_facts(postgresql: bool) -> Any:
     return facts_read(postgresql, _RUNS, _RUNS, [c for c in _RUNS.c if c.key not in head])
 
 
-async def locked_run(
-    connection: AsyncConnection, run_id: str
-) -> tuple[Mapping[str, Any], datetime]:
+async def locked_run(connection: CoreConnection, run_id: str) -> tuple[Mapping[str, Any], datetime]:
     """The run ``run_id`` locked by this transaction (:func:`locked_facts`):
     every column as it stands, and the database clock after the lock."""
     return await locked_facts(connection, _RUNS, run_id, _run_facts, "run")

@@ -21,8 +21,6 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from roundtable.states import (
     APPROVAL_EXPIRED_REASON,
     ENDING_ACTION_STATUSES,
@@ -35,6 +33,7 @@ from roundtable.store.core_writes import ChainedRun, facts_read, locked_facts, u
 from roundtable.store.errors import ConflictError
 from roundtable.store.run_status import carry_run_status_on
 from roundtable.store.schema import ActionRow, ApprovalRow, RunRow
+from roundtable.store.sqlite_core import CoreConnection
 
 _APPROVALS = ApprovalRow.__table__
 _ACTIONS = ActionRow.__table__
@@ -94,7 +93,7 @@ def expiry_payload(approval_id: str, action_id: str) -> dict[str, Any]:
 
 
 async def decide_on_connection(
-    connection: AsyncConnection,
+    connection: CoreConnection,
     notes: list[commit_notes.Note],
     approval_id: str,
     decision: str,

@@ -13,10 +13,11 @@ from typing import Any
 from sqlalchemy import event, func, literal, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 from roundtable.store import sqlite_driver
 from roundtable.store.errors import InvalidInputError
+from roundtable.store.sqlite_core import CoreConnection
 from roundtable.store.text import check_parameters, dumps_storable
 
 SUPPORTED_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")
@@ -113,17 +114,17 @@ def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
     return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
-def is_postgresql(session: AsyncSession | AsyncConnection) -> bool:
+def is_postgresql(session: AsyncSession | CoreConnection) -> bool:
     dialect = session.bind.dialect if isinstance(session, AsyncSession) else session.dialect
     return dialect.name == "postgresql"
 
 
-def insert_for(session: AsyncSession | AsyncConnection, table: Any) -> Any:
+def insert_for(session: AsyncSession | CoreConnection, table: Any) -> Any:
     """The dialect's INSERT, which has ``on_conflict_do_*`` on both databases."""
     return (postgresql.insert if is_postgresql(session) else sqlite.insert)(table)
 
 
-async def database_now(session: AsyncSession | AsyncConnection) -> datetime:
+async def database_now(session: AsyncSession | CoreConnection) -> datetime:
     """The database's clock, for lease and approval deadlines.
 
     PostgreSQL: ``clock_timestamp()`` (``now()`` is the transaction's start,

@@ -79,6 +79,7 @@ from roundtable.store.schema import (
     TargetFencingRow,
     TargetScopeRow,
 )
+from roundtable.store.sqlite_core import CoreConnection
 
 MAX_LEASE_SECONDS = 24 * 3600
 
@@ -748,7 +749,7 @@ def _executing_dict(values: Mapping[Any, Any], prefix: str = "") -> dict[str, An
 
 
 async def _claim_sqlite(
-    connection: AsyncConnection, action_id: str, length: timedelta
+    connection: CoreConnection, action_id: str, length: timedelta
 ) -> tuple[_Facts, dict[str, Any] | None]:
     """BEGIN IMMEDIATE (the transaction's) holds SQLite's write lock: every
     claimer, in every process, waits for it, so what the one read finds stays

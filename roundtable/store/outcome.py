@@ -24,7 +24,6 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import bindparam, delete, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable import chaos_hook
 from roundtable.states import ENDING_ACTION_STATUSES, ActionStatus
@@ -37,6 +36,7 @@ from roundtable.store.core_writes import (
     write_later,
 )
 from roundtable.store.schema import ActionLeaseRow, ActionRow, RunRow
+from roundtable.store.sqlite_core import CoreConnection
 from roundtable.store.text import escape_text
 
 _ACTIONS = ActionRow.__table__
@@ -73,7 +73,7 @@ def outcome_payload(
 
 
 async def record_outcome_on_connection(
-    connection: AsyncConnection,
+    connection: CoreConnection,
     notes: list[commit_notes.Note],
     action_id: str,
     status: str,

@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import bindparam, exists, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.states import RUN_TRANSITIONS, ActionStatus, ApprovalStatus, RunStatus
 from roundtable.store.audit import append_event
@@ -19,6 +19,7 @@ from roundtable.store.core_writes import ChainedRun, update_row
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError
 from roundtable.store.schema import ActionRow, ApprovalRow, RunRow, SessionRow
+from roundtable.store.sqlite_core import CoreConnection
 
 _SESSIONS = SessionRow.__table__
 
@@ -59,7 +60,7 @@ async def move_run(
 
 
 async def move_run_on(
-    connection: AsyncConnection,
+    connection: CoreConnection,
     run: ChainedRun,
     current: RunStatus,
     target: RunStatus,
@@ -91,7 +92,7 @@ async def move_run_on(
 
 
 async def carry_run_status_on(
-    connection: AsyncConnection,
+    connection: CoreConnection,
     run: ChainedRun,
     current: RunStatus,
     status: str | None,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.states import (
@@ -31,6 +31,7 @@ from roundtable.store.rows import new_id, page_after, require_text
 from roundtable.store.run_status import carry_run_status_on, move_run, move_run_on
 from roundtable.store.schema import ActionRow, CapabilitySnapshotRow, RunRow, SessionRow
 from roundtable.store.sessions import Sessions, check_session, insert_session
+from roundtable.store.sqlite_core import CoreConnection
 from roundtable.store.text import escape_text
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def _session_owner() -> Any:
 
 
 async def _insert_run(
-    connection: AsyncConnection,
+    connection: CoreConnection,
     run_id: str,
     session_id: str,
     user_id: str,

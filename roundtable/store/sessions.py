@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import insert, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.states import RunStatus
@@ -15,6 +14,7 @@ from roundtable.store.engine import database_now
 from roundtable.store.errors import InvalidInputError
 from roundtable.store.rows import new_id, require_text
 from roundtable.store.schema import SessionRow
+from roundtable.store.sqlite_core import CoreConnection
 from roundtable.store.text import refuse_unstorable
 
 _SESSIONS = SessionRow.__table__
@@ -28,7 +28,7 @@ def check_session(user_id: str, task_text: str) -> None:
     refuse_unstorable("task_text", task_text)
 
 
-async def insert_session(connection: AsyncConnection, user_id: str, task_text: str) -> dict:
+async def insert_session(connection: CoreConnection, user_id: str, task_text: str) -> dict:
     """A new session (fields checked by :func:`check_session`), in the
     caller's transaction; its row as row_to_dict gives it."""
     now = await database_now(connection)

@@ -35,13 +35,14 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from roundtable.completion import to_completion
 from roundtable.store import sqlite_core
 from roundtable.store.core_writes import write_later
 from roundtable.store.engine import create_engine_for, insert_for
+from roundtable.store.sqlite_core import CoreConnection
 from roundtable.tools.registry import (
     ToolContext,
     ToolDefiniteFailure,
@@ -393,7 +394,7 @@ def _is_ticket(args: TicketRef) -> tuple[Any, ...]:
     return (_TICKETS.c.tenant_id == args.tenant_id, _TICKETS.c.ticket_id == args.ticket_id)
 
 
-async def _locked_ticket(conn: AsyncConnection, args: TicketRef) -> Any:
+async def _locked_ticket(conn: CoreConnection, args: TicketRef) -> Any:
     """The ticket's row, made if it was never written to, row-locked
     (PostgreSQL; SQLite's writers are serialised anyway): a write's
     check-then-apply and a fence never interleave."""
@@ -417,7 +418,7 @@ async def _locked_ticket(conn: AsyncConnection, args: TicketRef) -> Any:
     return (await conn.execute(locked)).one()
 
 
-async def _log_entry(conn: AsyncConnection, ctx: ToolContext) -> Any:
+async def _log_entry(conn: CoreConnection, ctx: ToolContext) -> Any:
     """The write log's entry for this call's idempotency key, if any."""
     entry = select(_LOG.c.outcome, _LOG.c.result).where(
         _LOG.c.idempotency_key == ctx.idempotency_key
@@ -426,7 +427,7 @@ async def _log_entry(conn: AsyncConnection, ctx: ToolContext) -> Any:
 
 
 async def _end_log(
-    conn: AsyncConnection,
+    conn: CoreConnection,
     ctx: ToolContext,
     outcome: str,
     result: dict[str, Any] | None = None,
