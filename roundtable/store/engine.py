@@ -121,7 +121,12 @@ def is_postgresql(session: AsyncSession | CoreConnection) -> bool:
 
 def insert_for(session: AsyncSession | CoreConnection, table: Any) -> Any:
     """The dialect's INSERT, which has ``on_conflict_do_*`` on both databases."""
-    return (postgresql.insert if is_postgresql(session) else sqlite.insert)(table)
+    return dialect_insert(is_postgresql(session), table)
+
+
+def dialect_insert(on_postgresql: bool, table: Any) -> Any:
+    """:func:`insert_for` by the dialect's name, for statements built once."""
+    return (postgresql.insert if on_postgresql else sqlite.insert)(table)
 
 
 async def database_now(session: AsyncSession | CoreConnection) -> datetime:

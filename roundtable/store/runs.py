@@ -24,7 +24,7 @@ from roundtable.states import (
 from roundtable.store.audit import GENESIS_HASH
 from roundtable.store.core_writes import ChainedRun, as_written, locked_run, write_later
 from roundtable.store.database import Database, logged
-from roundtable.store.engine import database_now, insert_for
+from roundtable.store.engine import database_now, dialect_insert, is_postgresql
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.leases import lease_of
 from roundtable.store.rows import new_id, page_after, require_text
@@ -80,6 +80,13 @@ class RunGrant:
 _SESSIONS = SessionRow.__table__
 _RUNS = RunRow.__table__
 _SNAPSHOTS = CapabilitySnapshotRow.__table__
+
+
+@cache
+def _keep_snapshot(postgresql: bool) -> Any:
+    """A snapshot kept under its digest, once (built once per dialect: a
+    statement with its values built in was a new cache key every opening)."""
+    return dialect_insert(postgresql, _SNAPSHOTS).on_conflict_do_nothing(index_elements=["digest"])
 
 
 @cache
@@ -213,12 +220,8 @@ class Runs:
             held, now = await locked_run(connection, run_id)
             run = ChainedRun(held["id"], held["last_event_seq"], held["last_event_hash"])
             if body is not None:
-                await write_later(
-                    connection,
-                    insert_for(connection, _SNAPSHOTS)
-                    .values(digest=digest, body=body, kept_at=now)
-                    .on_conflict_do_nothing(index_elements=["digest"]),
-                )
+                kept = {"digest": digest, "body": body, "kept_at": now}
+                await write_later(connection, _keep_snapshot(is_postgresql(connection)), kept)
             if held["snapshot_digest"] != digest:
                 run.changes["snapshot_digest"] = digest
                 run.append("run.snapshot_pinned", {"snapshot_digest": digest}, now)

@@ -450,6 +450,17 @@ class SQLiteCoreConnection:
         await self._driver.rollback()
 
 
+async def _own(
+    engine: AsyncEngine, pooled: AsyncConnection, **options: bool
+) -> SQLiteCoreConnection | None:
+    """This module's connection over the pooled one; None on an engine
+    built on aiosqlite's own driver, which keeps SQLAlchemy's."""
+    driver = (await pooled.get_raw_connection()).driver_connection
+    if not isinstance(driver, OneTripConnection):
+        return None
+    return SQLiteCoreConnection(engine, driver, pooled.sync_connection, **options)
+
+
 @contextlib.asynccontextmanager
 async def transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[CoreConnection]:
     """A pooled connection, in one transaction opened by ``begin`` (``BEGIN
@@ -458,12 +469,11 @@ async def transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[CoreConn
     built on aiosqlite's own driver (tests compare against it) gets
     SQLAlchemy's connection, as before."""
     async with engine.connect() as pooled:
-        driver = (await pooled.get_raw_connection()).driver_connection
-        if not isinstance(driver, OneTripConnection):
+        connection = await _own(engine, pooled)
+        if connection is None:
             async with pooled.begin():
                 yield pooled
             return
-        connection = SQLiteCoreConnection(engine, driver, pooled.sync_connection)
         await connection.begin(begin)
         try:
             yield connection
@@ -481,13 +491,10 @@ async def reading(engine: AsyncEngine, alone: bool = False) -> AsyncIterator[Cor
     gives a lone statement its own), one trip in all; a second is refused.
     (aiosqlite's own driver: as :func:`transaction`.)"""
     async with engine.connect() as pooled:
-        driver = (await pooled.get_raw_connection()).driver_connection
-        if not isinstance(driver, OneTripConnection):
+        connection = await _own(engine, pooled, read_only=True, alone=alone)
+        if connection is None:
             yield pooled
             return
-        connection = SQLiteCoreConnection(
-            engine, driver, pooled.sync_connection, read_only=True, alone=alone
-        )
         if alone:
             yield connection
             return
