@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from roundtable.store import Store, open_store
+from roundtable.store.sqlite_driver import OneTripConnection
 from tests.ci import unavailable
 from tests.pg_cluster import PgCluster, PostgresUnavailable, start_cluster
 
@@ -118,3 +119,19 @@ def database_url(request: pytest.FixtureRequest, tmp_path) -> str:
 async def store(database_url: str) -> AsyncIterator[Store]:
     async with open_store(database_url) as opened:
         yield opened
+
+
+@pytest.fixture
+def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every call queued for a SQLite connection's thread (sqlite_driver.py), by
+    name: what a trip to SQLite's thread is, counted."""
+    seen: list[str] = []
+    queue = OneTripConnection._execute
+
+    async def counted(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "?")
+        seen.append(name)
+        return await queue(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(OneTripConnection, "_execute", counted)
+    return seen

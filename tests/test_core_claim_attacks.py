@@ -171,6 +171,67 @@ async def test_sqlite_core_claim_waits_for_another_process_and_reads_after_it(
     assert_pool_clean(store)
 
 
+async def test_sqlite_claim_is_three_trips_and_a_refusal_two(sqlite_store, trips) -> None:
+    """The claim's writes wait for the action's move and go in its trip: BEGIN
+    with the read, the writes, the commit (issue 12: every trip to SQLite's
+    thread is a hand-off between threads). A refusal writes nothing: the read
+    and the end of the transaction."""
+    store = sqlite_store
+    run = await new_run(store)
+    first = await new_action(store, run, key="trip-1", **target_fields("trip"))
+    second = await new_action(store, run, key="trip-2", **target_fields("trip"))
+    await store.get_action(first["id"])  # the pool's connection opened and known idle
+    with statements(store) as seen:
+        trips.clear()
+        claim = await store.claim_for_execution(first["id"], 30)
+    assert claim.outcome == ClaimOutcome.CLAIMED and claim.action["fencing_token"] == 1
+    assert len(trips) == 3, trips
+    sent = [statement.split()[0] for statement, _ in seen]
+    assert sent == ["BEGIN", "SELECT", "INSERT", "INSERT", "INSERT", "INSERT", "UPDATE", "UPDATE"]
+    trips.clear()
+    assert (await store.claim_for_execution(second["id"], 30)).outcome == "target_busy"
+    assert len(trips) == 2, trips
+    assert await store.verify_audit_chain(run["id"])
+    assert_pool_clean(store)
+
+
+async def test_sqlite_a_lease_the_claims_read_cannot_see_fails_it_and_nothing_stays(
+    sqlite_store,
+) -> None:
+    """Attack: a lease of the key that the claim's read cannot see (its holder
+    gone: another process wrote it with foreign keys off). The claim no longer
+    waits for the lease's answer before its other writes, so the collision
+    must fail the whole claim: the database's IntegrityError, and no token,
+    no event, the action still approved, the orphan lease untouched."""
+    store = sqlite_store
+    run = await new_run(store)
+    target = target_fields("orphaned")
+    action = await new_action(store, run, key="orphaned", **target)
+    events_before = await event_types(store, run["id"])
+    other = sqlite3.connect(store.engine.url.database, isolation_level=None)
+    try:
+        other.execute(
+            "INSERT INTO action_leases (target_key, action_id, run_id, fencing_token,"
+            " acquired_at, lease_expires_at, scope_key, namespace_wide)"
+            " VALUES (?, 'gone', 'gone', 7, '2026-01-01 00:00:00', '2999-01-01 00:00:00', ?, 0)",
+            (action["target_key"], action["target_scope"]),
+        )
+    finally:
+        other.close()
+    with pytest.raises(IntegrityError):
+        await store.claim_for_execution(action["id"], 30)
+    assert (await store.get_action(action["id"]))["status"] == "approved"
+    assert await counters(store, action) == (None, None)
+    assert await event_types(store, run["id"]) == events_before
+    assert await store.verify_audit_chain(run["id"])
+    async with store.session_factory() as session:
+        leases = await session.execute(
+            select(ActionLeaseRow.action_id, ActionLeaseRow.fencing_token)
+        )
+        assert [tuple(lease) for lease in leases] == [("gone", 7)]
+    assert_pool_clean(store)
+
+
 # ------------------------------------------------- PostgreSQL: isolation
 
 

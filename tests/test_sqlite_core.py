@@ -37,7 +37,6 @@ from roundtable.store import open_store, sqlite_core
 from roundtable.store.engine import create_engine_for
 from roundtable.store.errors import InvalidInputError
 from roundtable.store.schema import Base, JSONValue, UTCDateTime
-from roundtable.store.sqlite_driver import OneTripConnection
 
 _META = MetaData()
 # Every column type the store's tables use, nullable, and one Python default
@@ -315,21 +314,6 @@ async def test_rows_answer_as_sqlalchemy_rows_do(engine) -> None:
             empty.one()
         assert rows.mappings().all() == [{"id": "a", "at": _NOW}, {"id": "b", "at": _NOW}]
     assert timedelta(0) == _NOW - first.at
-
-
-@pytest.fixture
-def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every call queued for a connection's thread, by name."""
-    seen: list[str] = []
-    queue = OneTripConnection._execute
-
-    async def counted(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-        name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "?")
-        seen.append(name)
-        return await queue(self, fn, *args, **kwargs)
-
-    monkeypatch.setattr(OneTripConnection, "_execute", counted)
-    return seen
 
 
 async def _warm(engine: AsyncEngine) -> None:

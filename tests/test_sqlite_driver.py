@@ -16,7 +16,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtable.store.engine import create_engine_for
-from roundtable.store.sqlite_driver import OneTripConnection
 
 
 @pytest.fixture
@@ -26,20 +25,6 @@ async def engine(tmp_path) -> AsyncIterator[AsyncEngine]:
         await conn.execute(text("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT UNIQUE)"))
     yield made
     await made.dispose()
-
-
-@pytest.fixture
-def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every call queued for a connection's thread, by name."""
-    seen: list[str] = []
-    queue = OneTripConnection._execute
-
-    async def counted(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(getattr(fn, "__name__", repr(fn)))
-        return await queue(self, fn, *args, **kwargs)
-
-    monkeypatch.setattr(OneTripConnection, "_execute", counted)
-    return seen
 
 
 async def test_a_statement_is_one_trip_with_its_rows_and_counts(engine, trips) -> None:

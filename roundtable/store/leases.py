@@ -753,9 +753,17 @@ async def _claim_sqlite(
 ) -> tuple[_Facts, dict[str, Any] | None]:
     """BEGIN IMMEDIATE (the transaction's) holds SQLite's write lock: every
     claimer, in every process, waits for it, so what the one read finds stays
-    true until commit. Then one statement per table the claim writes: the
-    lease, the target's and the scope's counters, the action, its audit event,
-    the run's chain head (SQLite has no data-modifying CTEs)."""
+    true until commit. Then one statement per table the claim writes (SQLite
+    has no data-modifying CTEs): the lease, the target's and the scope's
+    counters, the audit event, the run's chain head, all sent in the trip of
+    the last, the action's move to executing. Three trips in all: BEGIN with
+    the read, the writes, the commit.
+
+    None of the writes needs an answer but the action's (its RETURNING is the
+    executing row, and an empty one the check that it was still approved):
+    the lease is a plain INSERT, so a lease the read did not see (impossible
+    under the write lock) fails the claim with the database's IntegrityError,
+    as any write that collides does, and the transaction keeps nothing."""
     row = (
         await connection.execute(_facts_query(with_counters=True), {"claim_action_id": action_id})
     ).one_or_none()
@@ -775,28 +783,24 @@ async def _claim_sqlite(
     )
     params = grant.params()
     lease, counter, scope, executing, event, head = _sqlite_writes()
-    if (await connection.execute(lease, params)).scalar_one_or_none() is None:
-        return facts, None  # impossible under the write lock; refuse
-    # The counters go with the action's move, the event and chain head with
-    # the commit: one trip each (core_writes.write_later).
+    # Left for the action's move, and sent in its trip (core_writes.write_later).
+    await write_later(connection, lease, params)
     await write_later(connection, counter, params)
     if grant.scope is not None:
         await write_later(connection, scope, params)
+    await write_later(connection, event, params)
+    await write_later(connection, head, params)
     started = (await connection.execute(executing, params)).one_or_none()
     if started is None:  # impossible under the write lock; refuse rather than guess
         raise ConflictError(f"action {action_id!r} changed while being claimed")
-    await write_later(connection, event, params)
-    await write_later(connection, head, params)
     return facts, _executing_dict(started._mapping)
 
 
 @cache
 def _sqlite_writes() -> tuple[Any, ...]:
     return (
-        sqlite_insert(_LEASES)
-        .values(_LEASE_VALUES)
-        .on_conflict_do_nothing(index_elements=["target_key"])
-        .returning(_LEASES.c.target_key),
+        # No ON CONFLICT: a lease of the key already there fails the claim.
+        insert(_LEASES).values(_LEASE_VALUES),
         sqlite_insert(_FENCING)
         .values(target_key=_P.target_key, last_token=_P.token)
         .on_conflict_do_update(index_elements=["target_key"], set_={"last_token": _P.token}),
