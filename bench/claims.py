@@ -28,6 +28,7 @@ from sqlalchemy import event, text
 
 from roundtable.config import SECRET_ENV_VAR as SECRET_ENV
 from roundtable.store import open_store
+from roundtable.store.sqlite_driver import OneTripConnection
 
 
 async def _store_claims(url: str, claims: int, concurrent: bool) -> float:
@@ -65,7 +66,7 @@ async def _store_claims(url: str, claims: int, concurrent: bool) -> float:
                 for action in actions:
                     await store.claim_for_execution(action["id"], 30)
             elapsed = time.perf_counter() - started
-        return claims / elapsed, statements[0] / claims
+        return claims / elapsed, statements[0] / claims, statements[1] / claims
 
 
 async def _baseline_claims(url: str, claims: int, concurrent: bool) -> float:
@@ -95,23 +96,45 @@ async def _baseline_claims(url: str, claims: int, concurrent: bool) -> float:
                 for i in range(claims):
                     await one(i)
             elapsed = time.perf_counter() - started
-        return claims / elapsed, statements[0] / claims
+        return claims / elapsed, statements[0] / claims, statements[1] / claims
 
 
 @contextmanager
 def _counting(engine: Any) -> Iterator[list[int]]:
-    """Statements sent to the database while the block runs (SQLAlchemy's
-    cursor events: every statement, BEGIN IMMEDIATE on SQLite included; on
-    PostgreSQL asyncpg also sends BEGIN and COMMIT, which these do not see)."""
-    seen = [0]
+    """[statements, round trips] sent to the database while the block runs.
+
+    Statements: SQLAlchemy's cursor events (every statement, BEGIN IMMEDIATE
+    on SQLite included; on PostgreSQL asyncpg also sends BEGIN and COMMIT,
+    which these do not see). Round trips: on SQLite, the calls handed to the
+    connection's thread (sqlite_driver.py: several statements may go in one,
+    the commit goes in its own); on PostgreSQL, each statement is one, and
+    asyncpg's BEGIN and COMMIT two more."""
+    seen = [0, 0]
+    postgresql = engine.dialect.name == "postgresql"
 
     def count(*_: Any) -> None:
         seen[0] += 1
+        if postgresql:
+            seen[1] += 1
+
+    def begun(*_: Any) -> None:
+        if postgresql:  # BEGIN and, later, COMMIT: two round trips the cursor events miss
+            seen[1] += 2
+
+    trip = OneTripConnection._execute
+
+    async def counted_trip(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen[1] += 1
+        return await trip(self, *args, **kwargs)
 
     event.listen(engine.sync_engine, "before_cursor_execute", count)
+    event.listen(engine.sync_engine, "begin", begun)
+    OneTripConnection._execute = counted_trip  # type: ignore[method-assign]
     try:
         yield seen
     finally:
+        OneTripConnection._execute = trip  # type: ignore[method-assign]
+        event.remove(engine.sync_engine, "begin", begun)
         event.remove(engine.sync_engine, "before_cursor_execute", count)
 
 
@@ -135,17 +158,18 @@ async def _compare(label: str, url: str, claims: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for concurrent in (False, True):
         mode = f"{CLAIMERS} concurrent" if concurrent else "sequential"
-        taken: dict[str, list[tuple[float, float]]] = {"store": [], "baseline": []}
+        taken: dict[str, list[tuple[float, float, float]]] = {"store": [], "baseline": []}
         for _ in range(PASSES):
             taken["store"].append(await _store_claims(url, claims, concurrent))
             taken["baseline"].append(await _baseline_claims(url, claims, concurrent))
         # The median pass of each side.
-        store_rate, store_statements = sorted(taken["store"])[PASSES // 2]
-        base_rate, base_statements = sorted(taken["baseline"])[PASSES // 2]
+        store_rate, store_statements, store_trips = sorted(taken["store"])[PASSES // 2]
+        base_rate, base_statements, base_trips = sorted(taken["baseline"])[PASSES // 2]
         print(
             f"{label:<11} {mode:<14} store {store_rate:8.0f}/s  baseline {base_rate:8.0f}/s"
             f"  ratio {store_rate / base_rate:5.2f}"
             f"  statements/claim store {store_statements:4.1f} baseline {base_statements:3.1f}"
+            f"  round trips/claim store {store_trips:4.1f} baseline {base_trips:3.1f}"
         )
         figures["concurrent" if concurrent else "sequential"] = {
             "store_claims_per_s": round(store_rate),
@@ -153,6 +177,8 @@ async def _compare(label: str, url: str, claims: int) -> dict[str, Any]:
             "ratio": round(store_rate / base_rate, 2),
             "statements_per_claim": round(store_statements, 1),
             "baseline_statements": round(base_statements, 1),
+            "round_trips_per_claim": round(store_trips, 1),
+            "baseline_round_trips": round(base_trips, 1),
         }
     return figures
 

@@ -55,6 +55,7 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
             claim = figures["claims"][database][mode]
             assert _positive(claim["store_claims_per_s"]) and _positive(claim["baseline_per_s"])
             assert _positive(claim["statements_per_claim"])
+            assert claim["round_trips_per_claim"] >= 2  # a transaction's end is a trip of its own
 
     memory = figures["waiting_memory"]
     assert isinstance(memory["ours"]["kib_per_run"], int | float)
