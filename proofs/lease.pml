@@ -258,7 +258,7 @@ claim:  /* Leases.claim (store.claim_action_for_execution), one transaction; an
             :: (st[0] == UNKNOWN || st[1] == UNKNOWN) -> skip   /* _facts_query: blocked_by_unknown */
             :: else ->
                  if
-                 :: lease_act != NONE -> skip             /* the lease insert: ON CONFLICT DO NOTHING */
+                 :: lease_act != NONE -> skip             /* key taken: PG ON CONFLICT DO NOTHING; SQLite the read's key_held */
                  :: else ->
                       last_tok++;                         /* _next_fencing_token */
                       lease_act = a; lease_tok = last_tok; lease_live = 1;

@@ -483,8 +483,9 @@ class _Facts:
 
     @property
     def may_claim(self) -> bool:
-        """Nothing but a holder of the key itself (which the lease insert
-        arbitrates) can stand in the way."""
+        """Nothing but a holder of the key itself can stand in the way (on
+        PostgreSQL the lease insert's ON CONFLICT arbitrates it; on SQLite
+        the read, under the write lock, sees it)."""
         return (
             self.status == ActionStatus.APPROVED
             and not self.blocked_by_unknown
