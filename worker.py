@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -312,6 +313,8 @@ def tuning(settings: Settings) -> dict[str, Any]:
 
 async def run_worker(settings: Settings | None = None, ready: asyncio.Event | None = None) -> None:
     settings = settings or load_settings()
+    if (thresholds := settings.gc_thresholds()) is not None:
+        gc.set_threshold(*thresholds)  # for the whole process: collection is per process
     runtime = None
     if settings.worker_metrics_address:
         runtime = metrics_runtime(settings.worker_metrics_address)

@@ -46,6 +46,25 @@ class Settings(BaseSettings):
     temporal_api_key: SecretStr | None = None  # never in a repr, a log or an error
     temporal_api_key_file: Path | None = None
 
+    @field_validator("worker_gc_thresholds")
+    @classmethod
+    def _three_positive_thresholds(cls, value: str) -> str:
+        """gc.set_threshold's three, each at least 1 (a first threshold of 0
+        would turn automatic collection off: cycles would never be freed)."""
+        if not value.strip():
+            return ""
+        parts = value.split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            raise ValueError("three whole numbers of at least 1, comma-separated: 20000,20,20")
+        return ",".join(str(int(p)) for p in parts)
+
+    def gc_thresholds(self) -> tuple[int, int, int] | None:
+        """``worker_gc_thresholds`` as gc.set_threshold takes them; None: Python's own."""
+        if not self.worker_gc_thresholds:
+            return None
+        first, second, third = (int(p) for p in self.worker_gc_thresholds.split(","))
+        return first, second, third
+
     @field_validator(
         "temporal_tls",
         "temporal_tls_client_cert_path",
@@ -80,6 +99,11 @@ class Settings(BaseSettings):
     # How long a dead worker's runs wait on its sticky queue before another
     # worker takes them (the SDK's 10 s lengthens crash → unknown by as much).
     worker_sticky_queue_timeout_seconds: float = Field(default=1.0, gt=0)
+    # Python's garbage collector in a worker process (gc.set_threshold): at
+    # Python's own (700, 10, 10) a busy worker collected its whole heap, some
+    # 350,000 objects, two to four times a batch of 200 runs, 0.3 s each with
+    # every run stopped (bench/README, "What was cut"). Empty: Python's own.
+    worker_gc_thresholds: str = "20000,20,20"
     # A run's target lease and heartbeat timeout when its request sets none
     # (README, "Worker tuning"); unset: RunInput's 30 s and 20 s. Applied
     # where runs are started (API, CLI), not to runs started straight

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import uuid
+from collections.abc import Iterator
 
+import pytest
 from temporalio.service import RPCError
 
 from roundtable.config import Settings
@@ -25,12 +28,23 @@ async def start_and_stop_a_worker(settings: Settings) -> None:
         {running, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED
     )
     assert ready.is_set(), running.exception() if running.done() else "worker not ready"
+    assert gc.get_threshold() == settings.gc_thresholds()  # the process's collector, tuned
     running.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
 
 
-async def test_the_sweep_gate_pauses_and_resumes_the_schedule(tmp_path) -> None:
+@pytest.fixture
+def pythons_own_collector() -> Iterator[None]:
+    """The worker tunes the whole process's collector: this one's, put back."""
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
+
+
+async def test_the_sweep_gate_pauses_and_resumes_the_schedule(
+    tmp_path, pythons_own_collector
+) -> None:
     env = await start_dev_server(
         search_attributes=list(search_attributes.ALL), data_converter=data_converter()
     )
@@ -40,6 +54,7 @@ async def test_the_sweep_gate_pauses_and_resumes_the_schedule(tmp_path) -> None:
             temporal_address=env.client.service_client.config.target_host,
             task_queue=f"gate-{uuid.uuid4().hex[:8]}",
             worker_metrics_address="",
+            worker_gc_thresholds="12345,6,7",
         )
         schedule = env.client.get_schedule_handle(SWEEP_SCHEDULE_ID)
 

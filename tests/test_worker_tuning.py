@@ -48,12 +48,26 @@ def test_settings_from_the_environment_reach_the_worker(monkeypatch) -> None:
         ("WORKER_STICKY_QUEUE_TIMEOUT_SECONDS", "0"),
         ("SHUTDOWN_GRACE_SECONDS", "-1"),
         ("WORKER_MAX_CACHED_WORKFLOWS", "many"),
+        ("WORKER_GC_THRESHOLDS", "0,10,10"),  # 0 would turn collection off
+        ("WORKER_GC_THRESHOLDS", "20000,20"),
+        ("WORKER_GC_THRESHOLDS", "20000,20,-1"),
+        ("WORKER_GC_THRESHOLDS", "many,20,20"),
     ],
 )
 def test_nonsense_is_refused_by_name(monkeypatch, name: str, value: str) -> None:
     monkeypatch.setenv(f"ROUNDTABLE_{name}", value)
     with pytest.raises(ValidationError, match=name.lower()):
         Settings()
+
+
+def test_the_garbage_collectors_thresholds_are_three_numbers_or_pythons_own(
+    monkeypatch,
+) -> None:
+    assert Settings().gc_thresholds() == (20000, 20, 20)
+    monkeypatch.setenv("ROUNDTABLE_WORKER_GC_THRESHOLDS", " 5000, 10 ,10 ")
+    assert Settings().gc_thresholds() == (5000, 10, 10)
+    monkeypatch.setenv("ROUNDTABLE_WORKER_GC_THRESHOLDS", "")
+    assert Settings().gc_thresholds() is None  # Python's own: left as they are
 
 
 def test_a_heartbeat_that_outlasts_the_lease_is_refused() -> None:
