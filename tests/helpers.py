@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
+
+from sqlalchemy import event
 
 from roundtable.security import derive_target_key
 from roundtable.store import Store
@@ -98,3 +103,50 @@ def target_fields(object_id: object = "task-7", namespace: str = "lease-test") -
         "target_scope": target.scope,
         "target_namespace_wide": target.namespace_wide,
     }
+
+
+class FailOnce:
+    """A hook (an engine event listener, say) that raises ``error`` the first
+    time it is called and lets everything through after; ``armed`` until then."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error, self.armed = error, True
+
+    def __call__(self, *_: Any) -> None:
+        if self.armed:
+            self.armed = False
+            raise self.error
+
+
+async def claim_until_done(store: Store, ids: list[str], rounds: int = 400) -> dict[str, Any]:
+    """Claim each write in ``ids`` until it is claimed (and then finished) or
+    found claimed by someone else, looping over them; how many claims had
+    each outcome, and the errors raised (under ``"errors"``)."""
+    seen: dict[str, Any] = {}
+    pending = list(ids)
+    for _ in range(rounds):
+        if not pending:
+            break
+        for action_id in list(pending):
+            try:
+                outcome = await store.claim_action_for_execution(action_id, 60)
+            except Exception as exc:
+                seen.setdefault("errors", []).append(repr(exc))
+                continue
+            seen[outcome] = seen.get(outcome, 0) + 1
+            if outcome == "claimed":
+                await store.record_action_terminal_result(action_id, "succeeded", {})
+            if outcome in ("claimed", "already_finished", "in_progress"):
+                pending.remove(action_id)
+        await asyncio.sleep(0.001)
+    return seen
+
+
+@contextmanager
+def listening(engine: Any, name: str, listener: Callable[..., Any]) -> Iterator[None]:
+    """``listener`` hears the engine's ``name`` events while the block runs."""
+    event.listen(engine.sync_engine, name, listener)
+    try:
+        yield
+    finally:
+        event.remove(engine.sync_engine, name, listener)

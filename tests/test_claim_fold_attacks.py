@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,9 +37,9 @@ from roundtable.store.schema import (
 )
 from roundtable.store.sqlite_driver import OneTripConnection
 from roundtable.tools.registry import ToolRegistry
-from tests.helpers import new_action, new_run, target_fields
+from tests.helpers import FailOnce, claim_until_done, listening, new_action, new_run, target_fields
 from tests.test_claim_cut import WIDE, _overlap
-from tests.test_core_claim_attacks import assert_pool_clean, counters, lease_row
+from tests.test_core_claim_attacks import assert_pool_clean, counters, lease_row, orphan_lease
 from tests.workflow_harness import TRUSTING
 
 
@@ -223,12 +224,8 @@ async def test_a_write_refused_as_it_is_queued_leaves_nothing(sqlite_store, refu
         if sql.startswith(refused):
             raise Refused(sql)
 
-    event.listen(store.engine.sync_engine, "before_cursor_execute", refuse)
-    try:
-        with pytest.raises(Refused):
-            await store.claim_for_execution(action["id"], 30)
-    finally:
-        event.remove(store.engine.sync_engine, "before_cursor_execute", refuse)
+    with listening(store.engine, "before_cursor_execute", refuse), pytest.raises(Refused):
+        await store.claim_for_execution(action["id"], 30)
     assert await assert_whole(store, run, action, before) == "nothing"
     other = await new_action(
         store, run, key="refuse-other", target_key=target_fields("ro")["target_key"]
@@ -261,21 +258,16 @@ async def test_a_claim_whose_commit_fails_keeps_nothing_and_says_so(
     before = await snapshot_of(store, run, action)
     told: list[Any] = []
     store.db.observers.append(told.append)
-    armed = [True]
 
     class Injected(Exception):
         pass
 
-    def listener(_conn: Any) -> None:
-        if armed[0]:
-            armed[0] = False
-            raise Injected("commit listener")
-
+    listener = FailOnce(Injected("commit listener"))
     ended = OneTripConnection._ended
 
     def failing_end(self: Any, end: str) -> bool:
-        if end == "commit" and armed[0]:
-            armed[0] = False
+        if end == "commit" and listener.armed:
+            listener.armed = False
             message = "disk I/O error" if how == "disk_error_before" else "database is locked"
             raise sqlite3.OperationalError(message)
         return ended(self, end)
@@ -395,6 +387,44 @@ def landed(outcomes: dict[str, int]) -> bool:
     return bool(outcomes.get("cancelled/claimed") or outcomes.get("finished/claimed"))
 
 
+class CancelAtTrip:
+    """Trips to SQLite's thread watched: while ``armed``, the first that
+    ``chosen`` picks (given the call and its arguments) cancels the task that
+    sends it, as the call is queued (the thread still runs it) or, with
+    ``before_queueing``, just before; then it disarms."""
+
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        chosen: Callable[[Any, tuple[Any, ...]], bool],
+        before_queueing: bool,
+    ) -> None:
+        self.armed = False
+        queue = OneTripConnection._execute
+
+        async def cancelling(connection: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.armed and chosen(fn, args):
+                self.armed = False
+                if before_queueing:
+                    raise asyncio.CancelledError()
+                asyncio.current_task().cancel()  # type: ignore[union-attr]
+            return await queue(connection, fn, *args, **kwargs)
+
+        monkeypatch.setattr(OneTripConnection, "_execute", cancelling)
+
+
+async def two_on_one_target(store: Any, name: str) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """A run with two writes on one target (the one claimed, the one that
+    follows), the pool's connection known idle, and what a claim may write,
+    as it stands."""
+    run = await new_run(store)
+    target = target_fields(name)
+    action = await new_action(store, run, key=f"{name}-claimed", **target)
+    follower = await new_action(store, run, key=f"{name}-follower", **target)
+    await store.get_action(action["id"])
+    return run, action, follower, await snapshot_of(store, run, action)
+
+
 @pytest.mark.parametrize("before_queueing", [False, True])
 @pytest.mark.parametrize("trip", [1, 2, 3, 4, 5])
 async def test_a_claim_cancelled_at_each_trip_is_whole_or_absent(
@@ -405,34 +435,21 @@ async def test_a_claim_cancelled_at_each_trip_is_whole_or_absent(
     move, the commit, the rollback): either as the call is queued (the thread
     runs it, the task no longer waits) or just before it is queued."""
     store = sqlite_store
-    run = await new_run(store)
-    target = target_fields(f"trip-{trip}-{before_queueing}")
-    action = await new_action(store, run, key="trip", **target)
-    follower = await new_action(store, run, key="trip-follower", **target)
-    await store.get_action(action["id"])
-    before = await snapshot_of(store, run, action)
-    queue = OneTripConnection._execute
+    run, action, follower, before = await two_on_one_target(store, f"trip-{trip}-{before_queueing}")
     seen = [0]
-    armed = [False]
 
-    async def cancelling(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if armed[0]:
-            seen[0] += 1
-            if seen[0] == trip:
-                armed[0] = False
-                if before_queueing:
-                    raise asyncio.CancelledError()
-                asyncio.current_task().cancel()
-        return await queue(self, fn, *args, **kwargs)
+    def nth(_fn: Any, _args: tuple[Any, ...]) -> bool:
+        seen[0] += 1
+        return seen[0] == trip
 
-    monkeypatch.setattr(OneTripConnection, "_execute", cancelling)
-    armed[0] = True
+    cut = CancelAtTrip(monkeypatch, nth, before_queueing)
+    cut.armed = True
     try:
         await store.leases._claim(action["id"], 30, hand_over=True)
         ended = "finished"
     except asyncio.CancelledError:
         ended = "cancelled"
-    armed[0] = False
+    cut.armed = False
     for _ in range(20):
         await asyncio.sleep(0)
     whole = await assert_whole(store, run, action, before)
@@ -451,36 +468,24 @@ async def test_a_failed_claim_cancelled_during_its_rollback_leaves_nothing(
     before it is). Nothing of the claim may stay, the connection must go back
     to the pool rolled back, and the writer queue must be free."""
     store = sqlite_store
-    run = await new_run(store)
-    target = target_fields(f"rb-{before_queueing}")
-    action = await new_action(store, run, key="rb", **target)
-    follower = await new_action(store, run, key="rb-follower", **target)
-    await store.get_action(action["id"])
-    before = await snapshot_of(store, run, action)
-    queue = OneTripConnection._execute
-    armed = [False]
+    run, action, follower, before = await two_on_one_target(store, f"rb-{before_queueing}")
 
-    async def cancelling(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if armed[0] and getattr(fn, "__name__", "") == "_ended" and args == ("rollback",):
-            armed[0] = False
-            if before_queueing:
-                raise asyncio.CancelledError()
-            asyncio.current_task().cancel()
-        return await queue(self, fn, *args, **kwargs)
+    def rollback(fn: Any, args: tuple[Any, ...]) -> bool:
+        return getattr(fn, "__name__", "") == "_ended" and args == ("rollback",)
 
-    monkeypatch.setattr(OneTripConnection, "_execute", cancelling)
+    cut = CancelAtTrip(monkeypatch, rollback, before_queueing)
     raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
     try:
         raw.execute(
             "CREATE TRIGGER review_fail BEFORE INSERT ON audit_events "
             "BEGIN SELECT RAISE(ABORT, 'injected'); END"
         )
-        armed[0] = True
+        cut.armed = True
         with pytest.raises((asyncio.CancelledError, IntegrityError)):
             await store.leases._claim(action["id"], 30, hand_over=True)
-        assert not armed[0], "the rollback was never queued"
+        assert not cut.armed, "the rollback was never queued"
     finally:
-        armed[0] = False
+        cut.armed = False
         raw.execute("DROP TRIGGER IF EXISTS review_fail")
         raw.close()
     for _ in range(20):
@@ -575,26 +580,11 @@ _CLAIMER = textwrap.dedent(
     """
     import asyncio, json, sys
     from roundtable.store import open_store
+    from tests.helpers import claim_until_done
 
     async def main(url, ids):
-        seen = {}
         async with open_store(url) as store:
-            pending = list(ids)
-            for _ in range(400):
-                if not pending:
-                    break
-                for action_id in list(pending):
-                    try:
-                        outcome = await store.claim_action_for_execution(action_id, 60)
-                    except Exception as exc:
-                        seen.setdefault("errors", []).append(repr(exc))
-                        continue
-                    seen[outcome] = seen.get(outcome, 0) + 1
-                    if outcome == "claimed":
-                        await store.record_action_terminal_result(action_id, "succeeded", {})
-                    if outcome in ("claimed", "already_finished", "in_progress"):
-                        pending.remove(action_id)
-                await asyncio.sleep(0.001)
+            seen = await claim_until_done(store, ids)
         print(json.dumps(seen))
 
     asyncio.run(main(sys.argv[1], sys.argv[2:]))
@@ -630,23 +620,7 @@ async def test_two_processes_claiming_one_set_of_overlapping_writes(tmp_path) ->
             cwd=os.getcwd(),
         )
         try:
-            mine: dict[str, Any] = {}
-            pending = list(ids)
-            for _ in range(400):
-                if not pending:
-                    break
-                for action_id in list(pending):
-                    try:
-                        outcome = await store.claim_action_for_execution(action_id, 60)
-                    except Exception as exc:
-                        mine.setdefault("errors", []).append(repr(exc))
-                        continue
-                    mine[outcome] = mine.get(outcome, 0) + 1
-                    if outcome == "claimed":
-                        await store.record_action_terminal_result(action_id, "succeeded", {})
-                    if outcome in ("claimed", "already_finished", "in_progress"):
-                        pending.remove(action_id)
-                await asyncio.sleep(0.001)
+            mine = await claim_until_done(store, ids)
             out, err = await asyncio.to_thread(child.communicate, timeout=300)
         finally:
             if child.poll() is None:
@@ -695,21 +669,6 @@ async def test_redelivered_claims_from_two_stores_start_the_write_once(tmp_path)
 
 
 # ------------------------------------------------------------ what the executor sees
-
-
-async def orphan_lease(store: Any, action: dict[str, Any]) -> None:
-    """A lease of the key whose holder the claim's read cannot see (as in
-    test_core_claim_attacks: another process wrote it with foreign keys off)."""
-    other = sqlite3.connect(store.engine.url.database, isolation_level=None)
-    try:
-        other.execute(
-            "INSERT INTO action_leases (target_key, action_id, run_id, fencing_token,"
-            " acquired_at, lease_expires_at, scope_key, namespace_wide)"
-            " VALUES (?, 'gone', 'gone', 7, '2026-01-01 00:00:00', '2999-01-01 00:00:00', ?, 0)",
-            (action["target_key"], action["target_scope"]),
-        )
-    finally:
-        other.close()
 
 
 async def test_execute_write_on_a_lease_its_claim_cannot_see_runs_nothing(sqlite_store) -> None:

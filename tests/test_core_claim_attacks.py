@@ -26,7 +26,15 @@ from roundtable.store.schema import (
     TargetFencingRow,
     TargetScopeRow,
 )
-from tests.helpers import new_action, new_run, set_column, target_fields, target_for
+from tests.helpers import (
+    FailOnce,
+    listening,
+    new_action,
+    new_run,
+    set_column,
+    target_fields,
+    target_for,
+)
 
 
 def _pg(store: Any) -> bool:
@@ -208,16 +216,7 @@ async def test_sqlite_a_lease_the_claims_read_cannot_see_fails_it_and_nothing_st
     target = target_fields("orphaned")
     action = await new_action(store, run, key="orphaned", **target)
     events_before = await event_types(store, run["id"])
-    other = sqlite3.connect(store.engine.url.database, isolation_level=None)
-    try:
-        other.execute(
-            "INSERT INTO action_leases (target_key, action_id, run_id, fencing_token,"
-            " acquired_at, lease_expires_at, scope_key, namespace_wide)"
-            " VALUES (?, 'gone', 'gone', 7, '2026-01-01 00:00:00', '2999-01-01 00:00:00', ?, 0)",
-            (action["target_key"], action["target_scope"]),
-        )
-    finally:
-        other.close()
+    await orphan_lease(store, action)
     with pytest.raises(IntegrityError):
         await store.claim_for_execution(action["id"], 30)
     assert (await store.get_action(action["id"]))["status"] == "approved"
@@ -230,6 +229,21 @@ async def test_sqlite_a_lease_the_claims_read_cannot_see_fails_it_and_nothing_st
         )
         assert [tuple(lease) for lease in leases] == [("gone", 7)]
     assert_pool_clean(store)
+
+
+async def orphan_lease(store: Any, action: dict[str, Any]) -> None:
+    """A lease of ``action``'s key (token 7) whose holder the claim's read
+    cannot see: another process wrote it with foreign keys off."""
+    other = sqlite3.connect(store.engine.url.database, isolation_level=None)
+    try:
+        other.execute(
+            "INSERT INTO action_leases (target_key, action_id, run_id, fencing_token,"
+            " acquired_at, lease_expires_at, scope_key, namespace_wide)"
+            " VALUES (?, 'gone', 'gone', 7, '2026-01-01 00:00:00', '2999-01-01 00:00:00', ?, 0)",
+            (action["target_key"], action["target_scope"]),
+        )
+    finally:
+        other.close()
 
 
 # ------------------------------------------------- PostgreSQL: isolation
@@ -533,22 +547,14 @@ async def test_busy_claim_whose_commit_fails_tells_nothing_and_leaks_nothing(sto
     _, waiter = await holder_and_waiter(store, "busy-fail")
     told: list[Any] = []
     store.db.observers.append(told.append)
-    armed = [True]
 
     class CommitFailed(Exception):
         pass
 
-    def fail_commit(_conn: Any) -> None:
-        if armed[0]:
-            armed[0] = False
-            raise CommitFailed("injected at COMMIT")
+    fail_commit = FailOnce(CommitFailed("injected at COMMIT"))
 
-    event.listen(store.engine.sync_engine, "commit", fail_commit)
-    try:
-        with pytest.raises(CommitFailed):
-            await store.claim_action_for_execution(waiter["id"], 30)
-    finally:
-        event.remove(store.engine.sync_engine, "commit", fail_commit)
+    with listening(store.engine, "commit", fail_commit), pytest.raises(CommitFailed):
+        await store.claim_action_for_execution(waiter["id"], 30)
     assert told == []
     assert_pool_clean(store)
     assert await store.claim_action_for_execution(waiter["id"], 30) == "target_busy"
