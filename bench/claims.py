@@ -6,8 +6,9 @@ database, in the same process.
 
     .venv/bin/python -m bench.claims [--claims N] [--postgresql URL]
 
-Prints claims per second for both and the ratio (store / baseline); machines
-here are noisy, so compare ratios, not absolute numbers. With no
+Prints claims per second for both and the ratio (store / baseline), and the
+statements and round trips each claim takes; machines here are noisy, so
+compare ratios, not absolute numbers. With no
 --postgresql URL it starts a throwaway cluster when PostgreSQL is installed.
 """
 
@@ -31,7 +32,7 @@ from roundtable.store import open_store
 from roundtable.store.sqlite_driver import OneTripConnection
 
 
-async def _store_claims(url: str, claims: int, concurrent: bool) -> float:
+async def _store_claims(url: str, claims: int, concurrent: bool) -> tuple[float, float, float]:
     async with open_store(url) as store:
         session = await store.create_session(user_id="bench", task_text="bench")
         # A run each, as executors' claims come from different runs (a run's
@@ -69,7 +70,7 @@ async def _store_claims(url: str, claims: int, concurrent: bool) -> float:
         return claims / elapsed, statements[0] / claims, statements[1] / claims
 
 
-async def _baseline_claims(url: str, claims: int, concurrent: bool) -> float:
+async def _baseline_claims(url: str, claims: int, concurrent: bool) -> tuple[float, float, float]:
     """The least a lease can cost: one upsert into a bare table."""
     async with open_store(url) as store:
         async with store.engine.begin() as conn:
