@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import SecretStr, TypeAdapter
@@ -24,6 +26,7 @@ from temporalio.converter import (
     DataConverter,
     DefaultFailureConverterWithEncodedAttributes,
     DefaultPayloadConverter,
+    EncodingPayloadConverter,
     JSONPlainPayloadConverter,
 )
 from temporalio.runtime import Runtime
@@ -65,16 +68,25 @@ class _SharedAdapterJSONConverter(PydanticJSONPlainPayloadConverter):
 
 class SharedAdapterPayloadConverter(CompositePayloadConverter):
     """The SDK's default converters, JSON through the converter above (as
-    temporalio.contrib.pydantic's PydanticPayloadConverter builds its own)."""
+    temporalio.contrib.pydantic's PydanticPayloadConverter builds its own).
+
+    The SDK builds one of these for every workflow activation and activity it
+    runs; all of them share one read-only table of converters, built once
+    (none keeps state of its own: the JSON one validates through the shared
+    adapters), where each used to build its own."""
 
     def __init__(self) -> None:
-        json_converter = _SharedAdapterJSONConverter()
-        super().__init__(
-            *(
-                json_converter if isinstance(c, JSONPlainPayloadConverter) else c
-                for c in DefaultPayloadConverter.default_encoding_payload_converters
-            )
-        )
+        self.converters = _shared_converters()
+
+
+@functools.cache
+def _shared_converters() -> Mapping[bytes, EncodingPayloadConverter]:
+    json_converter = _SharedAdapterJSONConverter()
+    chosen = (
+        json_converter if isinstance(c, JSONPlainPayloadConverter) else c
+        for c in DefaultPayloadConverter.default_encoding_payload_converters
+    )
+    return MappingProxyType({c.encoding.encode(): c for c in chosen})
 
 
 def data_converter(codec: EncryptionCodec | None = None) -> DataConverter:

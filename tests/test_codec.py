@@ -141,3 +141,47 @@ def test_every_payload_converter_shares_one_cache_of_type_adapters() -> None:
     assert second.from_payloads([payload], [Decision]) == [decision]
     assert _SHARED_ADAPTERS.cache_info().currsize == built  # reused, not rebuilt
     assert _SHARED_ADAPTERS.cache_info().hits >= 1
+    # One table of converters for all, which nobody can change.
+    assert first.converters is second.converters
+    with pytest.raises(TypeError):
+        first.converters[b"json/plain"] = None  # type: ignore[index]
+
+
+def test_a_payload_converter_with_a_context_is_a_converter_of_its_own() -> None:
+    """The SDK gives a converter a serialization context by building a new
+    one with the converters the context changed (its constructor takes no
+    arguments): that one gets its own table, and the shared one is left as
+    it was."""
+    from temporalio.converter import (
+        EncodingPayloadConverter,
+        WithSerializationContext,
+        WorkflowSerializationContext,
+    )
+
+    from roundtable.temporal import SharedAdapterPayloadConverter
+
+    class Contextual(EncodingPayloadConverter, WithSerializationContext):
+        def __init__(self, seen: object = None) -> None:
+            self.seen = seen
+
+        @property
+        def encoding(self) -> str:
+            return "test/contextual"
+
+        def to_payload(self, value: Any) -> Payload | None:
+            return None
+
+        def from_payload(self, payload: Payload, type_hint: Any = None) -> Any:
+            return self.seen
+
+        def with_context(self, context: Any) -> Contextual:
+            return Contextual(context)
+
+    base = SharedAdapterPayloadConverter()
+    shared = base.converters
+    base._set_converters(*shared.values(), Contextual())  # as a subclass might
+    context = WorkflowSerializationContext(namespace="n", workflow_id="w")
+    tuned = base.with_context(context)
+    assert tuned is not base and tuned.converters[b"test/contextual"].seen == context
+    assert SharedAdapterPayloadConverter().converters is shared
+    assert b"test/contextual" not in shared
