@@ -150,3 +150,15 @@ def listening(engine: Any, name: str, listener: Callable[..., Any]) -> Iterator[
         yield
     finally:
         event.remove(engine.sync_engine, name, listener)
+
+
+async def two_writes_on_one_target(
+    store: Store, name: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A run with two approved writes on one target (``name``): the run, the
+    first, the second."""
+    run = await new_run(store)
+    target = target_fields(name)
+    first = await new_action(store, run, key=f"{name}-1", **target)
+    second = await new_action(store, run, key=f"{name}-2", **target)
+    return run, first, second

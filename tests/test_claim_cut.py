@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from roundtable.store import ClaimOutcome
 from roundtable.store.schema import ActionLeaseRow, ActionRow
-from tests.helpers import new_action, new_run, target_fields
+from tests.helpers import listening, new_action, new_run, target_fields
 
 WIDE = None  # an unusable key field: the key covers the whole namespace
 
@@ -35,11 +35,8 @@ def counting(store: Any) -> Iterator[list[str]]:
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         seen.append(statement)
 
-    event.listen(store.engine.sync_engine, "before_cursor_execute", count)
-    try:
+    with listening(store.engine, "before_cursor_execute", count):
         yield seen
-    finally:
-        event.remove(store.engine.sync_engine, "before_cursor_execute", count)
 
 
 async def test_a_claim_is_two_statements_on_postgresql_and_few_on_sqlite(store) -> None:

@@ -37,7 +37,15 @@ from roundtable.store.schema import (
 )
 from roundtable.store.sqlite_driver import OneTripConnection
 from roundtable.tools.registry import ToolRegistry
-from tests.helpers import FailOnce, claim_until_done, listening, new_action, new_run, target_fields
+from tests.helpers import (
+    FailOnce,
+    claim_until_done,
+    listening,
+    new_action,
+    new_run,
+    target_fields,
+    two_writes_on_one_target,
+)
 from tests.test_claim_cut import WIDE, _overlap
 from tests.test_core_claim_attacks import assert_pool_clean, counters, lease_row, orphan_lease
 from tests.workflow_harness import TRUSTING
@@ -417,10 +425,7 @@ async def two_on_one_target(store: Any, name: str) -> tuple[Any, Any, Any, dict[
     """A run with two writes on one target (the one claimed, the one that
     follows), the pool's connection known idle, and what a claim may write,
     as it stands."""
-    run = await new_run(store)
-    target = target_fields(name)
-    action = await new_action(store, run, key=f"{name}-claimed", **target)
-    follower = await new_action(store, run, key=f"{name}-follower", **target)
+    run, action, follower = await two_writes_on_one_target(store, name)
     await store.get_action(action["id"])
     return run, action, follower, await snapshot_of(store, run, action)
 

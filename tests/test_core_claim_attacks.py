@@ -34,6 +34,7 @@ from tests.helpers import (
     set_column,
     target_fields,
     target_for,
+    two_writes_on_one_target,
 )
 
 
@@ -50,11 +51,8 @@ def statements(store: Any) -> Iterator[list[tuple[str, bool]]]:
     def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         seen.append((statement, writer.locked() if writer is not None else True))
 
-    event.listen(store.engine.sync_engine, "before_cursor_execute", record)
-    try:
+    with listening(store.engine, "before_cursor_execute", record):
         yield seen
-    finally:
-        event.remove(store.engine.sync_engine, "before_cursor_execute", record)
 
 
 async def event_types(store: Any, run_id: str) -> list[str]:
@@ -496,10 +494,7 @@ async def test_redelivered_claims_racing_the_result_never_claim_twice(store) -> 
 
 async def holder_and_waiter(store: Any, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Two writes of one run on one target; the first claimed."""
-    run = await new_run(store)
-    target = target_fields(name)
-    holder = await new_action(store, run, key=f"{name}-1", **target)
-    waiter = await new_action(store, run, key=f"{name}-2", **target)
+    _, holder, waiter = await two_writes_on_one_target(store, name)
     assert await store.claim_action_for_execution(holder["id"], 30) == "claimed"
     return holder, waiter
 
