@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnClause
 
-from roundtable.store import open_store, sqlite_core
+from roundtable.store import core_statements, open_store, sqlite_core
 from roundtable.store.engine import create_engine_for
 from roundtable.store.errors import InvalidInputError
 from roundtable.store.schema import Base, JSONValue, UTCDateTime
@@ -485,7 +485,7 @@ async def test_statements_built_per_call_do_not_pile_up_in_the_compiled_memo(eng
     def _opaque(element, compiler, **kw):  # type: ignore[no-untyped-def]
         return "id"
 
-    for n in range(sqlite_core._COMPILED_KEPT + 300):
+    for n in range(core_statements._COMPILED_KEPT + 300):
         built = (
             select(Opaque("id")).select_from(_KINDS)
             if n % 2
@@ -493,4 +493,4 @@ async def test_statements_built_per_call_do_not_pile_up_in_the_compiled_memo(eng
         )
         async with sqlite_core.reading(engine, alone=True) as conn:
             await conn.execute(built)
-    assert len(sqlite_core._COMPILED) <= sqlite_core._COMPILED_KEPT
+    assert len(core_statements._COMPILED) <= core_statements._COMPILED_KEPT

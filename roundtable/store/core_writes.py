@@ -19,10 +19,11 @@ from typing import Any
 from sqlalchemy import FromClause, Table, bindparam, func, insert, select, update
 
 from roundtable.store.audit import chained_event
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.engine import is_postgresql
 from roundtable.store.errors import NotFoundError
 from roundtable.store.schema import AuditEventRow, RunRow
-from roundtable.store.sqlite_core import CoreConnection, SQLiteCoreConnection
+from roundtable.store.sqlite_core import SQLiteCoreConnection
 
 _RUNS = RunRow.__table__
 _EVENTS = AuditEventRow.__table__

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from roundtable.states import ENDING_ACTION_STATUSES
 from roundtable.store import commit_notes, sqlite_core
 from roundtable.store.audit import append_event
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.engine import database_clock, database_now, read_only_engine
 from roundtable.store.errors import NotFoundError
 from roundtable.store.rows import row_to_dict
@@ -39,7 +40,6 @@ from roundtable.store.schema import (
     SessionRow,
     ToolResultRow,
 )
-from roundtable.store.sqlite_core import CoreConnection
 
 T = TypeVar("T")
 R = TypeVar("R", bound=Base)

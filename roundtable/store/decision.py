@@ -29,11 +29,11 @@ from roundtable.states import (
     RunStatus,
 )
 from roundtable.store import commit_notes
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.core_writes import ChainedRun, facts_read, locked_facts, update_row
 from roundtable.store.errors import ConflictError
 from roundtable.store.run_status import carry_run_status_on
 from roundtable.store.schema import ActionRow, ApprovalRow, RunRow
-from roundtable.store.sqlite_core import CoreConnection
 
 _APPROVALS = ApprovalRow.__table__
 _ACTIONS = ActionRow.__table__

@@ -16,8 +16,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 from roundtable.store import sqlite_driver
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.errors import InvalidInputError
-from roundtable.store.sqlite_core import CoreConnection
 from roundtable.store.text import check_parameters, dumps_storable
 
 SUPPORTED_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")

@@ -55,6 +55,7 @@ from roundtable.states import (
 )
 from roundtable.store import commit_notes
 from roundtable.store.audit import chained_event
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.core_writes import write_later
 from roundtable.store.database import Database, reload
 from roundtable.store.engine import (
@@ -79,7 +80,6 @@ from roundtable.store.schema import (
     TargetFencingRow,
     TargetScopeRow,
 )
-from roundtable.store.sqlite_core import CoreConnection
 
 MAX_LEASE_SECONDS = 24 * 3600
 

@@ -28,6 +28,7 @@ from sqlalchemy import bindparam, delete, update
 from roundtable import chaos_hook
 from roundtable.states import ENDING_ACTION_STATUSES, ActionStatus
 from roundtable.store import commit_notes
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.core_writes import (
     ChainedRun,
     facts_read,
@@ -36,7 +37,6 @@ from roundtable.store.core_writes import (
     write_later,
 )
 from roundtable.store.schema import ActionLeaseRow, ActionRow, RunRow
-from roundtable.store.sqlite_core import CoreConnection
 from roundtable.store.text import escape_text
 
 _ACTIONS = ActionRow.__table__

@@ -15,11 +15,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from roundtable.states import RUN_TRANSITIONS, ActionStatus, ApprovalStatus, RunStatus
 from roundtable.store.audit import append_event
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.core_writes import ChainedRun, update_row
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError
 from roundtable.store.schema import ActionRow, ApprovalRow, RunRow, SessionRow
-from roundtable.store.sqlite_core import CoreConnection
 
 _SESSIONS = SessionRow.__table__
 

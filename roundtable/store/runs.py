@@ -22,6 +22,7 @@ from roundtable.states import (
     RunStatus,
 )
 from roundtable.store.audit import GENESIS_HASH
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.core_writes import ChainedRun, as_written, locked_run, write_later
 from roundtable.store.database import Database, logged
 from roundtable.store.engine import database_now, dialect_insert, is_postgresql
@@ -31,7 +32,6 @@ from roundtable.store.rows import new_id, page_after, require_text
 from roundtable.store.run_status import carry_run_status_on, move_run, move_run_on
 from roundtable.store.schema import ActionRow, CapabilitySnapshotRow, RunRow, SessionRow
 from roundtable.store.sessions import Sessions, check_session, insert_session
-from roundtable.store.sqlite_core import CoreConnection
 from roundtable.store.text import escape_text
 
 if TYPE_CHECKING:

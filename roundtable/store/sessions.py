@@ -8,13 +8,13 @@ from sqlalchemy import insert, select
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.states import RunStatus
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.core_writes import write_later
 from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import InvalidInputError
 from roundtable.store.rows import new_id, require_text
 from roundtable.store.schema import SessionRow
-from roundtable.store.sqlite_core import CoreConnection
 from roundtable.store.text import refuse_unstorable
 
 _SESSIONS = SessionRow.__table__

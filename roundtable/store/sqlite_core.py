@@ -1,232 +1,37 @@
-"""Core statements on SQLite without SQLAlchemy's execution around each.
+"""Core statements on SQLite without SQLAlchemy's execution around each
+(core_statements.py says what is kept of SQLAlchemy's and what is not): each
+statement runs through the connection's one-trip cursor (sqlite_driver.py),
+and writes whose answer nobody reads wait to go in the next statement's trip.
 
-A run's store calls are Core statements (core_writes.py), and on SQLite most
-of their cost was not SQLite's: SQLAlchemy's execution of one statement (its
-execution context, result metadata and greenlet switch) took about three
-times the CPU of the trip that ran it (bench/README, "What was cut"). Here a
-statement is compiled by SQLAlchemy, once, through the engine's own compiled
-cache, and its parameters and rows go through the same bind and result
-processors SQLAlchemy would apply; the statement itself runs through the
-connection's one-trip cursor (sqlite_driver.py). So the SQL, the values
-stored and the values read are SQLAlchemy's; only its per-statement
-machinery is left out.
-
-What stays as SQLAlchemy does it: the engine's ``before_cursor_execute``
-listeners are told of every statement before it is sent and may change its
-SQL and parameters (the store refuses unstorable text there), and
-``after_cursor_execute``, ``commit`` and ``rollback`` listeners are told in
-SQLAlchemy's order (tests and the claim's benchmark count statements
-there); a database error, or a value a type refuses, is raised as the same
-``sqlalchemy.exc`` class, its parameters hidden as the engine hides them;
-rows answer as SQLAlchemy's rows and results do for what the store asks of
-them (a statement that returns no rows refuses to be asked for rows).
-What differs, and is told here: a listener gets no execution context, and
-the cursor an after-listener gets is the cursor's description and row count
-(the cursor itself lives on SQLite's thread); the engine's ``begin`` event
-is not fired (its one listener, engine.py's, is what sends BEGIN on
-SQLAlchemy's path; here the BEGIN is sent, and told, as a statement). What
-this refuses rather than imitates: statements whose values SQLAlchemy would
-compute in Python (column defaults fetched before an INSERT or UPDATE) and
-executemany with RETURNING; the store's hot paths pass every value.
-
-PostgreSQL is untouched: its hot paths run on SQLAlchemy's AsyncConnection.
+As SQLAlchemy does it, here too: ``commit`` and ``rollback`` listeners are
+told in SQLAlchemy's order, and a database error, or a value a type refuses,
+is raised as the same ``sqlalchemy.exc`` class, its parameters hidden as the
+engine hides them. What differs: the cursor lives on SQLite's thread (an
+after-listener gets its description and row count); the engine's ``begin``
+event is not fired (its one listener, engine.py's, is what sends BEGIN on
+SQLAlchemy's path; here the BEGIN is sent, and told, as a statement).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import weakref
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy import exc
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.sql import compiler
 
+from roundtable.store.core_statements import (
+    CoreConnection,
+    CoreResult,
+    CoreStatements,
+    CursorFacts,
+)
 from roundtable.store.sqlite_driver import OneTripConnection
 
 
-class RowMapping(dict):
-    """A row's values by column key; a column object finds its own key,
-    as in SQLAlchemy's RowMapping."""
-
-    def __missing__(self, key: Any) -> Any:
-        name = getattr(key, "key", None)
-        if isinstance(name, str) and name in self:
-            return self[name]
-        raise KeyError(key)
-
-
-class CoreRow(tuple):
-    """One row: a tuple, with ``_mapping`` and attribute access by column
-    key, as SQLAlchemy's Row."""
-
-    __slots__ = ()
-    _keys: tuple[str, ...] = ()
-
-    @property
-    def _mapping(self) -> RowMapping:
-        return RowMapping(zip(self._keys, self, strict=True))
-
-    def _asdict(self) -> dict[str, Any]:
-        return dict(self._mapping)
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[self._keys.index(key)]
-        except ValueError:
-            raise AttributeError(key) from None
-
-
-def _processed(processors: list[Any], row: Sequence[Any]) -> Iterator[Any]:
-    return (value if p is None else p(value) for p, value in zip(processors, row, strict=True))
-
-
-@functools.cache
-def _row_class(keys: tuple[str, ...]) -> type[CoreRow]:
-    return type("CoreRow", (CoreRow,), {"__slots__": (), "_keys": keys})
-
-
-def _one(rows: Sequence[Any], required: bool) -> Any:
-    """The only row, as SQLAlchemy's ``one``/``one_or_none`` find it."""
-    if len(rows) > 1:
-        raise exc.MultipleResultsFound(
-            "Multiple rows were found when exactly one was required"
-            if required
-            else "Multiple rows were found when one or none was required"
-        )
-    if not rows:
-        if required:
-            raise exc.NoResultFound("No row was found when one was required")
-        return None
-    return rows[0]
-
-
-class CoreResult:
-    """The part of SQLAlchemy's CursorResult the store's Core paths use:
-    every row is already fetched. A statement that returns no rows (an
-    UPDATE without RETURNING) has only its row count: asking it for rows is
-    an error, as in SQLAlchemy, not an empty answer."""
-
-    def __init__(self, keys: tuple[str, ...] | None, rows: list[CoreRow], rowcount: int) -> None:
-        self._keys = keys
-        self._fetched = rows
-        self.rowcount = rowcount
-
-    @property
-    def returns_rows(self) -> bool:
-        return self._keys is not None
-
-    @property
-    def _rows(self) -> list[CoreRow]:
-        if self._keys is None:
-            raise exc.ResourceClosedError(
-                "This result object does not return rows. It has been closed automatically."
-            )
-        return self._fetched
-
-    def keys(self) -> list[str]:
-        return list(self._keys or ())
-
-    def __iter__(self) -> Iterator[CoreRow]:
-        return iter(self._rows)
-
-    def all(self) -> list[CoreRow]:
-        return list(self._rows)
-
-    def first(self) -> CoreRow | None:
-        rows = self._rows
-        return rows[0] if rows else None
-
-    def one_or_none(self) -> CoreRow | None:
-        return _one(self._rows, required=False)
-
-    def one(self) -> CoreRow:
-        return _one(self._rows, required=True)
-
-    def scalar(self) -> Any:
-        row = self.first()
-        return None if row is None else row[0]
-
-    def scalar_one(self) -> Any:
-        return self.one()[0]
-
-    def scalar_one_or_none(self) -> Any:
-        row = self.one_or_none()
-        return None if row is None else row[0]
-
-    def scalars(self) -> CoreScalars:
-        return CoreScalars([row[0] for row in self._rows])
-
-    def mappings(self) -> CoreScalars:
-        return CoreScalars([row._mapping for row in self._rows])
-
-
-class CoreScalars(list):
-    """A list with the ``all``/``first``/``one``/``one_or_none`` a
-    ScalarResult offers."""
-
-    def all(self) -> list[Any]:
-        return list(self)
-
-    def first(self) -> Any:
-        return self[0] if self else None
-
-    def one(self) -> Any:
-        return _one(self, required=True)
-
-    def one_or_none(self) -> Any:
-        return _one(self, required=False)
-
-
-# Compiled forms kept per statement object (SQLiteCoreConnection._compiled),
-# by identity, the most recently used first out of a bounded table: a
-# statement the hot paths build once is found again; one built per call
-# passes through without piling up.
-_COMPILED_KEPT = 2048
-_COMPILED: OrderedDict[tuple[int, int, tuple[str, ...], bool], tuple[Any, ...]] = OrderedDict()
-# Per compiled statement (they live in the engine's compiled cache): the
-# result's keys and each column's processor, worked out once.
-_RESULTS: weakref.WeakKeyDictionary[Any, tuple[tuple[str, ...], list[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _result_processing(
-    compiled: Any, dialect: Dialect, description: Any
-) -> tuple[tuple[str, ...] | None, list[Any]]:
-    """The result's keys and each column's processor; None for keys when
-    the statement returns no rows. A textual statement's columns (no types
-    known) are named by the cursor, their values as SQLite gives them, as
-    SQLAlchemy reads them."""
-    if description is None:
-        return None, []
-    if not compiled._result_columns:
-        return tuple(column[0] for column in description), [None] * len(description)
-    known = _RESULTS.get(compiled)
-    if known is None:
-        columns = compiled._result_columns
-        keys = tuple(column[0] for column in columns)
-        known = keys, [column[3]._cached_result_processor(dialect, None) for column in columns]
-        _RESULTS[compiled] = known
-    return known
-
-
-class CursorFacts:
-    """What an after-listener is told of the cursor (the one-trip cursor
-    is made and closed on SQLite's thread): its description and row count."""
-
-    __slots__ = ("description", "rowcount")
-
-    def __init__(self, description: Any, rowcount: int) -> None:
-        self.description = description
-        self.rowcount = rowcount
-
-
-class SQLiteCoreConnection:
+class SQLiteCoreConnection(CoreStatements):
     """A transaction's connection on SQLite, for Core statements: what the
     store's hot paths call of SQLAlchemy's AsyncConnection (``execute`` and
     ``dialect``), each statement one trip to SQLite's thread."""
@@ -260,11 +65,7 @@ class SQLiteCoreConnection:
         # Writes left for later go first, in this statement's trip.
         steps, self._later = [*self._later, step], []
         description, rows, rowcount = (await self._send(steps))[-1]
-        keys, processors = _result_processing(compiled, self.dialect, description)
-        if keys is None:
-            return CoreResult(None, [], rowcount)
-        made = _row_class(keys)
-        return CoreResult(keys, [made(_processed(processors, row)) for row in rows], rowcount)
+        return self._result(compiled, description, rows, rowcount)
 
     def later(self, statement: Any, parameters: Any = None) -> None:
         """A write whose answer the transaction does not need (an INSERT, an
@@ -277,120 +78,6 @@ class SQLiteCoreConnection:
         if self._read_only:
             raise RuntimeError("a reading connection does not write; use a transaction")
         self._later.append(self._step(statement, parameters)[0])
-
-    def _step(self, statement: Any, parameters: Any) -> tuple[tuple[str, Any, bool], Any]:
-        """The statement ready to send, as the before-listeners leave it
-        (each returns the SQL and parameters, changed or not, as SQLAlchemy
-        has them do); its compiled form."""
-        many = isinstance(parameters, list | tuple) and len(parameters) > 1
-        groups: Sequence[Mapping[str, Any]]
-        if parameters is None:
-            groups = []
-        elif isinstance(parameters, list | tuple):
-            groups = parameters
-        else:
-            groups = [parameters]
-        compiled, sql, bound = self._prepared(statement, groups, many)
-        sent: Any = bound if many else bound[0]
-        for listener in self._engine.dispatch.before_cursor_execute:
-            sql, sent = listener(self._sync_connection, None, sql, sent, None, many)
-        return (sql, sent, many), compiled
-
-    def _prepared(
-        self, statement: Any, groups: Sequence[Mapping[str, Any]], many: bool
-    ) -> tuple[Any, str, list[tuple[Any, ...]]]:
-        """The compiled statement, its SQL and each group's parameters in
-        their order and processed, as SQLAlchemy's execution context makes
-        them (DefaultExecutionContext._init_compiled); a value a processor
-        refuses (a naive datetime) raised as SQLAlchemy raises it."""
-        compiled, extracted, collected = self._compiled(statement, groups, many)
-        if compiled.insert_prefetch or compiled.update_prefetch:
-            raise NotImplementedError(
-                "a Core statement on SQLite's fast path must pass every value: "
-                f"{statement} would take column defaults computed in Python"
-            )
-        if many and (compiled.effective_returning or compiled.returning):
-            raise NotImplementedError("executemany with RETURNING is not on SQLite's fast path")
-        try:
-            return (compiled, *self._bound(compiled, extracted, collected, groups, many))
-        except (NotImplementedError, exc.SQLAlchemyError):
-            raise
-        except Exception as error:
-            raise exc.DBAPIError.instance(
-                compiled.string,
-                groups,
-                error,
-                self.dialect.loaded_dbapi.Error,
-                hide_parameters=True,
-                dialect=self.dialect,
-            ) from error
-
-    @staticmethod
-    def _bound(
-        compiled: Any,
-        extracted: Any,
-        collected: Any,
-        groups: Sequence[Mapping[str, Any]],
-        many: bool,
-    ) -> tuple[str, list[tuple[Any, ...]]]:
-        values = [
-            compiled.construct_params(
-                group,
-                escape_names=False,
-                _group_number=number,
-                extracted_parameters=extracted,
-                _collected_params=collected,
-            )
-            for number, group in enumerate(groups)
-        ] or [
-            compiled.construct_params(
-                extracted_parameters=extracted, escape_names=False, _collected_params=collected
-            )
-        ]
-        processors: Mapping[str, Any] = compiled._bind_processors
-        sql = compiled.string
-        order = compiled.positiontup
-        if compiled.literal_execute_params or compiled.post_compile_params:
-            if many:
-                raise NotImplementedError("expanding parameters with executemany")
-            expanded = compiled._process_parameters_for_postcompile(values[0])
-            sql = expanded.statement
-            processors = {**processors, **expanded.processors}
-            order = expanded.positiontup
-        bound = [
-            tuple(processors[key](value[key]) if key in processors else value[key] for key in order)
-            for value in values
-        ]
-        return sql, bound
-
-    def _compiled(
-        self, statement: Any, groups: Sequence[Mapping[str, Any]], many: bool
-    ) -> tuple[Any, Any, Any]:
-        """SQLAlchemy's compiled form of ``statement`` for these parameter
-        names, with the values built into the statement. A statement is
-        immutable, so what its cache key gives is kept for the statement
-        itself (the hot paths build theirs once): generating the key again
-        on every call cost more than the rest of the preparation."""
-        names = tuple(sorted(groups[0])) if groups else ()
-        key = (id(self.dialect), id(statement), names, many)
-        kept = _COMPILED.get(key)
-        # Ids are reused once an object is gone: the entry holds both, and
-        # counts only if they are these very objects.
-        if kept is not None and kept[0] is self.dialect and kept[1] is statement:
-            _COMPILED.move_to_end(key)
-            return kept[2:]
-        compiled, extracted, collected, _ = statement._compile_w_cache(
-            dialect=self.dialect,
-            compiled_cache=self._engine._compiled_cache,
-            column_keys=list(names),
-            for_executemany=many,
-            schema_translate_map=None,
-            linting=self.dialect.compiler_linting | compiler.WARN_LINTING,
-        )
-        _COMPILED[key] = (self.dialect, statement, compiled, extracted, collected)
-        if len(_COMPILED) > _COMPILED_KEPT:
-            _COMPILED.popitem(last=False)
-        return compiled, extracted, collected
 
     async def _send(self, steps: list[tuple[str, Any, bool]]) -> list[tuple[Any, list[Any], int]]:
         """The statements in one trip to SQLite's thread, told to the
@@ -504,7 +191,3 @@ async def reading(engine: AsyncEngine, alone: bool = False) -> AsyncIterator[Cor
         finally:
             await connection.rollback()
 
-
-# What a Core hot path is given: SQLAlchemy's connection on PostgreSQL, this
-# module's on SQLite.
-CoreConnection = AsyncConnection | SQLiteCoreConnection

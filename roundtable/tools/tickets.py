@@ -40,9 +40,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from roundtable.completion import to_completion
 from roundtable.store import sqlite_core
+from roundtable.store.core_statements import CoreConnection
 from roundtable.store.core_writes import write_later
 from roundtable.store.engine import create_engine_for, insert_for
-from roundtable.store.sqlite_core import CoreConnection
 from roundtable.tools.registry import (
     ToolContext,
     ToolDefiniteFailure,
