@@ -204,10 +204,13 @@ def _result_processing(
         named = [entry[1] for entry in description]
         if len(named) != len(columns):
             named = [None] * len(columns)
-        known = keys, [
-            column[3]._cached_result_processor(dialect, type_code)
-            for column, type_code in zip(columns, named, strict=True)
-        ]
+        known = (
+            keys,
+            [
+                column[3]._cached_result_processor(dialect, type_code)
+                for column, type_code in zip(columns, named, strict=True)
+            ],
+        )
         _RESULTS[compiled] = known
     return known
 
@@ -221,7 +224,6 @@ class CursorFacts:
     def __init__(self, description: Any, rowcount: int) -> None:
         self.description = description
         self.rowcount = rowcount
-
 
 
 class CoreStatements:
@@ -351,7 +353,6 @@ class CoreStatements:
         if len(_COMPILED) > _COMPILED_KEPT:
             _COMPILED.popitem(last=False)
         return compiled, extracted, collected
-
 
     def _result(
         self, compiled: Any, description: Any, rows: Sequence[Sequence[Any]], rowcount: int

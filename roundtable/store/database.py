@@ -24,7 +24,7 @@ from sqlalchemy import Select, Table, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from roundtable.states import ENDING_ACTION_STATUSES
-from roundtable.store import commit_notes, sqlite_core
+from roundtable.store import commit_notes, pg_core, sqlite_core
 from roundtable.store.audit import append_event
 from roundtable.store.core_statements import CoreConnection
 from roundtable.store.engine import database_clock, database_now, read_only_engine
@@ -102,8 +102,9 @@ class Database:
         statements. The same writer queue and BEGIN (IMMEDIATE on SQLite) as
         :meth:`transaction`, at READ COMMITTED on PostgreSQL; notes appended
         to the list are told once the transaction has committed, and dropped
-        with a rollback. On SQLite the connection is sqlite_core's (the same
-        ``execute``, plus writes left for later: core_writes.write_later)."""
+        with a rollback. The connection is sqlite_core's on SQLite (the same
+        ``execute``, plus writes left for later: core_writes.write_later),
+        pg_core's on PostgreSQL."""
         notes: list[commit_notes.Note] = []
         async with contextlib.AsyncExitStack() as stack:
             if self._local_writer is not None:
@@ -124,7 +125,9 @@ class Database:
                 # trip of its own.
                 await connection.execution_options(isolation_level="READ COMMITTED")
                 await stack.enter_async_context(connection.begin())
-                yield connection, notes
+                # Each statement one trip, without SQLAlchemy's execution
+                # around it (pg_core.py).
+                yield pg_core.over(connection), notes
         if notes:
             self._tell(notes)
 
@@ -159,10 +162,11 @@ class Database:
         identity map, the objects built and taken apart again) costs more of
         this process's CPU than the read itself. On SQLite, its statements
         go one trip each (sqlite_core.py), in a deferred transaction; with
-        ``alone``, one statement in one trip and no transaction around it."""
+        ``alone``, one statement in one trip and no transaction around it.
+        On PostgreSQL, pg_core's, in a transaction rolled back at the end."""
         if self._local_writer is not None:
             return sqlite_core.reading(self._readers, alone)
-        return self._readers.connect()
+        return pg_core.reading(self._readers)
 
     async def get(self, model: type[R], row_id: str) -> dict[str, Any]:
         """One row as a dict (as :func:`row_to_dict` makes it), or NotFoundError."""

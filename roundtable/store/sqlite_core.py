@@ -190,4 +190,3 @@ async def reading(engine: AsyncEngine, alone: bool = False) -> AsyncIterator[Cor
             yield connection
         finally:
             await connection.rollback()
-

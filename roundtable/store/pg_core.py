@@ -1,0 +1,132 @@
+"""Core statements on PostgreSQL without SQLAlchemy's execution around each
+(core_statements.py says what is kept of SQLAlchemy's and what is not).
+
+Each statement goes to the asyncpg connection that SQLAlchemy's adapter
+holds, prepared in the adapter's own statement cache, inside the adapter's
+own transaction, under its lock. SQLAlchemy still owns the connection's
+life, so nothing about a transaction's ends changes: the connection is
+checked out (and pinged) by the pool, its isolation level and read-only flag
+are the adapter's, SQLAlchemy's ``begin`` opens the transaction and its
+commit and rollback end it (their listeners told as before), and the pool
+rolls back whatever is still open when the connection goes back. A
+transaction this module began and could not end is never handed to the next
+borrower.
+
+Errors go to SQLAlchemy's own handler: raised as the same ``sqlalchemy.exc``
+class, parameters hidden as the engine hides them, and a connection lost or
+left in the middle of a statement (a disconnect, a cancellation) is
+invalidated as SQLAlchemy invalidates it, so the pool never lends it again.
+
+This relies on private parts of SQLAlchemy (the adapter's lock, transaction
+start and statement cache in ``sqlalchemy/dialects/postgresql/asyncpg.py``,
+and ``Connection._handle_dbapi_exception``), which is why pyproject pins
+SQLAlchemy's minor version; ``tests/test_pg_core.py`` holds this module to
+SQLAlchemy's answers, errors and invalidation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from roundtable.store.core_statements import (
+    CoreConnection,
+    CoreResult,
+    CoreStatements,
+    CursorFacts,
+)
+
+# The rows a command touched, from asyncpg's status message, as SQLAlchemy's
+# adapter reads it.
+_COUNTED = re.compile(r"(?:SELECT|UPDATE|DELETE|INSERT \d+) (\d+)")
+
+
+class PostgresCoreConnection(CoreStatements):
+    """A connection on PostgreSQL, for Core statements: what the store's hot
+    paths call of SQLAlchemy's AsyncConnection (``execute`` and
+    ``dialect``), each statement one trip, without SQLAlchemy's execution
+    context around it."""
+
+    def __init__(self, pooled: AsyncConnection, adapted: AsyncAdapt_asyncpg_connection) -> None:
+        self._sync_connection = pooled.sync_connection
+        self._engine = self._sync_connection.engine
+        self.dialect = pooled.dialect
+        self._adapted = adapted
+
+    async def execute(self, statement: Any, parameters: Any = None) -> CoreResult:
+        (sql, bound, many), compiled = self._step(statement, parameters)
+        try:
+            description, rows, rowcount = await self._send(sql, bound, many)
+        except BaseException as error:
+            self._failed(error, sql, bound)
+        facts = CursorFacts(description, rowcount)
+        self._engine.dispatch.after_cursor_execute(
+            self._sync_connection, facts, sql, bound, None, many
+        )
+        return self._result(compiled, description, rows, rowcount)
+
+    async def _send(self, sql: str, bound: Any, many: bool) -> tuple[Any, list[Any], int]:
+        """One statement, as SQLAlchemy's adapter's cursor sends it: under
+        the adapter's lock, in its transaction (begun here if this is the
+        first statement), prepared from its cache."""
+        adapted = self._adapted
+        schema_as_of = self.dialect._invalidate_schema_cache_asof
+        async with adapted._execute_mutex:
+            if adapted._transaction is None:
+                await adapted._start_transaction()
+            if many:
+                await adapted._check_type_cache_invalidation(schema_as_of)
+                await adapted._connection.executemany(sql, bound)
+                return None, [], -1
+            prepared, attributes = await adapted._prepare(sql, schema_as_of)
+            rows = await prepared.fetch(*bound)
+            status = prepared.get_statusmsg()
+        description = (
+            [(a.name, a.type.oid, None, None, None, None, None) for a in attributes]
+            if attributes
+            else None
+        )
+        counted = _COUNTED.match(status or "")
+        return description, rows, int(counted.group(1)) if counted else -1
+
+    def _failed(self, error: BaseException, sql: str, bound: Any) -> NoReturn:
+        """Raise ``error`` as SQLAlchemy would have: asyncpg's own error as
+        the DB-API's (the adapter's translation), then wrapped, the
+        connection invalidated when it is lost or was left mid-statement."""
+        dbapi = self.dialect.loaded_dbapi
+        if isinstance(error, Exception) and not isinstance(error, dbapi.Error):
+            try:
+                self._adapted._handle_exception(error)  # always raises
+            except Exception as translated:  # the error itself, if not asyncpg's
+                error = translated
+        if isinstance(error, dbapi.InvalidCachedStatementError | dbapi.InternalServerError):
+            # As the dialect's execution context does: the prepared
+            # statements' column types may be stale after DDL.
+            self.dialect._invalidate_schema_cache()
+        self._sync_connection._handle_dbapi_exception(error, sql, bound, None, None)
+        raise error  # unreachable: the handler always raises
+
+
+def over(pooled: AsyncConnection) -> CoreConnection:
+    """This module's connection over a checked-out one; the connection itself
+    on a driver other than asyncpg. Its SQLAlchemy transaction must be begun:
+    an error's handling assumes one (outside one it would roll back, which
+    needs SQLAlchemy's greenlet)."""
+    adapted = pooled.sync_connection.connection.dbapi_connection
+    if not isinstance(adapted, AsyncAdapt_asyncpg_connection):
+        return pooled
+    return PostgresCoreConnection(pooled, adapted)
+
+
+@contextlib.asynccontextmanager
+async def reading(engine: AsyncEngine) -> AsyncIterator[CoreConnection]:
+    """A pooled connection for reads, in a transaction rolled back at the end
+    (at the engine's isolation level: READ COMMITTED unless configured)."""
+    async with engine.connect() as pooled:
+        await pooled.begin()
+        yield over(pooled)

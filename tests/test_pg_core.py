@@ -1,0 +1,319 @@
+"""Core statements on PostgreSQL's fast connection (roundtable/store/pg_core.py)
+against SQLAlchemy's own execution on the same engine: the same values
+stored and read, the same errors, listeners told, and a connection that is
+never lent again in a state SQLAlchemy would not lend it in: inside a
+transaction, mid-statement after a cancellation, or lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import (
+    Column,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    event,
+    exc,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from roundtable.store import open_store, pg_core
+from roundtable.store.database import Database
+from roundtable.store.engine import create_engine_for
+from roundtable.store.errors import InvalidInputError
+from roundtable.store.pg_core import PostgresCoreConnection
+from roundtable.store.schema import Base
+from tests.test_sqlite_core import _KINDS, _META, _row
+
+
+@pytest.fixture
+async def engine(postgres_url: str) -> AsyncIterator[AsyncEngine]:
+    made = create_engine_for(postgres_url)
+    async with made.begin() as conn:
+        await conn.run_sync(_META.create_all)
+    yield made
+    await made.dispose()
+
+
+def fast(engine: AsyncEngine) -> Any:
+    """A writing transaction on the fast connection, as the store opens one."""
+    return Database(engine).core_transaction()
+
+
+async def _both(engine: AsyncEngine, statement: Any, params: Any = None) -> tuple[list, list]:
+    def typed(result: Any) -> list:
+        keys = list(result.keys())
+        return [[(k, v, type(v)) for k, v in zip(keys, row, strict=True)] for row in result]
+
+    async with engine.connect() as conn:
+        theirs = typed(await conn.execute(statement, params))
+    async with pg_core.reading(engine) as conn:
+        assert isinstance(conn, PostgresCoreConnection)
+        ours = typed(await conn.execute(statement, params))
+    return theirs, ours
+
+
+async def _lent_in_a_transaction(engine: AsyncEngine) -> list[bool]:
+    """Whether each connection the pool lends now is inside a transaction
+    (asyncpg's own view of the protocol), checked out all at once."""
+    async with contextlib.AsyncExitStack() as stack:
+        seen = []
+        for _ in range(engine.pool.size()):
+            conn = await stack.enter_async_context(engine.connect())
+            raw = (await conn.get_raw_connection()).driver_connection
+            seen.append(raw.is_in_transaction())
+        return seen
+
+
+async def test_the_store_s_transactions_and_reads_use_the_fast_connection(postgres_url) -> None:
+    async with open_store(postgres_url) as store:
+        async with store.db.core_transaction() as (conn, _):
+            assert isinstance(conn, PostgresCoreConnection)
+        async with store.db.core_reader() as conn:
+            assert isinstance(conn, PostgresCoreConnection)
+
+
+async def test_values_are_stored_and_read_as_sqlalchemy_stores_and_reads_them(engine) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(insert(_KINDS), _row("theirs"))
+    async with fast(engine) as (conn, _):
+        await conn.execute(insert(_KINDS), _row("ours"))
+        await conn.execute(
+            insert(_KINDS),
+            _row("nulls", name=None, body=None, small=None, big=None, flag=None, at=None, doc=None),
+        )
+    for key in ("theirs", "ours", "nulls"):
+        theirs, ours = await _both(engine, select(_KINDS).where(_KINDS.c.id == key))
+        assert theirs == ours and len(ours) == 1, key
+    raw = select(func.cast(_KINDS.c.at, Text), func.cast(_KINDS.c.doc, Text)).order_by(_KINDS.c.id)
+    theirs, ours = await _both(engine, raw)
+    assert theirs == ours
+
+
+async def test_the_store_tables_read_alike_after_a_run_s_opening(postgres_url) -> None:
+    async with open_store(postgres_url) as store:
+        await store.runs.ensure(run_id="run-1", user_id="user-1", task_text="a task ✓")
+        await store.runs.pin_snapshot("run-1", "d" * 64, status="running", body='{"tools": []}')
+        await store.runs.set_status("run-1", "waiting_input")
+        seen = 0
+        for table in Base.metadata.sorted_tables:
+            theirs, ours = await _both(store.engine, select(table))
+            assert theirs == ours, table.name
+            seen += len(ours)
+        assert seen >= 6  # a session, a run, its events, the snapshot
+
+
+async def test_statements_of_every_shape_the_store_sends(engine) -> None:
+    async with fast(engine) as (conn, _):
+        many = await conn.execute(
+            insert(_KINDS), [_row(str(n)) | {"name": f"n{n}"} for n in range(5)]
+        )
+        # As SQLAlchemy's: asyncpg's executemany tells no count.
+        assert many.rowcount == -1
+        await conn.execute(insert(_KINDS).values(**_row("built")))
+        returned = await conn.execute(
+            update(_KINDS)
+            .where(_KINDS.c.id == bindparam("row_id"))
+            .values(small=bindparam("small"))
+            .returning(_KINDS.c.id, _KINDS.c.small),
+            {"row_id": "built", "small": 41},
+        )
+        assert returned.rowcount == 1 and returned.one()._mapping["small"] == 41
+        counted = await conn.execute(update(_KINDS).values(flag=False))
+        assert counted.rowcount == 6
+        with pytest.raises(exc.ResourceClosedError):
+            counted.all()
+        expanding = select(_KINDS.c.id).where(_KINDS.c.id.in_(bindparam("ids", expanding=True)))
+        found = await conn.execute(expanding.order_by(_KINDS.c.id), {"ids": ["1", "3", "nope"]})
+        assert found.scalars().all() == ["1", "3"]
+        named = await conn.execute(text("SELECT id AS which, 2 AS two FROM kinds WHERE id = '1'"))
+        assert named.keys() == ["which", "two"] and named.one() == ("1", 2)
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(func.count()).select_from(_KINDS))).scalar_one() == 6
+
+
+async def test_errors_are_sqlalchemys_own_with_their_values_hidden(engine) -> None:
+    secret = "s3cr3t-value"
+    async with engine.begin() as conn:
+        await conn.execute(insert(_KINDS), _row("taken", body=secret))
+    theirs: Exception | None = None
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(insert(_KINDS), _row("taken", body=secret))
+    except exc.IntegrityError as error:
+        theirs = error
+    with pytest.raises(exc.IntegrityError) as ours:
+        async with fast(engine) as (conn, _):
+            await conn.execute(insert(_KINDS), _row("fresh", body=secret))
+            await conn.execute(insert(_KINDS), _row("taken", body=secret))
+    assert theirs is not None and type(ours.value.orig) is type(theirs.orig)
+    assert str(ours.value.orig) == str(theirs.orig)
+    assert secret not in str(ours.value) and "hidden" in str(ours.value)
+    assert not ours.value.connection_invalidated
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["taken"]
+    missing = select(Column("missing", Integer)).select_from(_KINDS)
+    with pytest.raises(exc.ProgrammingError):
+        async with engine.connect() as conn:
+            await conn.execute(missing)
+    with pytest.raises(exc.ProgrammingError):
+        async with fast(engine) as (conn, _):
+            await conn.execute(missing)
+    assert await _lent_in_a_transaction(engine) == [False] * engine.pool.size()
+
+
+async def test_unstorable_text_is_refused_before_it_is_sent(engine) -> None:
+    sent: list[str] = []
+    event.listen(engine.sync_engine, "after_cursor_execute", lambda *a: sent.append(a[2]))
+    with pytest.raises(InvalidInputError):
+        async with fast(engine) as (conn, _):
+            await conn.execute(insert(_KINDS), _row("nul", body="a\x00b"))
+    assert not any("INSERT" in sql for sql in sent)
+
+
+async def test_listeners_are_told_every_statement_the_begin_and_the_end(engine) -> None:
+    told: list[tuple[str, Any]] = []
+    sync = engine.sync_engine
+    event.listen(sync, "begin", lambda *_: told.append(("begin", "")))
+    event.listen(sync, "before_cursor_execute", lambda *a: told.append(("before", a[2])))
+    event.listen(sync, "after_cursor_execute", lambda *a: told.append(("after", a[1].rowcount)))
+    event.listen(sync, "commit", lambda *_: told.append(("commit", "")))
+    event.listen(sync, "rollback", lambda *_: told.append(("rollback", "")))
+    async with fast(engine) as (conn, _):
+        await conn.execute(insert(_KINDS), _row("a"))
+    assert [kind for kind, _ in told] == ["begin", "before", "after", "commit"]
+    assert told[1][1].startswith("INSERT") and told[2][1] == 1
+    told.clear()
+    with pytest.raises(RuntimeError):
+        async with fast(engine) as (conn, _):
+            await conn.execute(insert(_KINDS), _row("b"))
+            raise RuntimeError("the caller's own failure")
+    assert [kind for kind, _ in told] == ["begin", "before", "after", "rollback"]
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["a"]
+
+
+async def test_a_transaction_pins_read_committed_whatever_the_engine_says(postgres_url) -> None:
+    made = create_engine_for(postgres_url).execution_options(isolation_level="SERIALIZABLE")
+    try:
+        async with fast(made) as (conn, _):
+            level = await conn.execute(text("SELECT current_setting('transaction_isolation')"))
+            assert level.scalar_one() == "read committed"
+        async with pg_core.reading(made) as conn:
+            level = await conn.execute(text("SELECT current_setting('transaction_isolation')"))
+            assert level.scalar_one() == "serializable"
+    finally:
+        await made.dispose()
+
+
+async def test_a_statement_cancelled_mid_flight_costs_the_connection_and_keeps_nothing(
+    engine,
+) -> None:
+    """SQLAlchemy does not lend again a connection whose statement was cut
+    short (its state is unknown); nor does the fast connection."""
+    started = asyncio.Event()
+    pids: list[int] = []
+
+    async def slow() -> None:
+        async with fast(engine) as (conn, _):
+            await conn.execute(insert(_KINDS), _row("cancelled"))
+            pids.append((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+            started.set()
+            await conn.execute(text("SELECT pg_sleep(30)"))
+
+    task = asyncio.create_task(slow())
+    await started.wait()
+    await asyncio.sleep(0.2)  # inside pg_sleep
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.pool.checkedout() == 0
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).all() == []
+        assert (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one() != pids[0]
+    assert await _lent_in_a_transaction(engine) == [False] * engine.pool.size()
+    async with fast(engine) as (conn, _):
+        await conn.execute(insert(_KINDS), _row("next"))
+
+
+async def test_a_transaction_cancelled_between_statements_keeps_nothing(engine) -> None:
+    inside = asyncio.Event()
+
+    async def waiting() -> None:
+        async with fast(engine) as (conn, _):
+            await conn.execute(insert(_KINDS), _row("cancelled"))
+            inside.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(waiting())
+    await inside.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).all() == []
+    assert await _lent_in_a_transaction(engine) == [False] * engine.pool.size()
+
+
+async def test_a_lost_connection_is_invalidated_and_the_next_transaction_runs(
+    engine, postgres_url
+) -> None:
+    async with fast(engine) as (conn, _):
+        pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+    killer = await asyncpg.connect(postgres_url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        with pytest.raises(exc.DBAPIError) as lost:
+            async with fast(engine) as (conn, _):
+                # The pool lends the connection it has (the pre-ping passes),
+                # and the backend dies under the transaction.
+                assert (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one() == pid
+                await killer.execute(f"SELECT pg_terminate_backend({pid})")
+                await conn.execute(insert(_KINDS), _row("lost"))
+        assert lost.value.connection_invalidated
+    finally:
+        await killer.close()
+    async with fast(engine) as (conn, _):
+        await conn.execute(insert(_KINDS), _row("next"))
+        assert (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one() != pid
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["next"]
+
+
+async def test_a_statement_prepared_before_a_schema_change_recovers_as_sqlalchemy_does(
+    engine,
+) -> None:
+    table = Table(
+        "shifting", MetaData(), Column("id", Integer, primary_key=True), Column("v", Text)
+    )
+    async with engine.begin() as conn:
+        await conn.run_sync(table.metadata.create_all)
+        await conn.execute(insert(table), {"id": 1, "v": "x"})
+    read = select(table.c.v)
+    async with pg_core.reading(engine) as conn:
+        assert (await conn.execute(read)).scalar_one() == "x"
+    async with engine.begin() as conn:
+        await conn.execute(text("ALTER TABLE shifting ALTER COLUMN v TYPE VARCHAR(10)"))
+    # The cached statement's plan is stale: at most one failure, as
+    # SQLAlchemy's own path has, then it is prepared afresh.
+    for _attempt in range(2):
+        try:
+            async with pg_core.reading(engine) as conn:
+                assert (await conn.execute(read)).scalar_one() == "x"
+            break
+        except exc.DBAPIError:
+            continue
+    else:
+        pytest.fail("the stale prepared statement was never replaced")
