@@ -141,7 +141,7 @@ async def database_now(session: AsyncSession | CoreConnection) -> datetime:
     return datetime.now(UTC)
 
 
-async def database_now_under_write_lock(session: AsyncSession) -> datetime:
+async def database_now_under_write_lock(session: AsyncSession | CoreConnection) -> datetime:
     """:func:`database_now` for a deadline judged by the statement that
     follows, in a transaction that has sent nothing yet. On SQLite the write
     lock is taken by BEGIN IMMEDIATE, which goes with the first statement
@@ -149,8 +149,13 @@ async def database_now_under_write_lock(session: AsyncSession) -> datetime:
     after any wait for another process's lock, not before it (stale by the
     wait, it judged a lease that lapsed meanwhile still live)."""
     if not is_postgresql(session):
-        await session.execute(select(literal(1)))
+        await session.execute(_TAKE_THE_WRITE_LOCK)
     return await database_now(session)
+
+
+# Built once: a hot path's fast connection keeps its compiled form by the
+# statement object (core_statements.py).
+_TAKE_THE_WRITE_LOCK = select(literal(1))
 
 
 def database_clock(session: AsyncSession) -> Any | None:

@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     DateTime,
+    Interval,
     and_,
     bindparam,
     false,
@@ -59,7 +60,6 @@ from roundtable.store.core_statements import CoreConnection
 from roundtable.store.core_writes import write_later
 from roundtable.store.database import Database, reload
 from roundtable.store.engine import (
-    database_clock,
     database_now,
     database_now_under_write_lock,
     is_postgresql,
@@ -260,30 +260,22 @@ class Leases:
         self, action_id: str, fencing_token: int, lease_seconds: float, statuses: tuple
     ) -> str | None:
         length = _lease_length(lease_seconds)
-        async with self.db.transaction() as session:
+        params: dict[str, Any] = {_P.action_id.key: action_id, _P.token.key: fencing_token}
+        async with self.db.core_transaction() as (connection, _):
             # One statement: the lease is extended only while it is live,
             # held under this token, and its action in one of ``statuses``;
             # the action's status comes back with it. The clock is read by
             # the statement itself on PostgreSQL, after any wait for the
             # lease row: a lease that lapsed meanwhile is not held.
-            now = database_clock(session)
-            if now is None:  # SQLite: this process's clock, under the lock
-                now = await database_now_under_write_lock(session)
-            status = select(ActionRow.status).where(ActionRow.id == action_id).scalar_subquery()
-            held = (
-                await session.execute(
-                    update(ActionLeaseRow)
-                    .where(
-                        ActionLeaseRow.action_id == action_id,
-                        ActionLeaseRow.fencing_token == fencing_token,
-                        ActionLeaseRow.lease_expires_at > now,
-                        status.in_(statuses),
-                    )
-                    .values(lease_expires_at=now + length)
-                    .returning(status)
-                    .execution_options(synchronize_session=False)
-                )
-            ).scalar_one_or_none()
+            on_postgresql = is_postgresql(connection)
+            if on_postgresql:
+                params["lease_length"] = length
+            else:  # SQLite: this process's clock, under the lock
+                now = await database_now_under_write_lock(connection)
+                params.update(lease_now=now, lease_until=now + length)
+            names = tuple(ActionStatus(status).value for status in statuses)
+            statement = _extend_statement(on_postgresql, names)
+            held = (await connection.execute(statement, params)).scalar_one_or_none()
             # Test-only (chaos harness; inert unless ROUNDTABLE_CHAOS=1): the
             # database fails before this renewal commits.
             chaos_hook.maybe_fail("renew")
@@ -656,6 +648,34 @@ _EVENT_VALUES = {
     "created_at": _P.now,
 }
 _HEAD_VALUES = {"last_event_seq": _P.seq, "last_event_hash": _P.hash, "updated_at": _P.now}
+
+
+@cache
+def _extend_statement(on_postgresql: bool, statuses: tuple[str, ...]) -> Any:
+    """A lease's hold or renewal: ``UPDATE action_leases SET lease_expires_at
+    = <clock> + :lease_length WHERE action_id = :claim_action_id AND
+    fencing_token = :claim_token AND lease_expires_at > <clock> AND <the
+    action's status> IN statuses RETURNING <the action's status>``. The clock
+    is PostgreSQL's ``clock_timestamp()``, read where the statement uses it;
+    on SQLite, the caller's, passed as ``lease_now`` and ``lease_until``."""
+    status = select(_ACTIONS.c.status).where(_ACTIONS.c.id == _P.action_id).scalar_subquery()
+    if on_postgresql:
+        now: Any = func.clock_timestamp()
+        until: Any = now + bindparam("lease_length", type_=Interval())
+    else:
+        now = bindparam("lease_now", type_=_LEASES.c.lease_expires_at.type)
+        until = bindparam("lease_until", type_=_LEASES.c.lease_expires_at.type)
+    return (
+        update(_LEASES)
+        .where(
+            _LEASES.c.action_id == _P.action_id,
+            _LEASES.c.fencing_token == _P.token,
+            _LEASES.c.lease_expires_at > now,
+            status.in_(statuses),
+        )
+        .values(lease_expires_at=until)
+        .returning(status)
+    )
 
 
 def _overlapping(scope_column: Any, wide_column: Any) -> Any:
