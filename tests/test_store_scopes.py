@@ -158,3 +158,32 @@ async def test_a_key_whose_own_counter_ran_ahead_of_its_scope_keeps_outranking(s
     async with store.session_factory() as session:
         scope = await session.get(TargetScopeRow, first["target_scope"])
         assert scope.claims == 9
+
+
+async def test_the_runs_woken_when_a_target_frees_are_its_waiters_and_overlaps(store) -> None:
+    """Whom a freed target wakes (``runs_waiting_on_target``): runs with an
+    approved write on the same key, or in its scope where one of the two is
+    namespace-wide, the longest waiting first, at most ``limit``; never the
+    write itself, another namespace's, or a write not approved."""
+    holder_run, same_run, wide_run, other_run, late_run = [await new_run(store) for _ in range(5)]
+    specific = await new_action(store, holder_run, key="holder", **target_fields("task-1"))
+    same = await new_action(store, same_run, key="same", **target_fields("task-1"))
+    wide = await new_action(store, wide_run, key="wide", **target_fields(WIDE))
+    # Neither woken by a specific key: a sibling key, and another namespace.
+    await new_action(store, other_run, key="sib", **target_fields("task-2"))
+    await new_action(store, other_run, key="ns", **target_fields("task-1", namespace="other"))
+    # Not approved: nothing to wake.
+    await new_action(store, late_run, key="w", status="waiting_approval", **target_fields("task-1"))
+
+    assert await store.runs_waiting_on_target(specific) == [same_run["id"], wide_run["id"]]
+    assert await store.runs_waiting_on_target(specific, limit=1) == [same_run["id"]]
+    # A wide write's target frees every approved write in its namespace.
+    assert await store.runs_waiting_on_target(wide) == [
+        holder_run["id"],
+        same_run["id"],
+        other_run["id"],
+    ]
+    # A target with no scope: its key only.
+    bare = await new_action(store, holder_run, key="bare", target_key=same["target_key"])
+    assert bare["target_scope"] is None
+    assert await store.runs_waiting_on_target(bare) == [holder_run["id"], same_run["id"]]

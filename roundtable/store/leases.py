@@ -168,24 +168,15 @@ class Leases:
         woken write that still finds the target taken waits again. ``action``
         is the caller's copy of the row (its target does not change): one
         query, on the write path."""
-        target = SimpleNamespace(**action)
-        same_or_overlapping = or_(
-            ActionRow.target_key == target.target_key,
-            _overlaps(target, ActionRow.target_scope, ActionRow.target_namespace_wide),
+        scoped = action["target_scope"] is not None
+        statement = _waiting_statement(
+            scoped, scoped and bool(action["target_namespace_wide"]), limit
         )
+        params = {_P.target_key.key: action["target_key"], _P.action_id.key: action["id"]}
+        if scoped:
+            params[_P.scope.key] = action["target_scope"]
         async with self.db.core_reader(alone=True) as connection:
-            runs = await connection.execute(
-                select(ActionRow.run_id)
-                .where(
-                    same_or_overlapping,
-                    ActionRow.status == ActionStatus.APPROVED,
-                    ActionRow.id != target.id,
-                )
-                .group_by(ActionRow.run_id)
-                .order_by(func.min(ActionRow.created_at))
-                .limit(limit)
-            )
-            return list(runs.scalars())
+            return list((await connection.execute(statement, params)).scalars())
 
     async def _claim_own_executing(
         self, session: AsyncSession, run: RunRow, action: ActionRow, now: datetime
@@ -648,6 +639,33 @@ _EVENT_VALUES = {
     "created_at": _P.now,
 }
 _HEAD_VALUES = {"last_event_seq": _P.seq, "last_event_hash": _P.hash, "updated_at": _P.now}
+
+
+@cache
+def _waiting_statement(scoped: bool, wide: bool, limit: int) -> Any:
+    """The ``limit`` runs longest waiting with an approved write on a target
+    (``claim_target_key``) or, within its scope (``claim_scope``), one that
+    may overlap it (one of the two namespace-wide), the action itself
+    (``claim_action_id``) left out; as :func:`_overlaps` has it, built once
+    per shape."""
+    me = _ACTIONS.c
+    same_or_overlapping = me.target_key == _P.target_key
+    if scoped:
+        overlap = me.target_scope == _P.scope
+        if not wide:
+            overlap = and_(overlap, me.target_namespace_wide.is_(True))
+        same_or_overlapping = or_(same_or_overlapping, overlap)
+    return (
+        select(me.run_id)
+        .where(
+            same_or_overlapping,
+            me.status == ActionStatus.APPROVED.value,
+            me.id != _P.action_id,
+        )
+        .group_by(me.run_id)
+        .order_by(func.min(me.created_at))
+        .limit(limit)
+    )
 
 
 @cache
