@@ -2,7 +2,9 @@
 against SQLAlchemy's own execution on the same engine: the same values
 stored and read, the same errors, listeners told, and a connection that is
 never lent again in a state SQLAlchemy would not lend it in: inside a
-transaction, mid-statement after a cancellation, or lost."""
+transaction, mid-statement after a cancellation, or lost. What both
+databases' fast connections share is held on both in
+tests/test_core_statements.py."""
 
 from __future__ import annotations
 
@@ -33,10 +35,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from roundtable.store import open_store, pg_core
 from roundtable.store.database import Database
 from roundtable.store.engine import create_engine_for
-from roundtable.store.errors import InvalidInputError
 from roundtable.store.pg_core import PostgresCoreConnection
-from roundtable.store.schema import Base
-from tests.test_sqlite_core import _KINDS, _META, _row
+from tests.test_core_statements import KINDS as _KINDS
+from tests.test_core_statements import META as _META
+from tests.test_core_statements import cancelled_inside, store_transaction
+from tests.test_core_statements import kind_row as _row
 
 
 @pytest.fixture
@@ -51,19 +54,6 @@ async def engine(postgres_url: str) -> AsyncIterator[AsyncEngine]:
 def fast(engine: AsyncEngine) -> Any:
     """A writing transaction on the fast connection, as the store opens one."""
     return Database(engine).core_transaction()
-
-
-async def _both(engine: AsyncEngine, statement: Any, params: Any = None) -> tuple[list, list]:
-    def typed(result: Any) -> list:
-        keys = list(result.keys())
-        return [[(k, v, type(v)) for k, v in zip(keys, row, strict=True)] for row in result]
-
-    async with engine.connect() as conn:
-        theirs = typed(await conn.execute(statement, params))
-    async with pg_core.reading(engine) as conn:
-        assert isinstance(conn, PostgresCoreConnection)
-        ours = typed(await conn.execute(statement, params))
-    return theirs, ours
 
 
 async def _lent_in_a_transaction(engine: AsyncEngine) -> list[bool]:
@@ -84,36 +74,6 @@ async def test_the_store_s_transactions_and_reads_use_the_fast_connection(postgr
             assert isinstance(conn, PostgresCoreConnection)
         async with store.db.core_reader() as conn:
             assert isinstance(conn, PostgresCoreConnection)
-
-
-async def test_values_are_stored_and_read_as_sqlalchemy_stores_and_reads_them(engine) -> None:
-    async with engine.begin() as conn:
-        await conn.execute(insert(_KINDS), _row("theirs"))
-    async with fast(engine) as (conn, _):
-        await conn.execute(insert(_KINDS), _row("ours"))
-        await conn.execute(
-            insert(_KINDS),
-            _row("nulls", name=None, body=None, small=None, big=None, flag=None, at=None, doc=None),
-        )
-    for key in ("theirs", "ours", "nulls"):
-        theirs, ours = await _both(engine, select(_KINDS).where(_KINDS.c.id == key))
-        assert theirs == ours and len(ours) == 1, key
-    raw = select(func.cast(_KINDS.c.at, Text), func.cast(_KINDS.c.doc, Text)).order_by(_KINDS.c.id)
-    theirs, ours = await _both(engine, raw)
-    assert theirs == ours
-
-
-async def test_the_store_tables_read_alike_after_a_run_s_opening(postgres_url) -> None:
-    async with open_store(postgres_url) as store:
-        await store.runs.ensure(run_id="run-1", user_id="user-1", task_text="a task ✓")
-        await store.runs.pin_snapshot("run-1", "d" * 64, status="running", body='{"tools": []}')
-        await store.runs.set_status("run-1", "waiting_input")
-        seen = 0
-        for table in Base.metadata.sorted_tables:
-            theirs, ours = await _both(store.engine, select(table))
-            assert theirs == ours, table.name
-            seen += len(ours)
-        assert seen >= 6  # a session, a run, its events, the snapshot
 
 
 async def test_statements_of_every_shape_the_store_sends(engine) -> None:
@@ -145,45 +105,6 @@ async def test_statements_of_every_shape_the_store_sends(engine) -> None:
         assert (await conn.execute(select(func.count()).select_from(_KINDS))).scalar_one() == 6
 
 
-async def test_errors_are_sqlalchemys_own_with_their_values_hidden(engine) -> None:
-    secret = "s3cr3t-value"
-    async with engine.begin() as conn:
-        await conn.execute(insert(_KINDS), _row("taken", body=secret))
-    theirs: Exception | None = None
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(insert(_KINDS), _row("taken", body=secret))
-    except exc.IntegrityError as error:
-        theirs = error
-    with pytest.raises(exc.IntegrityError) as ours:
-        async with fast(engine) as (conn, _):
-            await conn.execute(insert(_KINDS), _row("fresh", body=secret))
-            await conn.execute(insert(_KINDS), _row("taken", body=secret))
-    assert theirs is not None and type(ours.value.orig) is type(theirs.orig)
-    assert str(ours.value.orig) == str(theirs.orig)
-    assert secret not in str(ours.value) and "hidden" in str(ours.value)
-    assert not ours.value.connection_invalidated
-    async with engine.connect() as conn:
-        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["taken"]
-    missing = select(Column("missing", Integer)).select_from(_KINDS)
-    with pytest.raises(exc.ProgrammingError):
-        async with engine.connect() as conn:
-            await conn.execute(missing)
-    with pytest.raises(exc.ProgrammingError):
-        async with fast(engine) as (conn, _):
-            await conn.execute(missing)
-    assert await _lent_in_a_transaction(engine) == [False] * engine.pool.size()
-
-
-async def test_unstorable_text_is_refused_before_it_is_sent(engine) -> None:
-    sent: list[str] = []
-    event.listen(engine.sync_engine, "after_cursor_execute", lambda *a: sent.append(a[2]))
-    with pytest.raises(InvalidInputError):
-        async with fast(engine) as (conn, _):
-            await conn.execute(insert(_KINDS), _row("nul", body="a\x00b"))
-    assert not any("INSERT" in sql for sql in sent)
-
-
 async def test_listeners_are_told_every_statement_the_begin_and_the_end(engine) -> None:
     told: list[tuple[str, Any]] = []
     sync = engine.sync_engine
@@ -204,6 +125,20 @@ async def test_listeners_are_told_every_statement_the_begin_and_the_end(engine) 
     assert [kind for kind, _ in told] == ["begin", "before", "after", "rollback"]
     async with engine.connect() as conn:
         assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["a"]
+
+
+async def test_a_failed_statement_leaves_no_connection_in_a_transaction(engine) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(insert(_KINDS), _row("taken"))
+    for _ in range(engine.pool.size() + 1):
+        with pytest.raises(exc.IntegrityError) as failed:
+            async with fast(engine) as (conn, _):
+                await conn.execute(insert(_KINDS), _row("fresh"))
+                await conn.execute(insert(_KINDS), _row("taken"))
+        assert not failed.value.connection_invalidated
+    assert await _lent_in_a_transaction(engine) == [False] * engine.pool.size()
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["taken"]
 
 
 async def test_a_transaction_pins_read_committed_whatever_the_engine_says(postgres_url) -> None:
@@ -250,19 +185,10 @@ async def test_a_statement_cancelled_mid_flight_costs_the_connection_and_keeps_n
 
 
 async def test_a_transaction_cancelled_between_statements_keeps_nothing(engine) -> None:
-    inside = asyncio.Event()
+    async def write(conn: Any) -> None:
+        await conn.execute(insert(_KINDS), _row("cancelled"))
 
-    async def waiting() -> None:
-        async with fast(engine) as (conn, _):
-            await conn.execute(insert(_KINDS), _row("cancelled"))
-            inside.set()
-            await asyncio.sleep(60)
-
-    task = asyncio.create_task(waiting())
-    await inside.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancelled_inside(lambda: store_transaction(engine), write)
     async with engine.connect() as conn:
         assert (await conn.execute(select(_KINDS.c.id))).all() == []
     assert await _lent_in_a_transaction(engine) == [False] * engine.pool.size()

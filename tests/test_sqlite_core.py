@@ -1,75 +1,37 @@
 """Core statements on SQLite's fast path (roundtable/store/sqlite_core.py)
 against SQLAlchemy's own execution on the same engine: the same SQL, values
 stored and read, errors, listeners told, and transactions that commit or roll
-back whole, cancelled or not."""
+back whole, cancelled or not. What both databases' fast connections share
+is held on both in tests/test_core_statements.py."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    Column,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
     bindparam,
     event,
     exc,
     func,
     insert,
     select,
-    text,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnClause
 
-from roundtable.store import core_statements, open_store, sqlite_core
+from roundtable.store import core_statements, sqlite_core
 from roundtable.store.engine import create_engine_for
 from roundtable.store.errors import InvalidInputError
-from roundtable.store.schema import Base, JSONValue, UTCDateTime
-
-_META = MetaData()
-# Every column type the store's tables use, nullable, and one Python default
-# (which the fast path must refuse to imitate).
-_KINDS = Table(
-    "kinds",
-    _META,
-    Column("id", String(36), primary_key=True),
-    Column("name", String(255), unique=True),
-    Column("body", Text),
-    Column("small", Integer),
-    Column("big", BigInteger),
-    Column("flag", Boolean),
-    Column("at", UTCDateTime()),
-    Column("doc", JSONValue),
-    Column("counted", Integer, default=0),
-)
-_NOW = datetime(2026, 12, 4, 19, 30, 1, 123456, tzinfo=UTC)
-
-
-def _row(key: str, **changes: Any) -> dict[str, Any]:
-    row = {
-        "id": key,
-        "name": f"name-{key}",
-        "body": "ünïcode ✓ and 'quotes'",
-        "small": -7,
-        "big": 2**40,
-        "flag": True,
-        "at": _NOW,
-        "doc": {"list": [1, 2.5, None, "x"], "nested": {"t": True}},
-        "counted": 3,
-    }
-    return {**row, **changes}
+from tests.test_core_statements import KINDS as _KINDS
+from tests.test_core_statements import META as _META
+from tests.test_core_statements import NOW as _NOW
+from tests.test_core_statements import both_read, cancelled_inside
+from tests.test_core_statements import kind_row as _row
 
 
 @pytest.fixture
@@ -86,42 +48,7 @@ def fast(engine: AsyncEngine) -> Any:
 
 
 async def _both(engine: AsyncEngine, statement: Any, params: Any = None) -> tuple[list, list]:
-    """The rows a read gives through SQLAlchemy and through the fast path,
-    each value with its key and type."""
-
-    def typed(result: Any) -> list:
-        keys = result.keys()
-        return [[(k, v, type(v)) for k, v in zip(keys, row, strict=True)] for row in result]
-
-    async with engine.connect() as conn:
-        theirs = typed(await conn.execute(statement, params))
-    async with fast(engine) as conn:
-        ours = typed(await conn.execute(statement, params))
-    return theirs, ours
-
-
-async def test_values_are_stored_and_read_as_sqlalchemy_stores_and_reads_them(engine) -> None:
-    # Written by each path, read by both: the same values, of the same types.
-    async with engine.begin() as conn:
-        await conn.execute(insert(_KINDS), _row("theirs"))
-    async with fast(engine) as conn:
-        await conn.execute(insert(_KINDS), _row("ours"))
-        await conn.execute(
-            insert(_KINDS),
-            _row("nulls", name=None, body=None, small=None, big=None, flag=None, at=None, doc=None),
-        )
-    for key in ("theirs", "ours", "nulls"):
-        theirs, ours = await _both(engine, select(_KINDS).where(_KINDS.c.id == key))
-        assert theirs == ours and len(ours) == 1, key
-    # Aware UTC datetimes out, from any zone in; JSON as JSON; bools as bools.
-    async with fast(engine) as conn:
-        row = (await conn.execute(select(_KINDS).where(_KINDS.c.id == "ours"))).one()
-    assert row.at == _NOW and row.at.tzinfo is UTC
-    assert row.flag is True and row.doc["nested"] == {"t": True}
-    # The raw text on disk is the same as SQLAlchemy's.
-    raw = select(func.cast(_KINDS.c.at, Text), func.cast(_KINDS.c.doc, Text)).order_by(_KINDS.c.id)
-    theirs, ours = await _both(engine, raw)
-    assert theirs == ours
+    return await both_read(engine, lambda: sqlite_core.reading(engine), statement, params)
 
 
 async def test_statements_of_every_shape_the_store_sends(engine) -> None:
@@ -157,55 +84,6 @@ async def test_statements_of_every_shape_the_store_sends(engine) -> None:
     ):
         theirs, ours = await _both(engine, statement.order_by(None), params)
         assert sorted(theirs) == sorted(ours) and ours, statement
-
-
-async def test_the_store_tables_read_alike_after_a_run_s_opening(tmp_path) -> None:
-    async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'store.db'}") as store:
-        await store.runs.ensure(run_id="run-1", user_id="user-1", task_text="a task ✓")
-        await store.runs.pin_snapshot("run-1", "d" * 64, status="running", body='{"tools": []}')
-        await store.runs.set_status("run-1", "waiting_input")
-        seen = 0
-        for table in Base.metadata.sorted_tables:
-            theirs, ours = await _both(store.engine, select(table))
-            assert theirs == ours, table.name
-            seen += len(ours)
-        assert seen >= 6  # a session, a run, its events, the snapshot
-
-
-async def test_errors_are_sqlalchemys_own_with_their_values_hidden(engine) -> None:
-    secret = "s3cr3t-value"
-    async with engine.begin() as conn:
-        await conn.execute(insert(_KINDS), _row("taken", body=secret))
-    theirs: Exception | None = None
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(insert(_KINDS), _row("taken", body=secret))
-    except exc.IntegrityError as error:
-        theirs = error
-    with pytest.raises(exc.IntegrityError) as ours:
-        async with fast(engine) as conn:
-            await conn.execute(insert(_KINDS), _row("fresh", body=secret))
-            await conn.execute(insert(_KINDS), _row("taken", body=secret))
-    assert theirs is not None and type(ours.value.orig) is type(theirs.orig)
-    assert str(ours.value.orig) == str(theirs.orig)
-    assert secret not in str(ours.value) and "hidden" in str(ours.value)
-    # Rolled back whole: the first insert went with it.
-    async with fast(engine) as conn:
-        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["taken"]
-    with pytest.raises(exc.OperationalError):
-        async with fast(engine) as conn:
-            await conn.execute(select(Column("missing", Integer)).select_from(_KINDS))
-
-
-async def test_unstorable_text_is_refused_before_it_is_sent(engine) -> None:
-    sent: list[str] = []
-    event.listen(engine.sync_engine, "after_cursor_execute", lambda *a: sent.append(a[2]))
-    with pytest.raises(InvalidInputError):
-        async with fast(engine) as conn:
-            await conn.execute(insert(_KINDS), _row("nul", body="a\x00b"))
-    assert not any("INSERT" in sql for sql in sent)
-    async with fast(engine) as conn:
-        assert (await conn.execute(select(_KINDS.c.id))).all() == []
 
 
 async def test_listeners_are_told_every_statement_the_begin_and_the_end(engine) -> None:
@@ -253,28 +131,11 @@ async def test_what_it_would_not_do_as_sqlalchemy_does_it_refuses(engine) -> Non
         assert (await conn.execute(select(_KINDS.c.id))).all() == []
 
 
-async def _cancelled_inside(engine: AsyncEngine, write: Any) -> None:
-    """A transaction cancelled while it waits, after ``write(conn)``."""
-    inside = asyncio.Event()
-
-    async def cancelled() -> None:
-        async with fast(engine) as conn:
-            await write(conn)
-            inside.set()
-            await asyncio.sleep(60)
-
-    task = asyncio.create_task(cancelled())
-    await inside.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-
 async def test_a_cancelled_transaction_leaves_nothing_and_the_next_one_runs(engine) -> None:
     async def write(conn: Any) -> None:
         await conn.execute(insert(_KINDS), _row("cancelled"))
 
-    await _cancelled_inside(engine, write)
+    await cancelled_inside(lambda: fast(engine), write)
     async with fast(engine) as conn:
         await conn.execute(insert(_KINDS), _row("next"))
     async with engine.connect() as conn:
@@ -292,28 +153,6 @@ async def test_a_reader_sees_one_instant_and_lets_a_writer_through(engine) -> No
         assert (await reader.execute(count)).scalar_one() == 0
     async with sqlite_core.reading(engine) as reader:
         assert (await reader.execute(count)).scalar_one() == 1
-
-
-async def test_rows_answer_as_sqlalchemy_rows_do(engine) -> None:
-    async with fast(engine) as conn:
-        await conn.execute(insert(_KINDS), [_row("a") | {"name": "a"}, _row("b")])
-        rows = await conn.execute(select(_KINDS.c.id, _KINDS.c.at).order_by(_KINDS.c.id))
-        first = rows.first()
-        assert first is not None
-        assert first._mapping == {"id": "a", "at": _NOW} == first._asdict()
-        assert (first.id, first[1]) == ("a", _NOW)
-        with pytest.raises(AttributeError):
-            _ = first.missing
-        with pytest.raises(exc.MultipleResultsFound):
-            rows.one_or_none()
-        with pytest.raises(exc.MultipleResultsFound):
-            rows.scalar_one()
-        empty = await conn.execute(select(_KINDS.c.id).where(_KINDS.c.id == "none"))
-        assert empty.scalar() is None and empty.scalar_one_or_none() is None
-        with pytest.raises(exc.NoResultFound):
-            empty.one()
-        assert rows.mappings().all() == [{"id": "a", "at": _NOW}, {"id": "b", "at": _NOW}]
-    assert timedelta(0) == _NOW - first.at
 
 
 async def _warm(engine: AsyncEngine) -> None:
@@ -381,7 +220,7 @@ async def test_writes_left_for_later_are_dropped_by_a_rollback_or_a_cancel(engin
     async def write(conn: Any) -> None:
         conn.later(insert(_KINDS), _row("cancelled"))
 
-    await _cancelled_inside(engine, write)
+    await cancelled_inside(lambda: fast(engine), write)
     async with engine.connect() as conn:
         assert (await conn.execute(select(_KINDS.c.id))).all() == []
 
@@ -406,39 +245,6 @@ async def test_a_lone_read_is_one_trip_outside_any_transaction(engine, trips) ->
 # of it reached by the store's own calls, each now as SQLAlchemy does it.
 
 
-async def test_a_textual_read_gives_its_rows_named_by_the_cursor(engine) -> None:
-    async with fast(engine) as conn:
-        await conn.execute(insert(_KINDS), _row("a"))
-    theirs, ours = await _both(engine, text("SELECT id, small, flag FROM kinds"))
-    assert ours == theirs == [[("id", "a", str), ("small", -7, int), ("flag", 1, int)]]
-
-
-async def test_a_statement_that_returns_no_rows_refuses_to_be_asked_for_them(engine) -> None:
-    async with fast(engine) as conn:
-        changed = await conn.execute(update(_KINDS).values(small=1))
-        assert changed.rowcount == 0 and not changed.returns_rows
-        for ask in ("all", "first", "one_or_none", "scalar_one_or_none", "scalars"):
-            with pytest.raises(exc.ResourceClosedError):
-                getattr(changed, ask)()
-
-
-async def test_scalars_and_mappings_answer_as_sqlalchemy_s(engine) -> None:
-    async with fast(engine) as conn:
-        await conn.execute(insert(_KINDS), [_row("a") | {"name": "a"}, _row("b")])
-        two = await conn.execute(select(_KINDS.c.id))
-        with pytest.raises(exc.MultipleResultsFound):
-            two.scalars().one()
-        with pytest.raises(exc.MultipleResultsFound):
-            two.scalars().one_or_none()
-        none = await conn.execute(select(_KINDS.c.id).where(_KINDS.c.id == "x"))
-        with pytest.raises(exc.NoResultFound):
-            none.scalars().one()
-        row = (await conn.execute(select(_KINDS.c.id).where(_KINDS.c.id == "a"))).one()
-        assert row._mapping[_KINDS.c.id] == row._mapping["id"] == "a"
-        with pytest.raises(KeyError):
-            row._mapping[_KINDS.c.small]
-
-
 async def test_listeners_may_change_what_is_sent_and_hear_the_row_count(engine) -> None:
     heard: list[tuple[str, int]] = []
 
@@ -454,18 +260,6 @@ async def test_listeners_may_change_what_is_sent_and_hear_the_row_count(engine) 
         await conn.execute(insert(_KINDS), _row("a"))
         conn.later(update(_KINDS).values(small=2))
     assert [(sql.endswith("-- tagged"), n) for sql, n in heard[-2:]] == [(True, 1), (True, 1)]
-
-
-async def test_a_value_its_type_refuses_is_sqlalchemy_s_statement_error(engine) -> None:
-    naive = _row("naive", at=datetime(2026, 12, 4, 12, 0))  # no zone
-    with pytest.raises(exc.StatementError) as ours:
-        async with fast(engine) as conn:
-            await conn.execute(insert(_KINDS), naive)
-    with pytest.raises(exc.StatementError) as theirs:
-        async with engine.begin() as conn:
-            await conn.execute(insert(_KINDS), naive)
-    assert type(ours.value.orig) is type(theirs.value.orig) is ValueError
-    assert "naive" in str(ours.value) and "hidden" in str(ours.value)
 
 
 async def test_a_reader_refuses_a_write_left_for_later(engine) -> None:
