@@ -310,3 +310,49 @@ async def test_scalars_and_mappings_answer_as_sqlalchemy_s(side) -> None:
         assert row._mapping[KINDS.c.id] == row._mapping["id"] == "a"
         with pytest.raises(KeyError):
             row._mapping[KINDS.c.small]
+
+
+async def test_a_row_found_by_column_object_answers_for_that_column_as_sqlalchemy_s(
+    side,
+) -> None:
+    """Two tables' columns of one name are two columns: each answers with its
+    own value; one not in the row, or in it twice, is refused; as
+    SQLAlchemy's rows answer (a review found the first of the two answered
+    for both)."""
+    async with side.engine.begin() as conn:
+        await conn.execute(insert(KINDS), [kind_row("a"), kind_row("z", name="zz", small=99)])
+    other = KINDS.alias("other")
+    statement = (
+        select(KINDS.c.small, other.c.small, KINDS.c.id, KINDS.c.id)
+        .select_from(KINDS.join(other, other.c.id != KINDS.c.id))
+        .where(KINDS.c.id == "a")
+    )
+
+    def answer(row: Any, key: Any) -> Any:
+        try:
+            return row._mapping[key]
+        except Exception as error:
+            return type(error)
+
+    keys = [KINDS.c.small, other.c.small, KINDS.c.id, other.c.id, KINDS.c.body, "small"]
+    async with side.engine.connect() as conn:
+        theirs = (await conn.execute(statement)).one()
+    async with side.reading() as conn:
+        ours = (await conn.execute(statement)).one()
+    assert [answer(ours, key) for key in keys] == [answer(theirs, key) for key in keys]
+    assert answer(ours, other.c.small) == 99 and answer(ours, KINDS.c.small) == -7
+
+
+async def test_a_connection_kept_past_its_block_refuses_statements(side) -> None:
+    """Its statements would run on a connection the pool has taken back:
+    outside any transaction, or inside another borrower's."""
+    async with side.fast() as kept:
+        await kept.execute(insert(KINDS), kind_row("a"))
+    with pytest.raises(exc.ResourceClosedError):
+        await kept.execute(update(KINDS).values(small=2))
+    async with side.reading() as reader:
+        pass
+    with pytest.raises(exc.ResourceClosedError):
+        await reader.execute(select(KINDS.c.id))
+    async with side.engine.connect() as conn:
+        assert (await conn.execute(select(KINDS.c.small))).scalars().all() == [-7]

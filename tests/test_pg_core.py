@@ -176,12 +176,82 @@ async def test_a_statement_cancelled_mid_flight_costs_the_connection_and_keeps_n
     with pytest.raises(asyncio.CancelledError):
         await task
     assert engine.pool.checkedout() == 0
+    # The server was told: the cut-off statement's backend does not run on.
+    assert await _gone_within(engine, pids[0], seconds=5)
     async with engine.connect() as conn:
         assert (await conn.execute(select(_KINDS.c.id))).all() == []
         assert (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one() != pids[0]
     assert await _lent_in_a_transaction(engine) == [False] * engine.pool.size()
     async with fast(engine) as (conn, _):
         await conn.execute(insert(_KINDS), _row("next"))
+
+
+async def _gone_within(engine: AsyncEngine, pid: int, seconds: float) -> bool:
+    """Whether the backend ``pid`` has stopped running a statement (ended,
+    or idle) within ``seconds``."""
+    for _ in range(int(seconds / 0.05)):
+        async with engine.connect() as conn:
+            state = await conn.execute(
+                text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+            )
+            if state.scalar_one_or_none() in (None, "idle"):
+                return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_transaction_cut_off_in_a_lock_wait_frees_its_own_locks_at_once(
+    engine, postgres_url
+) -> None:
+    """A claim holds the run's row and waits for another row: cancelled
+    there, its backend must not wait on (for as long as the other holder
+    likes) keeping the run's row locked. As on SQLAlchemy's own path, the
+    server is sent the cancel."""
+    async with engine.begin() as conn:
+        await conn.execute(insert(_KINDS), [_row("mine"), _row("theirs", name="t")])
+    holder = await asyncpg.connect(postgres_url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute("UPDATE kinds SET small = 5 WHERE id = 'theirs'")
+        waiting = asyncio.Event()
+
+        async def claim_like() -> None:
+            async with fast(engine) as (conn, _):
+                await conn.execute(update(_KINDS).where(_KINDS.c.id == "mine").values(small=1))
+                waiting.set()
+                await conn.execute(update(_KINDS).where(_KINDS.c.id == "theirs").values(small=1))
+
+        task = asyncio.create_task(claim_like())
+        await waiting.wait()
+        await asyncio.sleep(0.3)  # in the lock wait
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # While the other holder still holds its row, ours is free.
+        async with asyncio.timeout(5):
+            async with engine.begin() as conn:
+                locked = select(_KINDS.c.small).where(_KINDS.c.id == "mine").with_for_update()
+                assert (await conn.execute(locked)).scalar_one() == -7
+    finally:
+        await holder.close()
+
+
+async def test_a_connection_kept_past_its_transaction_refuses_statements(engine) -> None:
+    """A handle kept after its block would begin a transaction on a
+    connection the pool has taken back (and then lend it, or write into
+    another borrower's transaction): refused, as SQLAlchemy refuses it."""
+    async with fast(engine) as (kept, _):
+        await kept.execute(insert(_KINDS), _row("a"))
+    assert engine.pool.checkedout() == 0
+    with pytest.raises(exc.ResourceClosedError):
+        await kept.execute(update(_KINDS).values(small=2))
+    with pytest.raises(exc.ResourceClosedError):
+        async with pg_core.reading(engine) as reader:
+            pass
+        await reader.execute(select(_KINDS.c.id))
+    assert await _lent_in_a_transaction(engine) == [False] * engine.pool.size()
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(_KINDS.c.small))).scalars().all() == [-7]
 
 
 async def test_a_transaction_cancelled_between_statements_keeps_nothing(engine) -> None:

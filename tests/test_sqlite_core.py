@@ -288,3 +288,16 @@ async def test_statements_built_per_call_do_not_pile_up_in_the_compiled_memo(eng
         async with sqlite_core.reading(engine, alone=True) as conn:
             await conn.execute(built)
     assert len(core_statements._COMPILED) <= core_statements._COMPILED_KEPT
+
+
+async def test_a_lone_reader_or_a_write_left_for_later_kept_past_the_block_is_refused(
+    engine,
+) -> None:
+    async with sqlite_core.reading(engine, alone=True) as lone:
+        pass
+    with pytest.raises(exc.ResourceClosedError):
+        await lone.execute(select(_KINDS.c.id))
+    async with fast(engine) as kept:
+        pass
+    with pytest.raises(exc.ResourceClosedError):
+        kept.later(insert(_KINDS), _row("late"))

@@ -40,14 +40,35 @@ from sqlalchemy.sql import compiler
 
 
 class RowMapping(dict):
-    """A row's values by column key; a column object finds its own key,
-    as in SQLAlchemy's RowMapping."""
+    """A row's values by column key. A column object finds the value of the
+    result column SQLAlchemy compiled it into (not merely one with its key:
+    two tables' ``id`` are two columns), and refuses one it is not in or is
+    in twice, as SQLAlchemy's RowMapping does; a textual statement's row,
+    whose columns only the cursor names, finds it by its key."""
+
+    def __init__(self, row: CoreRow) -> None:
+        super().__init__(zip(row._keys, row, strict=True))
+        self._row = row
 
     def __missing__(self, key: Any) -> Any:
-        name = getattr(key, "key", None)
-        if isinstance(name, str) and name in self:
-            return self[name]
-        raise KeyError(key)
+        by_object = self._row._by_object
+        if isinstance(key, str):
+            raise KeyError(key)
+        if by_object is None:
+            name = getattr(key, "key", None)
+            if isinstance(name, str) and name in self:
+                return self[name]
+            raise KeyError(key)
+        index = by_object.get(key)
+        if index is None:
+            raise exc.NoSuchColumnError(f"Could not locate column in row for column {key!r}")
+        if index == _AMBIGUOUS:
+            raise exc.InvalidRequestError(f"Ambiguous column name {key!r} in result set")
+        return self._row[index]
+
+
+# A column object that stands for two result columns.
+_AMBIGUOUS = -1
 
 
 class CoreRow(tuple):
@@ -56,10 +77,13 @@ class CoreRow(tuple):
 
     __slots__ = ()
     _keys: tuple[str, ...] = ()
+    # Each result column's position by the column objects SQLAlchemy
+    # compiled into it; None for a textual statement's rows.
+    _by_object: Mapping[Any, int] | None = None
 
     @property
     def _mapping(self) -> RowMapping:
-        return RowMapping(zip(self._keys, self, strict=True))
+        return RowMapping(self)
 
     def _asdict(self) -> dict[str, Any]:
         return dict(self._mapping)
@@ -77,7 +101,20 @@ def _processed(processors: list[Any], row: Sequence[Any]) -> Iterator[Any]:
 
 @functools.cache
 def _row_class(keys: tuple[str, ...]) -> type[CoreRow]:
+    """The row class of a textual statement's results."""
     return type("CoreRow", (CoreRow,), {"__slots__": (), "_keys": keys})
+
+
+def _compiled_row_class(keys: tuple[str, ...], columns: Sequence[Any]) -> type[CoreRow]:
+    """The row class of a compiled statement's results (kept with its
+    compiled form, not in a cache of its own: the column objects would
+    outlive statements built per call)."""
+    by_object: dict[Any, int] = {}
+    for index, column in enumerate(columns):
+        for named in column[2]:
+            if not isinstance(named, str):
+                by_object[named] = _AMBIGUOUS if named in by_object else index
+    return type("CoreRow", (CoreRow,), {"__slots__": (), "_keys": keys, "_by_object": by_object})
 
 
 def _one(rows: Sequence[Any], required: bool) -> Any:
@@ -179,24 +216,25 @@ class CoreScalars(list):
 _COMPILED_KEPT = 2048
 _COMPILED: OrderedDict[tuple[int, int, tuple[str, ...], bool], tuple[Any, ...]] = OrderedDict()
 # Per compiled statement (they live in the engine's compiled cache): the
-# result's keys and each column's processor, worked out once.
-_RESULTS: weakref.WeakKeyDictionary[Any, tuple[tuple[str, ...], list[Any]]] = (
+# result's row class and each column's processor, worked out once.
+_RESULTS: weakref.WeakKeyDictionary[Any, tuple[type[CoreRow], list[Any]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 def _result_processing(
     compiled: Any, dialect: Dialect, description: Any
-) -> tuple[tuple[str, ...] | None, list[Any]]:
-    """The result's keys and each column's processor (given the type the
-    cursor names, as SQLAlchemy gives it); None for keys when the statement
-    returns no rows. A textual statement's columns (no types known) are
-    named by the cursor, their values as the driver gives them, as
-    SQLAlchemy reads them."""
+) -> tuple[type[CoreRow] | None, list[Any]]:
+    """The result's row class and each column's processor (given the type
+    the cursor names, as SQLAlchemy gives it); None for the class when the
+    statement returns no rows. A textual statement's columns (no types
+    known) are named by the cursor, their values as the driver gives them,
+    as SQLAlchemy reads them."""
     if description is None:
         return None, []
     if not compiled._result_columns:
-        return tuple(column[0] for column in description), [None] * len(description)
+        keys = tuple(column[0] for column in description)
+        return _row_class(keys), [None] * len(description)
     known = _RESULTS.get(compiled)
     if known is None:
         columns = compiled._result_columns
@@ -205,7 +243,7 @@ def _result_processing(
         if len(named) != len(columns):
             named = [None] * len(columns)
         known = (
-            keys,
+            _compiled_row_class(keys, columns),
             [
                 column[3]._cached_result_processor(dialect, type_code)
                 for column, type_code in zip(columns, named, strict=True)
@@ -357,11 +395,10 @@ class CoreStatements:
     def _result(
         self, compiled: Any, description: Any, rows: Sequence[Sequence[Any]], rowcount: int
     ) -> CoreResult:
-        keys, processors = _result_processing(compiled, self.dialect, description)
-        if keys is None:
+        made, processors = _result_processing(compiled, self.dialect, description)
+        if made is None:
             return CoreResult(None, [], rowcount)
-        made = _row_class(keys)
-        return CoreResult(keys, [made(_processed(processors, row)) for row in rows], rowcount)
+        return CoreResult(made._keys, [made(_processed(processors, row)) for row in rows], rowcount)
 
 
 # What a Core hot path is given: a fast connection (SQLite's, PostgreSQL's),

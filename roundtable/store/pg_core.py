@@ -12,10 +12,13 @@ rolls back whatever is still open when the connection goes back. A
 transaction this module began and could not end is never handed to the next
 borrower.
 
-Errors go to SQLAlchemy's own handler: raised as the same ``sqlalchemy.exc``
-class, parameters hidden as the engine hides them, and a connection lost or
-left in the middle of a statement (a disconnect, a cancellation) is
-invalidated as SQLAlchemy invalidates it, so the pool never lends it again.
+Errors go to SQLAlchemy's own handler, in its greenlet: raised as the same
+``sqlalchemy.exc`` class, parameters hidden as the engine hides them, and a
+connection lost or left in the middle of a statement (a disconnect, a
+cancellation) is invalidated as SQLAlchemy invalidates it, so the pool never
+lends it again, and the server is sent the cancel of a statement cut off, so
+its backend does not run on holding its locks. A connection refuses
+statements once its block has ended, as SQLAlchemy's closed one does.
 
 This relies on private parts of SQLAlchemy (the adapter's lock, transaction
 start and statement cache in ``sqlalchemy/dialects/postgresql/asyncpg.py``,
@@ -31,8 +34,10 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
+from sqlalchemy import exc
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 from roundtable.store.core_statements import (
     CoreConnection,
@@ -59,11 +64,12 @@ class PostgresCoreConnection(CoreStatements):
         self._adapted = adapted
 
     async def execute(self, statement: Any, parameters: Any = None) -> CoreResult:
+        self._refuse_unless_open()
         (sql, bound, many), compiled = self._step(statement, parameters)
         try:
             description, rows, rowcount = await self._send(sql, bound, many)
         except BaseException as error:
-            self._failed(error, sql, bound)
+            await self._failed(error, sql, bound)
         facts = CursorFacts(description, rowcount)
         self._engine.dispatch.after_cursor_execute(
             self._sync_connection, facts, sql, bound, None, many
@@ -94,10 +100,31 @@ class PostgresCoreConnection(CoreStatements):
         counted = _COUNTED.match(status or "")
         return description, rows, int(counted.group(1)) if counted else -1
 
-    def _failed(self, error: BaseException, sql: str, bound: Any) -> NoReturn:
+    def _refuse_unless_open(self) -> None:
+        """Statements only inside the transaction this connection was handed
+        out for, as SQLAlchemy's own connection refuses them: a handle kept
+        past its block would otherwise begin a transaction on a connection
+        the pool has taken back (and lend it, or send into another
+        borrower's transaction); one invalidated needs its rollback first."""
+        connection = self._sync_connection
+        if connection.invalidated:
+            raise exc.PendingRollbackError(
+                "this connection was invalidated (lost, or cut off in the middle of a "
+                "statement); its transaction must be rolled back before anything else"
+            )
+        if not connection.in_transaction():
+            raise exc.ResourceClosedError("this connection's transaction has ended")
+
+    async def _failed(self, error: BaseException, sql: str, bound: Any) -> NoReturn:
         """Raise ``error`` as SQLAlchemy would have: asyncpg's own error as
         the DB-API's (the adapter's translation), then wrapped, the
-        connection invalidated when it is lost or was left mid-statement."""
+        connection invalidated when it is lost or was left mid-statement.
+        The handler runs in SQLAlchemy's greenlet, as on its own path: there
+        an invalidated connection is closed gracefully, which lets asyncpg
+        send the server its cancel request for a statement cut off by a
+        cancellation (outside it, the connection is dropped at once and the
+        server's backend runs on, holding its locks, until the statement
+        ends)."""
         dbapi = self.dialect.loaded_dbapi
         if isinstance(error, Exception) and not isinstance(error, dbapi.Error):
             try:
@@ -108,7 +135,16 @@ class PostgresCoreConnection(CoreStatements):
             # As the dialect's execution context does: the prepared
             # statements' column types may be stale after DDL.
             self.dialect._invalidate_schema_cache()
-        self._sync_connection._handle_dbapi_exception(error, sql, bound, None, None)
+        handle = self._sync_connection._handle_dbapi_exception
+        failed = error
+
+        def handled() -> None:
+            try:
+                raise failed  # the handler reads the error being handled
+            except BaseException:
+                handle(failed, sql, bound, None, None)
+
+        await greenlet_spawn(handled)
         raise error  # unreachable: the handler always raises
 
 

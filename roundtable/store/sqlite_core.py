@@ -56,8 +56,13 @@ class SQLiteCoreConnection(CoreStatements):
         # One statement only, outside any transaction (reading(alone=True)).
         self._alone = alone
         self._sent = 0
+        # Set once its block has ended: a handle kept past it is refused
+        # (its statements would run on a connection the pool has taken back,
+        # outside any transaction or inside another borrower's).
+        self.ended = False
 
     async def execute(self, statement: Any, parameters: Any = None) -> CoreResult:
+        self._refuse_if_ended()
         if self._alone and self._sent:
             raise RuntimeError("a lone read runs one statement; use a reading transaction")
         self._sent += 1
@@ -75,6 +80,7 @@ class SQLiteCoreConnection(CoreStatements):
         trip, or in one trip just before the commit. Its error, if any, is
         raised there. A reader's connection refuses it: nothing would send
         it."""
+        self._refuse_if_ended()
         if self._read_only:
             raise RuntimeError("a reading connection does not write; use a transaction")
         self._later.append(self._step(statement, parameters)[0])
@@ -113,6 +119,10 @@ class SQLiteCoreConnection(CoreStatements):
         await self._driver.cursor().execute(sql)
         facts = CursorFacts(None, -1)
         dispatch.after_cursor_execute(self._sync_connection, facts, sql, (), None, False)
+
+    def _refuse_if_ended(self) -> None:
+        if self.ended:
+            raise exc.ResourceClosedError("this connection's transaction has ended")
 
     async def commit(self) -> None:
         # Writes left for later go in one trip before the commit's: the
@@ -168,6 +178,8 @@ async def transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[CoreConn
         except BaseException:
             await connection.rollback()
             raise
+        finally:
+            connection.ended = True
 
 
 @contextlib.asynccontextmanager
@@ -182,11 +194,14 @@ async def reading(engine: AsyncEngine, alone: bool = False) -> AsyncIterator[Cor
         if connection is None:
             yield pooled
             return
-        if alone:
-            yield connection
-            return
-        await connection.begin("BEGIN")
         try:
-            yield connection
+            if alone:
+                yield connection
+                return
+            await connection.begin("BEGIN")
+            try:
+                yield connection
+            finally:
+                await connection.rollback()
         finally:
-            await connection.rollback()
+            connection.ended = True
