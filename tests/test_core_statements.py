@@ -356,3 +356,29 @@ async def test_a_connection_kept_past_its_block_refuses_statements(side) -> None
         await reader.execute(select(KINDS.c.id))
     async with side.engine.connect() as conn:
         assert (await conn.execute(select(KINDS.c.small))).scalars().all() == [-7]
+
+
+async def test_a_statement_built_again_finds_its_own_column_objects(side) -> None:
+    """An equal statement built again (per call) shares the first one's
+    compiled form, whose result columns name the first one's objects: the
+    second's own label, alias column and function still answer, as
+    SQLAlchemy's rows do (it adapts its result to the statement run)."""
+    async with side.engine.begin() as conn:
+        await conn.execute(insert(KINDS), kind_row("a"))
+    for _ in range(2):
+        label = KINDS.c.id.label("the_id")
+        alias = KINDS.alias("again")
+        counted = func.count(KINDS.c.id)
+        statement = (
+            select(label, alias.c.small, counted)
+            .select_from(KINDS.join(alias, alias.c.id == KINDS.c.id))
+            .group_by(KINDS.c.id, alias.c.small)
+        )
+        async with side.engine.connect() as conn:
+            theirs = (await conn.execute(statement)).one()._mapping
+        async with side.reading() as conn:
+            ours = (await conn.execute(statement)).one()._mapping
+        for key in (label, alias.c.small, counted, "the_id"):
+            assert ours[key] == theirs[key]
+            assert (key in ours) and ours.get(key) == theirs.get(key)
+        assert KINDS.c.body not in ours and ours.get(KINDS.c.body, "none") == "none"

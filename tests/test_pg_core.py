@@ -313,3 +313,60 @@ async def test_a_statement_prepared_before_a_schema_change_recovers_as_sqlalchem
             continue
     else:
         pytest.fail("the stale prepared statement was never replaced")
+
+
+async def test_a_statement_cancelled_twice_still_has_its_cancel_sent(engine) -> None:
+    """The second cancellation lands while the first is being handled (the
+    connection being closed): the handling still runs to its end, so the
+    server is sent the statement's cancel and the backend does not run on."""
+    from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+
+    closing = asyncio.Event()
+    graceful = AsyncAdapt_asyncpg_connection._terminate_graceful_close
+
+    async def slow_close(self: Any) -> None:
+        closing.set()
+        await asyncio.sleep(0.05)  # as a slow network would
+        await graceful(self)
+
+    started = asyncio.Event()
+    pids: list[int] = []
+
+    async def slow() -> None:
+        async with fast(engine) as (conn, _):
+            pids.append((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+            started.set()
+            await conn.execute(text("SELECT pg_sleep(30)"))
+
+    AsyncAdapt_asyncpg_connection._terminate_graceful_close = slow_close
+    try:
+        task = asyncio.create_task(slow())
+        await started.wait()
+        await asyncio.sleep(0.2)  # inside pg_sleep
+        task.cancel()
+        await asyncio.wait_for(closing.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        AsyncAdapt_asyncpg_connection._terminate_graceful_close = graceful
+    assert await _gone_within(engine, pids[0], seconds=5)
+    assert await _lent_in_a_transaction(engine) == [False] * engine.pool.size()
+
+
+async def test_an_interrupt_mid_statement_reaches_the_caller_and_the_pool_recovers(
+    engine, monkeypatch
+) -> None:
+    """Not a cancellation: handled where it was raised (a KeyboardInterrupt
+    out of a task of its own would stop the event loop itself)."""
+
+    async def interrupted(self: Any, sql: str, bound: Any, many: bool) -> Any:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(PostgresCoreConnection, "_send", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            async with fast(engine) as (conn, _):
+                await conn.execute(select(_KINDS.c.id))
+    async with fast(engine) as (conn, _):
+        assert (await conn.execute(select(_KINDS.c.id))).all() == []

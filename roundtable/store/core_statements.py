@@ -66,6 +66,24 @@ class RowMapping(dict):
             raise exc.InvalidRequestError(f"Ambiguous column name {key!r} in result set")
         return self._row[index]
 
+    # dict's own skip __missing__: a column object is found here too.
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key) or isinstance(key, str):
+            return dict.__contains__(self, key)
+        try:
+            self.__missing__(key)
+        except exc.InvalidRequestError as refused:  # ambiguous: there, twice
+            return not isinstance(refused, exc.NoSuchColumnError)
+        except KeyError:
+            return False
+        return True
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
 
 # A column object that stands for two result columns.
 _AMBIGUOUS = -1
@@ -115,6 +133,34 @@ def _compiled_row_class(keys: tuple[str, ...], columns: Sequence[Any]) -> type[C
             if not isinstance(named, str):
                 by_object[named] = _AMBIGUOUS if named in by_object else index
     return type("CoreRow", (CoreRow,), {"__slots__": (), "_keys": keys, "_by_object": by_object})
+
+
+# Per statement whose compiled form was made for another (an equal statement
+# built again, per call): the row class whose column objects are its own, by
+# position, beside the other's, as SQLAlchemy adapts its result metadata to
+# the statement invoked. Kept as long as the statement lives.
+_INVOKED: weakref.WeakKeyDictionary[Any, tuple[type[CoreRow], type[CoreRow]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _invoked_row_class(made: type[CoreRow], statement: Any) -> type[CoreRow]:
+    kept = _INVOKED.get(statement)
+    if kept is not None and kept[0] is made:
+        return kept[1]
+    by_object = dict(made._by_object or {})
+    try:  # a SELECT's columns, or an INSERT's, UPDATE's or DELETE's RETURNING
+        selected = statement._all_selected_columns
+    except (AttributeError, NotImplementedError):
+        selected = ()
+    by_object.update(
+        {column: index for index, column in enumerate(selected) if index < len(made._keys)}
+    )
+    invoked = type(
+        "CoreRow", (CoreRow,), {"__slots__": (), "_keys": made._keys, "_by_object": by_object}
+    )
+    _INVOKED[statement] = (made, invoked)
+    return invoked
 
 
 def _one(rows: Sequence[Any], required: bool) -> Any:
@@ -393,11 +439,18 @@ class CoreStatements:
         return compiled, extracted, collected
 
     def _result(
-        self, compiled: Any, description: Any, rows: Sequence[Sequence[Any]], rowcount: int
+        self,
+        compiled: Any,
+        statement: Any,
+        description: Any,
+        rows: Sequence[Sequence[Any]],
+        rowcount: int,
     ) -> CoreResult:
         made, processors = _result_processing(compiled, self.dialect, description)
         if made is None:
             return CoreResult(None, [], rowcount)
+        if made._by_object is not None and statement is not compiled.statement:
+            made = _invoked_row_class(made, statement)
         return CoreResult(made._keys, [made(_processed(processors, row)) for row in rows], rowcount)
 
 

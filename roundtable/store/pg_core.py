@@ -29,6 +29,7 @@ SQLAlchemy's answers, errors and invalidation.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -74,7 +75,7 @@ class PostgresCoreConnection(CoreStatements):
         self._engine.dispatch.after_cursor_execute(
             self._sync_connection, facts, sql, bound, None, many
         )
-        return self._result(compiled, description, rows, rowcount)
+        return self._result(compiled, statement, description, rows, rowcount)
 
     async def _send(self, sql: str, bound: Any, many: bool) -> tuple[Any, list[Any], int]:
         """One statement, as SQLAlchemy's adapter's cursor sends it: under
@@ -144,7 +145,24 @@ class PostgresCoreConnection(CoreStatements):
             except BaseException:
                 handle(failed, sql, bound, None, None)
 
-        await greenlet_spawn(handled)
+        if not isinstance(error, asyncio.CancelledError):
+            # (In this task: a KeyboardInterrupt raised in a task of its own
+            # would stop the event loop.)
+            await greenlet_spawn(handled)
+        # A statement cut off by a cancellation: the handling runs to its end
+        # even if this task is cancelled again meanwhile (a graceful close cut
+        # short drops the connection at once, and with it the cancel request
+        # asyncpg has not sent yet).
+        handling = asyncio.ensure_future(greenlet_spawn(handled))
+        cancelled_again = False
+        while not handling.done():
+            try:
+                await asyncio.wait({handling})
+            except asyncio.CancelledError:
+                cancelled_again = True
+        if cancelled_again:
+            raise asyncio.CancelledError
+        handling.result()  # the handled error, as SQLAlchemy raises it
         raise error  # unreachable: the handler always raises
 
 

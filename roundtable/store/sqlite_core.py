@@ -70,7 +70,7 @@ class SQLiteCoreConnection(CoreStatements):
         # Writes left for later go first, in this statement's trip.
         steps, self._later = [*self._later, step], []
         description, rows, rowcount = (await self._send(steps))[-1]
-        return self._result(compiled, description, rows, rowcount)
+        return self._result(compiled, statement, description, rows, rowcount)
 
     def later(self, statement: Any, parameters: Any = None) -> None:
         """A write whose answer the transaction does not need (an INSERT, an
