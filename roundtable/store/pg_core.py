@@ -40,6 +40,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
+from roundtable.completion import to_completion
 from roundtable.store.core_statements import (
     CoreConnection,
     CoreResult,
@@ -153,16 +154,7 @@ class PostgresCoreConnection(CoreStatements):
         # even if this task is cancelled again meanwhile (a graceful close cut
         # short drops the connection at once, and with it the cancel request
         # asyncpg has not sent yet).
-        handling = asyncio.ensure_future(greenlet_spawn(handled))
-        cancelled_again = False
-        while not handling.done():
-            try:
-                await asyncio.wait({handling})
-            except asyncio.CancelledError:
-                cancelled_again = True
-        if cancelled_again:
-            raise asyncio.CancelledError
-        handling.result()  # the handled error, as SQLAlchemy raises it
+        await to_completion(greenlet_spawn)(handled)
         raise error  # unreachable: the handler always raises
 
 
