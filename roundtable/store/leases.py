@@ -31,7 +31,6 @@ from sqlalchemy import (
     Interval,
     and_,
     bindparam,
-    false,
     func,
     insert,
     literal,
@@ -428,15 +427,6 @@ async def lease_of(session: AsyncSession, action_id: str) -> ActionLeaseRow | No
     ).scalar_one_or_none()
 
 
-def _overlaps(action: Any, scope_column: Any, wide_column: Any) -> Any:
-    """SQL condition: a row of ``action``'s scope whose target may overlap it
-    (one of the two is namespace-wide)."""
-    if action.target_scope is None:
-        return false()
-    overlap = scope_column == action.target_scope
-    return overlap if action.target_namespace_wide else and_(overlap, wide_column.is_(True))
-
-
 @dataclass(frozen=True)
 class _Facts:
     """What a claim decides on, read in one statement (see _facts_query)."""
@@ -646,8 +636,8 @@ def _waiting_statement(scoped: bool, wide: bool, limit: int) -> Any:
     """The ``limit`` runs longest waiting with an approved write on a target
     (``claim_target_key``) or, within its scope (``claim_scope``), one that
     may overlap it (one of the two namespace-wide), the action itself
-    (``claim_action_id``) left out; as :func:`_overlaps` has it, built once
-    per shape."""
+    (``claim_action_id``) left out; built once per shape (a target with no
+    scope overlaps nothing but its own key)."""
     me = _ACTIONS.c
     same_or_overlapping = me.target_key == _P.target_key
     if scoped:
@@ -697,8 +687,9 @@ def _extend_statement(on_postgresql: bool, statuses: tuple[str, ...]) -> Any:
 
 
 def _overlapping(scope_column: Any, wide_column: Any) -> Any:
-    """:func:`_overlaps` in SQL, correlated with the claimed action (the
-    ``actions`` row of the enclosing query)."""
+    """SQL condition: a row of the claimed action's scope (the ``actions``
+    row of the enclosing query) whose target may overlap it: one of the two
+    is namespace-wide."""
     me = _ACTIONS.c
     return and_(
         me.target_scope.is_not(None),
