@@ -68,8 +68,10 @@ class RowMapping(dict):
 
     # dict's own skip __missing__: a column object is found here too.
     def __contains__(self, key: object) -> bool:
-        if dict.__contains__(self, key) or isinstance(key, str):
-            return dict.__contains__(self, key)
+        if dict.__contains__(self, key):
+            return True
+        if isinstance(key, str):
+            return False
         try:
             self.__missing__(key)
         except exc.InvalidRequestError as refused:  # ambiguous: there, twice

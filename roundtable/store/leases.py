@@ -263,8 +263,7 @@ class Leases:
             else:  # SQLite: this process's clock, under the lock
                 now = await database_now_under_write_lock(connection)
                 params.update(lease_now=now, lease_until=now + length)
-            names = tuple(ActionStatus(status).value for status in statuses)
-            statement = _extend_statement(on_postgresql, names)
+            statement = _extend_statement(on_postgresql, statuses)
             held = (await connection.execute(statement, params)).scalar_one_or_none()
             # Test-only (chaos harness; inert unless ROUNDTABLE_CHAOS=1): the
             # database fails before this renewal commits.

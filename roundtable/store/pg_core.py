@@ -146,15 +146,16 @@ class PostgresCoreConnection(CoreStatements):
             except BaseException:
                 handle(failed, sql, bound, None, None)
 
-        if not isinstance(error, asyncio.CancelledError):
-            # (In this task: a KeyboardInterrupt raised in a task of its own
-            # would stop the event loop.)
+        if isinstance(error, asyncio.CancelledError):
+            # A statement cut off by a cancellation: the handling runs to its
+            # end even if this task is cancelled again meanwhile (a graceful
+            # close cut short drops the connection at once, and with it the
+            # cancel request asyncpg has not sent yet).
+            await to_completion(greenlet_spawn)(handled)
+        else:
+            # In this task: a KeyboardInterrupt raised in a task of its own
+            # would stop the event loop.
             await greenlet_spawn(handled)
-        # A statement cut off by a cancellation: the handling runs to its end
-        # even if this task is cancelled again meanwhile (a graceful close cut
-        # short drops the connection at once, and with it the cancel request
-        # asyncpg has not sent yet).
-        await to_completion(greenlet_spawn)(handled)
         raise error  # unreachable: the handler always raises
 
 
