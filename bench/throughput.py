@@ -6,7 +6,7 @@ writes (``ticket_comment``, R1) the run's write policy approves on its own
 ticket of its own run, so no run waits for another's lease. Bare: the same
 seven turns and two row writes (bench/bare.py ``BareRun``). Batches of bare
 and ours alternate; each side's worker CPU is read before and after its
-batch.
+batch, and the figures are the median batch (``measure``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import time
 import uuid
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from bench import bare
@@ -96,30 +97,33 @@ async def measure(
     stack: Stack, runs: int, repeats: int = 1, profile: Path | None = None
 ) -> dict[str, Any]:
     """``runs`` at once, ``repeats`` batches a side, alternating; ``profile``:
-    sample both workers with py-spy while they run."""
+    sample both workers with py-spy while they run. Each side's figures are
+    its median batch, each ratio the median of the batch pairs' ratios: one
+    slow batch (a collection, the machine's noise) moves neither, and a pair
+    shares the worker's age, which a run's CPU drifts with (bench/README)."""
     await _timed(stack, "bare", min(runs, 5))  # warm both workers
     await _timed(stack, "ours", min(runs, 5))
     taken: dict[str, list[dict[str, float]]] = {"bare": [], "ours": []}
     with sampled(stack.pids(), profile, f"throughput-{runs}"):
         for _ in range(repeats):
             for side in ("bare", "ours"):
-                taken[side].append(await _timed(stack, side, runs))
+                taken[side].append(_per_run(await _timed(stack, side, runs), runs))
     figures: dict[str, Any] = {"runs_at_once": runs, "batches": repeats}
     for side, batches in taken.items():
-        seconds = sum(b["seconds"] for b in batches)
-        figures[side] = {
-            "runs_per_s": round(runs * repeats / seconds, 2),
-            "cpu_ms_per_run": round(1000 * sum(b["cpu"] for b in batches) / (runs * repeats), 1),
-            # The dev server's CPU for this side's runs: the machine's other
-            # big cost, which bounds runs/s beside the worker's.
-            "server_cpu_ms_per_run": round(
-                1000 * sum(b["server_cpu"] for b in batches) / (runs * repeats), 1
-            ),
-        }
-    figures["ratio_runs_per_s"] = round(
-        figures["ours"]["runs_per_s"] / figures["bare"]["runs_per_s"], 2
-    )
-    figures["ratio_cpu_per_run"] = round(
-        figures["ours"]["cpu_ms_per_run"] / figures["bare"]["cpu_ms_per_run"], 2
-    )
+        figures[side] = {key: median(b[key] for b in batches) for key in batches[0]}
+        figures[side]["by_batch"] = batches
+    ratios = {"ratio_runs_per_s": "runs_per_s", "ratio_cpu_per_run": "cpu_ms_per_run"}
+    for key, figure in ratios.items():
+        pairs = zip(taken["ours"], taken["bare"], strict=True)
+        figures[key] = round(median(o[figure] / b[figure] for o, b in pairs), 2)
     return figures
+
+
+def _per_run(batch: dict[str, float], runs: int) -> dict[str, float]:
+    return {
+        "runs_per_s": round(runs / batch["seconds"], 2),
+        "cpu_ms_per_run": round(1000 * batch["cpu"] / runs, 1),
+        # The dev server's CPU for this side's runs: the machine's other
+        # big cost, which bounds runs/s beside the worker's.
+        "server_cpu_ms_per_run": round(1000 * batch["server_cpu"] / runs, 1),
+    }

@@ -49,6 +49,11 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
             assert _positive(shape[side]["cpu_ms_per_run"])
             assert _positive(shape[side]["server_cpu_ms_per_run"])  # the server was found
     assert len(figures["scaling"]) >= 2
+    # The main figure is the median of several batch pairs, each kept.
+    batched = figures["throughput"]
+    assert batched["batches"] == 2
+    for side in ("bare", "ours"):
+        assert [_positive(b["cpu_ms_per_run"]) for b in batched[side]["by_batch"]] == [True] * 2
 
     for database in ("sqlite", "postgresql"):  # CI installs PostgreSQL: never skipped
         for mode in ("sequential", "concurrent"):
