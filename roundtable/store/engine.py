@@ -14,6 +14,7 @@ from sqlalchemy import event, func, literal, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.util.concurrency import await_
 
 from roundtable.store import sqlite_driver
 from roundtable.store.core_statements import CoreConnection
@@ -38,14 +39,32 @@ def create_engine_for(database_url: str) -> AsyncEngine:
         return _refusing_unstorable(_sqlite_engine(database_url))
     # hide_parameters: a database error's message (which reaches logs and
     # Temporal failures) never quotes the values it was bound to.
-    return _refusing_unstorable(
-        create_async_engine(
-            database_url,
-            pool_pre_ping=True,
-            hide_parameters=True,
-            json_serializer=dumps_storable,
-        )
+    engine = create_async_engine(
+        database_url,
+        pool_pre_ping=True,
+        hide_parameters=True,
+        json_serializer=dumps_storable,
     )
+    engine.sync_engine.dialect.do_ping = _one_trip_ping  # type: ignore[method-assign]
+    return _refusing_unstorable(engine)
+
+
+def _one_trip_ping(dbapi_connection: Any) -> bool:
+    """The pool's pre-ping on PostgreSQL in one round trip: ``SELECT 1`` as a
+    simple query. SQLAlchemy's own asyncpg ping is three (BEGIN, an empty
+    prepared statement, ROLLBACK): it opens a transaction so that, behind
+    pgbouncer in transaction mode, the statement it prepares is run on the
+    server connection it was prepared on. A simple query prepares nothing,
+    runs as a transaction of its own and is one message each way, so it is
+    safe there too. Errors go through the adapter's own translation, so
+    SQLAlchemy's pre-ping sees the same DBAPI errors and tells a lost
+    connection (reconnect) from any other error (raised) as it does for its
+    own ping."""
+    try:
+        await_(dbapi_connection.driver_connection.execute("SELECT 1"))
+    except Exception as error:
+        dbapi_connection._handle_exception(error)
+    return True
 
 
 def _refusing_unstorable(engine: AsyncEngine) -> AsyncEngine:

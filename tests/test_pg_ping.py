@@ -1,0 +1,104 @@
+"""The pool's pre-ping on PostgreSQL (roundtable/store/engine.py,
+``_one_trip_ping``): one simple query per checkout instead of SQLAlchemy's
+three round trips, and still what a pre-ping is for: a pooled connection
+whose backend is gone is replaced before anyone is lent it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import exc, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from roundtable.store.database import Database
+from roundtable.store.engine import create_engine_for
+
+
+@pytest.fixture
+async def engine(postgres_url: str) -> AsyncIterator[AsyncEngine]:
+    made = create_engine_for(postgres_url)
+    yield made
+    await made.dispose()
+
+
+async def _pid_and_raw(engine: AsyncEngine) -> tuple[int, Any]:
+    async with engine.connect() as conn:
+        pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        raw = (await conn.get_raw_connection()).driver_connection
+    return pid, raw
+
+
+async def _terminate(postgres_url: str, *pids: int) -> None:
+    killer = await asyncpg.connect(postgres_url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        for pid in pids:
+            await killer.execute(f"SELECT pg_terminate_backend({pid})")
+    finally:
+        await killer.close()
+
+
+async def test_a_checkout_pings_with_one_simple_query_and_nothing_else(engine) -> None:
+    _, raw = await _pid_and_raw(engine)
+    sent: list[str] = []
+    raw.add_query_logger(lambda logged: sent.append(logged.query))
+    async with engine.connect() as conn:
+        await asyncio.sleep(0)  # asyncpg tells its loggers on the next loop turn
+        assert sent == ["SELECT 1"]  # the ping, before anything of ours
+        assert (await conn.get_raw_connection()).driver_connection is raw
+        assert not raw.is_in_transaction()  # it left no transaction open
+        await conn.execute(text("SELECT 2"))
+    await asyncio.sleep(0)
+    # Then our transaction (asyncpg does not tell its loggers of prepared
+    # statements): no second ping, no ping of three trips.
+    assert sent == ["SELECT 1", "BEGIN;", "ROLLBACK;"]
+
+
+async def test_a_pooled_connection_whose_backend_died_is_replaced_unseen(
+    engine, postgres_url
+) -> None:
+    async with engine.connect() as first, engine.connect() as second:
+        pids = [
+            (await c.execute(text("SELECT pg_backend_pid()"))).scalar_one() for c in (first, second)
+        ]
+    assert engine.pool.checkedin() == 2
+    await _terminate(postgres_url, *pids)  # both die while they wait in the pool
+    async with engine.connect() as first, engine.connect() as second:
+        now = [
+            (await c.execute(text("SELECT pg_backend_pid()"))).scalar_one() for c in (first, second)
+        ]
+    assert not set(now) & set(pids)
+
+
+async def test_a_store_transaction_after_a_lost_backend_commits(engine, postgres_url) -> None:
+    """The store's own path (the fast connection) is lent the fresh one."""
+    pid, _ = await _pid_and_raw(engine)
+    await _terminate(postgres_url, pid)
+    async with Database(engine).core_transaction() as (conn, _notes):
+        assert (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one() != pid
+
+
+async def test_a_ping_that_fails_for_another_reason_is_raised_not_retried(
+    engine, monkeypatch
+) -> None:
+    """Only a lost connection is replaced: any other error of the ping
+    reaches the caller as SQLAlchemy's own class, as with its own ping."""
+    pid, raw = await _pid_and_raw(engine)
+    own = type(raw).execute
+
+    async def refusing(self: Any, query: str, *args: Any, **kwargs: Any) -> str:
+        if self is raw and query == "SELECT 1":
+            raise asyncpg.exceptions.InsufficientPrivilegeError("not allowed")
+        return await own(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(type(raw), "execute", refusing)
+    with pytest.raises(exc.ProgrammingError):
+        async with engine.connect():
+            pass
+    monkeypatch.undo()
+    # The pool drops a connection whose checkout failed, as it does after
+    # its own ping fails; the next checkout is lent a new one.
+    assert (await _pid_and_raw(engine))[0] != pid
