@@ -102,3 +102,48 @@ async def test_a_ping_that_fails_for_another_reason_is_raised_not_retried(
     # The pool drops a connection whose checkout failed, as it does after
     # its own ping fails; the next checkout is lent a new one.
     assert (await _pid_and_raw(engine))[0] != pid
+
+
+async def _left_inside_a_transaction(engine: AsyncEngine, how: str) -> int:
+    """A borrower that begins a server transaction behind the adapter's back
+    (which the pool's reset on return cannot see) and gives the connection
+    back in it; the backend's pid."""
+    async with engine.connect() as conn:
+        raw = (await conn.get_raw_connection()).driver_connection
+        pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        await conn.rollback()
+        if how == "autocommit_begin":  # BEGIN sent as a statement on AUTOCOMMIT
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.exec_driver_sql("BEGIN")
+            await conn.exec_driver_sql("INSERT INTO left_behind VALUES (1)")
+        elif how == "failed":  # and the transaction then failed
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.exec_driver_sql("BEGIN")
+            with pytest.raises(exc.DBAPIError):
+                await conn.exec_driver_sql("SELECT 1/0")
+        else:  # on the driver's own connection
+            await raw.execute("BEGIN; INSERT INTO left_behind VALUES (1)")
+        assert raw.is_in_transaction()
+    return pid
+
+
+@pytest.mark.parametrize("how", ["autocommit_begin", "failed", "driver"])
+async def test_a_connection_given_back_inside_a_transaction_is_never_lent(
+    engine, how, caplog
+) -> None:
+    """Its transaction is rolled back by the server, not committed or used by
+    the next borrower, and every next borrower has a clean connection."""
+    async with engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE IF NOT EXISTS left_behind (x int)"))
+    pid = await _left_inside_a_transaction(engine, how)
+    for _ in range(3):
+        async with Database(engine).core_transaction() as (conn, _notes):
+            assert (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one() != pid
+            await conn.execute(text("INSERT INTO left_behind VALUES (2)"))
+        async with engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert not raw.is_in_transaction()
+            rows = (await conn.execute(text("SELECT x FROM left_behind"))).scalars().all()
+    assert rows == [2, 2, 2]  # the abandoned INSERT never committed
+    assert "found inside a transaction" in caplog.text

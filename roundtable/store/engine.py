@@ -5,6 +5,7 @@ Kept in one module so the store's operations read the same on both databases.
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ SUPPORTED_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")
 # concurrent claimers a short timeout turns contention into errors.
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 READ_ONLY_OPTION = "roundtable_read_only"
+logger = logging.getLogger(__name__)
 
 
 def create_engine_for(database_url: str) -> AsyncEngine:
@@ -59,9 +61,23 @@ def _one_trip_ping(dbapi_connection: Any) -> bool:
     safe there too. Errors go through the adapter's own translation, so
     SQLAlchemy's pre-ping sees the same DBAPI errors and tells a lost
     connection (reconnect) from any other error (raised) as it does for its
-    own ping."""
+    own ping.
+
+    A connection the server still has inside a transaction (a borrower
+    began one behind the adapter's back, which the pool's reset cannot see)
+    is never lent: whatever it holds would be committed, or fail, with the
+    next borrower's work. SQLAlchemy's ping happened to refuse it (its BEGIN
+    fails there); this one closes it, so the server rolls that transaction
+    back, and the pool replaces it as a lost connection."""
+    driver = dbapi_connection.driver_connection
+    if driver.is_in_transaction():  # from the server's last reply: no trip
+        logger.warning(
+            "a pooled PostgreSQL connection was found inside a transaction; "
+            "closed, so the server rolls it back, and replaced"
+        )
+        driver.terminate()
     try:
-        await_(dbapi_connection.driver_connection.execute("SELECT 1"))
+        await_(driver.execute("SELECT 1"))
     except Exception as error:
         dbapi_connection._handle_exception(error)
     return True
