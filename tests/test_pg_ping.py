@@ -6,6 +6,8 @@ whose backend is gone is replaced before anyone is lent it."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 from sqlalchemy import exc, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from roundtable.store import engine as engine_module
 from roundtable.store.database import Database
 from roundtable.store.engine import create_engine_for
 
@@ -147,3 +150,22 @@ async def test_a_connection_given_back_inside_a_transaction_is_never_lent(
             rows = (await conn.execute(text("SELECT x FROM left_behind"))).scalars().all()
     assert rows == [2, 2, 2]  # the abandoned INSERT never committed
     assert "found inside a transaction" in caplog.text
+
+
+async def test_a_pooled_connection_that_does_not_answer_is_replaced(
+    engine, monkeypatch, caplog
+) -> None:
+    """A backend that is frozen (as a connection cut without a word looks
+    from here) is taken for lost once the ping's time is up, not waited on
+    for ever, and the borrower is lent a new connection."""
+    monkeypatch.setattr(engine_module, "PING_TIMEOUT_SECONDS", 0.5)
+    pid, _ = await _pid_and_raw(engine)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        async with asyncio.timeout(30):  # the test's own bound, far above the ping's
+            async with Database(engine).core_transaction() as (conn, _notes):
+                now = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert now != pid
+    assert "did not answer its ping" in caplog.text

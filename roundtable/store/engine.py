@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from asyncpg.exceptions import InterfaceError
 from sqlalchemy import event, func, literal, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -28,6 +29,10 @@ SUPPORTED_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 READ_ONLY_OPTION = "roundtable_read_only"
 logger = logging.getLogger(__name__)
+# How long the pool waits for a pooled PostgreSQL connection to answer its
+# ping before it takes the connection for lost. Generous: a server that
+# needs longer to answer SELECT 1 is in trouble anyway.
+PING_TIMEOUT_SECONDS = 10.0
 
 
 def create_engine_for(database_url: str) -> AsyncEngine:
@@ -68,7 +73,9 @@ def _one_trip_ping(dbapi_connection: Any) -> bool:
     is never lent: whatever it holds would be committed, or fail, with the
     next borrower's work. SQLAlchemy's ping happened to refuse it (its BEGIN
     fails there); this one closes it, so the server rolls that transaction
-    back, and the pool replaces it as a lost connection."""
+    back, and the pool replaces it as a lost connection. So is one that
+    does not answer within ``PING_TIMEOUT_SECONDS``, where SQLAlchemy's
+    ping waited for ever."""
     driver = dbapi_connection.driver_connection
     if driver.is_in_transaction():  # from the server's last reply: no trip
         logger.warning(
@@ -77,7 +84,17 @@ def _one_trip_ping(dbapi_connection: Any) -> bool:
         )
         driver.terminate()
     try:
-        await_(driver.execute("SELECT 1"))
+        await_(driver.execute("SELECT 1", timeout=PING_TIMEOUT_SECONDS))
+    except TimeoutError:
+        # No answer: a frozen backend, or a connection cut without a word (a
+        # failover, a firewall's idle drop), where the socket would wait out
+        # TCP's retries, a quarter of an hour. Replaced, as a lost one.
+        logger.warning(
+            "a pooled PostgreSQL connection did not answer its ping in %s s; closed and replaced",
+            PING_TIMEOUT_SECONDS,
+        )
+        driver.terminate()
+        dbapi_connection._handle_exception(InterfaceError("no answer to the pool's ping"))
     except Exception as error:
         dbapi_connection._handle_exception(error)
     return True
