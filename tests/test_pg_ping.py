@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -169,3 +170,54 @@ async def test_a_pooled_connection_that_does_not_answer_is_replaced(
         os.kill(pid, signal.SIGCONT)
     assert now != pid
     assert "did not answer its ping" in caplog.text
+
+
+async def test_a_pooled_connection_the_driver_already_closed_is_replaced_unseen(engine) -> None:
+    pid, raw = await _pid_and_raw(engine)
+    raw.terminate()  # as asyncpg does itself after some failures
+    assert (await _pid_and_raw(engine))[0] != pid
+
+
+async def test_a_transaction_begun_by_a_reply_still_on_its_way_is_caught(engine, caplog) -> None:
+    """The state a connection last reported can be older than a reply still
+    on its way: a borrower's BEGIN sent behind the adapter's back, cut off by
+    a timeout while its backend is frozen, and the connection lent again at
+    once. SELECT 1's own reply says where the server is; the connection is
+    closed, not lent inside that transaction."""
+    async with engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE IF NOT EXISTS in_flight (x int)"))
+    pid, _ = await _pid_and_raw(engine)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3), engine.connect() as conn:
+                raw = (await conn.get_raw_connection()).driver_connection
+                os.kill(pid, signal.SIGSTOP)  # after the checkout's ping
+                await raw.execute("BEGIN; INSERT INTO in_flight VALUES (1)")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # The backend answers now; this loop does not read the answer before the
+    # next checkout's ping (no await in between).
+    time.sleep(0.2)  # noqa: ASYNC251
+    async with Database(engine).core_transaction() as (conn, _notes):
+        assert (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one() != pid
+        await conn.execute(text("INSERT INTO in_flight VALUES (2)"))
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT x FROM in_flight"))).scalars().all() == [2]
+    assert "found inside a transaction" in caplog.text
+
+
+async def test_a_shorter_command_timeout_bounds_the_ping(postgres_url, monkeypatch) -> None:
+    """``?command_timeout=`` shorter than the ping's own: the ping waits no
+    longer than the connection's owner asked any statement to wait."""
+    monkeypatch.setattr(engine_module, "PING_TIMEOUT_SECONDS", 600.0)
+    engine = create_engine_for(f"{postgres_url}?command_timeout=0.5")
+    try:
+        pid, _ = await _pid_and_raw(engine)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(60):  # far above 0.5, far below 600
+                assert (await _pid_and_raw(engine))[0] != pid
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        await engine.dispose()

@@ -77,27 +77,40 @@ def _one_trip_ping(dbapi_connection: Any) -> bool:
     does not answer within ``PING_TIMEOUT_SECONDS``, where SQLAlchemy's
     ping waited for ever."""
     driver = dbapi_connection.driver_connection
-    if driver.is_in_transaction():  # from the server's last reply: no trip
-        logger.warning(
-            "a pooled PostgreSQL connection was found inside a transaction; "
-            "closed, so the server rolls it back, and replaced"
-        )
-        driver.terminate()
     try:
-        await_(driver.execute("SELECT 1", timeout=PING_TIMEOUT_SECONDS))
+        # First from the server's last reply (no trip; a failed transaction
+        # would fail SELECT 1 itself), then from its reply to SELECT 1: the
+        # last reply may be older than one still on its way (a borrower's
+        # statement cancelled mid-flight), SELECT 1's answer is not.
+        if not driver.is_closed() and driver.is_in_transaction():
+            _close(driver, "was found inside a transaction")
+        await_(driver.execute("SELECT 1", timeout=_ping_timeout(driver)))
+        if driver.is_in_transaction():
+            _close(driver, "was found inside a transaction")
+            raise InterfaceError("a pooled connection was inside a transaction")
     except TimeoutError:
         # No answer: a frozen backend, or a connection cut without a word (a
         # failover, a firewall's idle drop), where the socket would wait out
         # TCP's retries, a quarter of an hour. Replaced, as a lost one.
-        logger.warning(
-            "a pooled PostgreSQL connection did not answer its ping in %s s; closed and replaced",
-            PING_TIMEOUT_SECONDS,
-        )
-        driver.terminate()
+        _close(driver, "did not answer its ping")
         dbapi_connection._handle_exception(InterfaceError("no answer to the pool's ping"))
     except Exception as error:
         dbapi_connection._handle_exception(error)
     return True
+
+
+def _close(driver: Any, why: str) -> None:
+    """Close a pooled connection the ping will not lend: the server rolls
+    back whatever it had open, and the failed ping makes the pool replace it."""
+    logger.warning("a pooled PostgreSQL connection %s; closed and replaced", why)
+    driver.terminate()
+
+
+def _ping_timeout(driver: Any) -> float:
+    """``PING_TIMEOUT_SECONDS``, or the connection's own command timeout
+    (``?command_timeout=`` in the URL) where that is shorter."""
+    own = driver._config.command_timeout
+    return min(PING_TIMEOUT_SECONDS, own) if own else PING_TIMEOUT_SECONDS
 
 
 def _refusing_unstorable(engine: AsyncEngine) -> AsyncEngine:
