@@ -101,10 +101,10 @@ class Settings(BaseSettings):
     worker_sticky_queue_timeout_seconds: float = Field(default=1.0, gt=0)
     # Python's garbage collector in a worker process (gc.set_threshold).
     # Empty (the default): Python's own (700, 10, 10). Raised thresholds
-    # (20000,20,20, the default before) saved a busy worker a few
-    # ms of CPU a run of full collections, but let garbage pile up between
-    # them: its RSS grew about 30 KiB a run, 231 → 439 MB over 7,200 runs
-    # with no ceiling seen, where Python's own held it at 232 to 256 MB
+    # (20000,20,20, the default before) saved a busy worker about 7 ms of
+    # CPU a run (a tenth) of full collections, but let garbage pile up
+    # between them: its RSS grew about 30 KiB a run, 231 → 439 MB over 7,200
+    # runs with no ceiling seen, where Python's own held it at 232 to 256 MB
     # (bench/README, "The worker's memory").
     worker_gc_thresholds: str = ""
     # A run's target lease and heartbeat timeout when its request sets none
