@@ -82,10 +82,11 @@ def _one_trip_ping(dbapi_connection: Any) -> bool:
         # would fail SELECT 1 itself), then from its reply to SELECT 1: the
         # last reply may be older than one still on its way (a borrower's
         # statement cancelled mid-flight), SELECT 1's answer is not.
-        if not driver.is_closed() and driver.is_in_transaction():
-            _close(driver, "was found inside a transaction")
-        await_(driver.execute("SELECT 1", timeout=_ping_timeout(driver)))
-        if driver.is_in_transaction():
+        inside = not driver.is_closed() and driver.is_in_transaction()
+        if not inside:
+            await_(driver.execute("SELECT 1", timeout=_ping_timeout(driver)))
+            inside = driver.is_in_transaction()
+        if inside:
             _close(driver, "was found inside a transaction")
             raise InterfaceError("a pooled connection was inside a transaction")
     except TimeoutError:
