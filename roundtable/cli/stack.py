@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -215,6 +216,24 @@ def _temporal_binary() -> str:
     return found
 
 
+# `start-dev` picks its HTTP API, metrics and internal ports itself: it asks
+# the kernel for a free port, lets it go, and binds it a moment later, when
+# any process's connection may have taken it. A race lost that way is the
+# server's, not the person's (seen in CI: "bind: address already in use" on
+# a port nobody asked for), so we start the server again, a few times.
+SERVER_START_ATTEMPTS = 3
+CONNECT_ATTEMPT_SECONDS = 5
+_BIND_REFUSED = re.compile(r":(\d+): bind: address already in use")
+
+
+class _PortRaceLost(Exception):
+    """The server exited because a port it had chosen itself was taken."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(port)
+        self.port = port
+
+
 async def _start_server(  # type: ignore[no-untyped-def]
     settings: Settings, port: int, ui_port: int, codec_endpoint: str, state_dir: Path
 ):
@@ -240,19 +259,63 @@ async def _start_server(  # type: ignore[no-untyped-def]
     for name, kind in SEARCH_ATTRIBUTES.items():
         command += ["--search-attribute", f"{name}={kind}"]
     log_path = state_dir / "temporal.log"
+    attempt = 1
+    while True:
+        try:
+            return await _launch_server(settings, command, log_path, asked={port, ui_port})
+        except _PortRaceLost as lost:
+            if attempt == SERVER_START_ATTEMPTS:
+                raise CliError(
+                    f"temporal server could not bind port {lost.port}, which it chose "
+                    f"itself, {attempt} times in a row; see {log_path}"
+                ) from None
+            typer.echo(
+                f"temporal server lost port {lost.port} (its own choice) to another "
+                f"process as it started; starting it again",
+                err=True,
+            )
+            attempt += 1
+
+
+async def _launch_server(  # type: ignore[no-untyped-def]
+    settings: Settings, command: list[str], log_path: Path, asked: set[int]
+):
+    """One start of the server, until it answers. A port race it lost raises
+    _PortRaceLost; a port we asked for that is taken is the person's to free."""
+    logged_before = _log_end(log_path)
     server = _spawn(command, log_path)
     deadline = asyncio.get_running_loop().time() + 60
     while True:
         if server.poll() is not None:
-            raise CliError(f"temporal server exited ({server.returncode}); see {log_path}")
+            refused = _BIND_REFUSED.search(_read_from(log_path, logged_before))
+            if refused is None:
+                raise CliError(f"temporal server exited ({server.returncode}); see {log_path}")
+            taken = int(refused.group(1))
+            if taken in asked:
+                holder = port_holder(taken) or "another process"
+                raise CliError(f"port {taken} is held by {holder}; see {log_path}")
+            raise _PortRaceLost(taken)
         try:
-            await connect(settings)
+            # Bounded, so a server that exits while a connection hangs (on a
+            # port another process holds and never answers on) is seen.
+            await asyncio.wait_for(connect(settings), CONNECT_ATTEMPT_SECONDS)
             return server
         except Exception:
             if asyncio.get_running_loop().time() > deadline:
                 _stop_server(server)
-                raise CliError(f"temporal server did not come up on port {port}") from None
+                raise CliError(f"temporal server did not come up; see {log_path}") from None
             await asyncio.sleep(0.5)
+
+
+def _log_end(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """What a log gained since ``offset`` (this start's lines, not an earlier one's)."""
+    with path.open("rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
 
 
 def _refuse_held_ports(**ports: int) -> None:
