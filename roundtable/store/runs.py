@@ -172,9 +172,11 @@ class Runs:
         Callers that start a workflow create the run first, so it is readable at once.
         With ``request_fingerprint``, an existing run made for another request
         is a conflict (an Idempotency-Key reused for a different body)."""
-        try:
-            run = await self.get(run_id)
-        except NotFoundError:
+        # Read with find, not get: a NotFoundError per run started would
+        # keep its frames (one holding a connection) alive in a reference
+        # cycle until the collector's next full pass.
+        run = await self.db.find(RunRow, "id", run_id)
+        if run is None:
             check_session(user_id, task_text)
             try:
                 # The session and the run in one transaction: a run created
