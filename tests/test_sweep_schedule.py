@@ -29,6 +29,7 @@ async def start_and_stop_a_worker(settings: Settings) -> None:
     )
     assert ready.is_set(), running.exception() if running.done() else "worker not ready"
     assert gc.get_threshold() == settings.gc_thresholds()  # the process's collector, tuned
+    assert gc.get_freeze_count() > 0  # what it held before polling, set aside
     running.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
@@ -36,10 +37,13 @@ async def start_and_stop_a_worker(settings: Settings) -> None:
 
 @pytest.fixture
 def pythons_own_collector() -> Iterator[None]:
-    """The worker tunes the whole process's collector: this one's, put back."""
-    before = gc.get_threshold()
+    """The worker tunes the whole process's collector and freezes what it
+    holds: this one's, put back."""
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
     yield
     gc.set_threshold(*before)
+    if frozen == 0:
+        gc.unfreeze()
 
 
 async def test_the_sweep_gate_pauses_and_resumes_the_schedule(
