@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint proofs bench bench-scale venv system-deps clean chaos stress
+.PHONY: run test lint proofs bench bench-scale soak venv system-deps clean chaos stress
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,16 @@ bench: venv system-deps
 # worker processes on PostgreSQL, CPU per part; writes bench/results/scale.json.
 bench-scale: venv system-deps
 	$(VENV)/bin/python -m bench.scale --json bench/results/scale.json
+
+# The memory soak: both workers do batch after batch of the throughput run
+# for SOAK_SECONDS; prints each one's memory growth per run after warm-up.
+# SOAK_ENV="NAME=VALUE ..." sets worker variables (a collector setting, say).
+# Writes bench/results/soak.json. `make test` runs a few small batches.
+SOAK_SECONDS ?= 600
+SOAK_ENV ?=
+soak: venv
+	$(VENV)/bin/python -m bench.soak --seconds $(SOAK_SECONDS) --json bench/results/soak.json \
+		$(foreach pair,$(SOAK_ENV),--worker-env $(pair))
 
 # Chaos (issue 10): a contended workload under seeded faults for DURATION
 # seconds, then the invariant checker and the canary scan; exit 1 on any

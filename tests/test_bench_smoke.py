@@ -105,3 +105,31 @@ def test_store_calls_measures_each_call() -> None:
     stdout = _bench("bench.store_calls", "--writes", "3", timeout=120)
     # Five calls on an approved write's path, two on a run's own.
     assert stdout.count("ms CPU per call") == 7, stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_soak_measures_each_workers_growth(tmp_path: Path) -> None:
+    """bench/soak.py (`make soak`, ten minutes) in its short form: the least
+    batches, of a few runs each."""
+    out = tmp_path / "soak.json"
+    stdout = _bench("bench.soak", "--seconds", "0", "--runs", "3", "--json", str(out), timeout=280)
+    figures = json.loads(out.read_text())
+    for side in ("bare", "ours"):
+        soaked = figures[side]
+        assert soaked["batches"] >= 3 and soaked["runs"] == 3 * soaked["batches"]
+        assert isinstance(soaked["rss_kib_per_run"], int | float)
+        assert all(_positive(b["rss_kib"]) for b in soaked["by_batch"])
+        assert all(_positive(mib) for mib in soaked["rss_mib_first_last"])
+    assert "growth after warm-up" in stdout
+
+
+def test_the_soak_refuses_a_malformed_worker_setting() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--worker-env", "NOEQUALS"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "NAME=VALUE" in done.stderr, done.stderr
