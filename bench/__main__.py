@@ -22,18 +22,15 @@ absolute numbers: the machines here are noisy.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import approvals, claims, crash, scale, throughput, waiting
+from bench.outcome import finish
 from bench.stack import stack
 from bench.throughput import WORKER_ENV
-from roundtable.process_exit import leave
 
 SCALE_RUNS = 40  # runs at once at each point of the scale curve
 
@@ -164,17 +161,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--profile", type=Path, help="py-spy the workers into this directory")
     args = parser.parse_args()
-    # Leave without interpreter finalization (roundtable.process_exit).
-    try:
-        figures = asyncio.run(run(SMOKE if args.smoke else FULL, args.profile))
-        _print(figures)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
-    except BaseException:
-        traceback.print_exc()
-        leave(1)
-    leave(0)
+    finish(run(SMOKE if args.smoke else FULL, args.profile), _print, args.json)
 
 
 if __name__ == "__main__":

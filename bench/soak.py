@@ -22,17 +22,14 @@ checks only that every figure is produced.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import time
-import traceback
 from pathlib import Path
 from statistics import linear_regression, median
 from typing import Any
 
+from bench.outcome import finish
 from bench.stack import Stack, cpu_seconds, rss_kib, stack
 from bench.throughput import WORKER_ENV, run_bare, run_ours
-from roundtable.process_exit import leave
 
 MIN_BATCHES = 3  # a side: a slope needs two points after the warm-up quarter
 # Growth per run above this, after warm-up, is a leak to chase (KiB a run;
@@ -122,16 +119,7 @@ def main() -> None:
         if not sep or not name:
             parser.error(f"--worker-env takes NAME=VALUE, not {pair!r}")
         worker_env[name] = value
-    try:
-        figures = asyncio.run(measure(args.seconds, args.runs, worker_env))
-        _print(figures)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    except BaseException:
-        traceback.print_exc()
-        leave(1)
-    leave(0)
+    finish(measure(args.seconds, args.runs, worker_env), _print, args.json)
 
 
 if __name__ == "__main__":
