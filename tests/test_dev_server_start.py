@@ -8,10 +8,12 @@ held port as its own choice of HTTP API port (the last `--http-port` wins)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +39,7 @@ def wrapper(tmp_path: Path, held: int, losing_starts: int) -> Path:
     script = tmp_path / "temporal"
     script.write_text(
         "#!/bin/bash\n"
-        f'echo start >> "{tmp_path}/starts"\n'
+        f'echo $$ >> "{tmp_path}/starts"\n'
         f'if [ "$(wc -l < "{tmp_path}/starts")" -le {losing_starts} ]; then\n'
         f'  exec "{REAL_TEMPORAL}" "$@" --http-port {held}\n'
         "fi\n"
@@ -47,15 +49,29 @@ def wrapper(tmp_path: Path, held: int, losing_starts: int) -> Path:
     return script
 
 
+def started(tmp_path: Path) -> list[int]:
+    """The process of each server start (the wrapper execs the server)."""
+    return [int(pid) for pid in (tmp_path / "starts").read_text().split()]
+
+
 def starts(tmp_path: Path) -> int:
-    return len((tmp_path / "starts").read_text().splitlines())
+    return len(started(tmp_path))
 
 
-async def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, binary: Path, port: int):  # type: ignore[no-untyped-def]
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+async def start(  # type: ignore[no-untyped-def]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, binary: Path, port: int, **settings: Any
+):
     monkeypatch.setattr(stack_module, "_temporal_binary", lambda: str(binary))
     state = tmp_path / "state"
     state.mkdir(exist_ok=True)
-    settings = Settings(temporal_address=f"127.0.0.1:{port}")
+    settings = Settings(temporal_address=f"127.0.0.1:{port}", **settings)
     codec = f"http://127.0.0.1:{free_port()}/codec/ui"
     return await stack_module._start_server(settings, port, free_port(), codec, state)
 
@@ -80,9 +96,46 @@ async def test_a_race_lost_every_time_stops_with_the_port_named(
 ) -> None:
     losing = stack_module.SERVER_START_ATTEMPTS
     binary = wrapper(tmp_path, held_port, losing_starts=losing)
-    with pytest.raises(CliError, match=rf"could not bind port {held_port}, which it chose"):
+    ports = ", ".join([str(held_port)] * losing)
+    with pytest.raises(CliError, match=rf"on each of {losing} starts \(ports {ports}\)"):
         await start(tmp_path, monkeypatch, binary, free_port())
     assert starts(tmp_path) == losing
+    assert all(gone(pid) for pid in started(tmp_path))
+
+
+async def test_a_start_cancelled_stops_its_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_port: int
+) -> None:
+    """Cancelled while the server comes up (a second start, here), it once
+    left that server running: nothing held it yet to stop it."""
+    binary = wrapper(tmp_path, held_port, losing_starts=1)
+    starting = asyncio.create_task(start(tmp_path, monkeypatch, binary, free_port()))
+    # Polled: another process (the wrapper) writes it.
+    while not (tmp_path / "starts").exists() or starts(tmp_path) < 2:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert all(gone(pid) for pid in started(tmp_path))
+
+
+async def test_settings_no_server_can_satisfy_stop_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once retried for a minute, then blamed on the server ("did not come up")."""
+    binary = wrapper(tmp_path, 0, losing_starts=0)
+    key_file = tmp_path / "key"
+    key_file.write_text("k")
+    with pytest.raises(CliError, match="both ROUNDTABLE_TEMPORAL_API_KEY and"):
+        await start(
+            tmp_path,
+            monkeypatch,
+            binary,
+            free_port(),
+            temporal_api_key="k",
+            temporal_api_key_file=str(key_file),
+        )
+    assert starts(tmp_path) == 1 and all(gone(pid) for pid in started(tmp_path))
 
 
 async def test_a_port_we_asked_for_is_named_with_its_holder_and_not_retried(
@@ -100,7 +153,7 @@ async def test_a_server_that_exits_for_another_reason_is_not_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     binary = tmp_path / "temporal"
-    binary.write_text(f'#!/bin/bash\necho start >> "{tmp_path}/starts"\necho "no" >&2\nexit 3\n')
+    binary.write_text(f'#!/bin/bash\necho $$ >> "{tmp_path}/starts"\necho "no" >&2\nexit 3\n')
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     with pytest.raises(CliError, match=r"temporal server exited \(3\)"):
         await start(tmp_path, monkeypatch, binary, free_port())

@@ -43,7 +43,7 @@ from roundtable.store import (
     open_store,
 )
 from roundtable.telemetry.logs import configure_logging
-from roundtable.temporal import SECURITY_VARIABLES, connect
+from roundtable.temporal import SECURITY_VARIABLES, TemporalSettingsError, connect
 from roundtable.views import run_view
 
 
@@ -222,7 +222,6 @@ def _temporal_binary() -> str:
 # server's, not the person's (seen in CI: "bind: address already in use" on
 # a port nobody asked for), so we start the server again, a few times.
 SERVER_START_ATTEMPTS = 3
-CONNECT_ATTEMPT_SECONDS = 5
 _BIND_REFUSED = re.compile(r":(\d+): bind: address already in use")
 
 
@@ -259,32 +258,46 @@ async def _start_server(  # type: ignore[no-untyped-def]
     for name, kind in SEARCH_ATTRIBUTES.items():
         command += ["--search-attribute", f"{name}={kind}"]
     log_path = state_dir / "temporal.log"
-    attempt = 1
+    lost: list[int] = []  # the ports it chose itself and lost, one a start
     while True:
         try:
             return await _launch_server(settings, command, log_path, asked={port, ui_port})
-        except _PortRaceLost as lost:
-            if attempt == SERVER_START_ATTEMPTS:
+        except _PortRaceLost as race:
+            lost.append(race.port)
+            if len(lost) == SERVER_START_ATTEMPTS:
                 raise CliError(
-                    f"temporal server could not bind port {lost.port}, which it chose "
-                    f"itself, {attempt} times in a row; see {log_path}"
+                    f"temporal server lost a port it chose itself on each of {len(lost)} "
+                    f"starts (ports {', '.join(map(str, lost))}); see {log_path}"
                 ) from None
             typer.echo(
-                f"temporal server lost port {lost.port} (its own choice) to another "
+                f"temporal server lost port {race.port} (its own choice) to another "
                 f"process as it started; starting it again",
                 err=True,
             )
-            attempt += 1
 
 
 async def _launch_server(  # type: ignore[no-untyped-def]
     settings: Settings, command: list[str], log_path: Path, asked: set[int]
 ):
     """One start of the server, until it answers. A port race it lost raises
-    _PortRaceLost; a port we asked for that is taken is the person's to free."""
+    _PortRaceLost; a port we asked for that is taken is the person's to free.
+    However this ends but answering (an error, a cancellation), the server
+    is stopped: nothing else holds it yet."""
     logged_before = _log_end(log_path)
     server = _spawn(command, log_path)
-    deadline = asyncio.get_running_loop().time() + 60
+    try:
+        await _until_it_answers(settings, server, log_path, logged_before, asked)
+    except BaseException:
+        _stop_server(server)
+        raise
+    return server
+
+
+async def _until_it_answers(  # type: ignore[no-untyped-def]
+    settings: Settings, server, log_path: Path, logged_before: int, asked: set[int]
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
     while True:
         if server.poll() is not None:
             refused = _BIND_REFUSED.search(_read_from(log_path, logged_before))
@@ -295,16 +308,33 @@ async def _launch_server(  # type: ignore[no-untyped-def]
                 holder = port_holder(taken) or "another process"
                 raise CliError(f"port {taken} is held by {holder}; see {log_path}")
             raise _PortRaceLost(taken)
+        # The server is watched while a connection is tried: one that exits
+        # while a connection hangs (on a port another process holds and never
+        # answers on) is seen within half a second, and a slow first answer
+        # from a live server is waited for.
+        connecting = asyncio.ensure_future(connect(settings))
+        connecting.add_done_callback(_retrieved)
         try:
-            # Bounded, so a server that exits while a connection hangs (on a
-            # port another process holds and never answers on) is seen.
-            await asyncio.wait_for(connect(settings), CONNECT_ATTEMPT_SECONDS)
-            return server
-        except Exception:
-            if asyncio.get_running_loop().time() > deadline:
-                _stop_server(server)
-                raise CliError(f"temporal server did not come up; see {log_path}") from None
-            await asyncio.sleep(0.5)
+            while not connecting.done() and server.poll() is None and loop.time() < deadline:
+                await asyncio.wait({connecting}, timeout=0.5)
+        finally:
+            connecting.cancel()  # a no-op once it is done
+        if connecting.done() and not connecting.cancelled():
+            failed = connecting.exception()
+            if failed is None:
+                return
+            if isinstance(failed, TemporalSettingsError):  # no server can help that
+                raise CliError(str(failed)) from failed
+        if loop.time() > deadline:
+            raise CliError(f"temporal server did not come up within 60 s; see {log_path}")
+        await asyncio.sleep(0.5)
+
+
+def _retrieved(attempt: asyncio.Future) -> None:  # type: ignore[type-arg]
+    """An attempt given up on may still fail later: its error is read, not
+    reported as never retrieved."""
+    if not attempt.cancelled():
+        attempt.exception()
 
 
 def _log_end(path: Path) -> int:
