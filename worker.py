@@ -313,9 +313,10 @@ def tuning(settings: Settings) -> dict[str, Any]:
 
 def set_aside_what_lives_for_good() -> None:
     """Leave out of every later collection what the process holds before its
-    first run (modules, classes, settings, pools: some 200,000 objects), so
-    each full collection walks half as many (bench/README, "The collector").
-    Only here, once, before any worker polls: an object frozen is never
+    first run (modules, classes, settings, pools, MCP servers' sessions: some
+    200,000 objects), so each full collection walks half as many
+    (bench/README, "The collector, measured from inside the worker"). Only
+    here, once, before any worker polls: an object frozen is never
     collected, and a run in flight frozen would be its garbage kept for good."""
     if gc.get_freeze_count() == 0:  # a process that runs a worker twice (tests): once
         gc.collect()  # what is garbage already is freed, not kept

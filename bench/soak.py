@@ -10,7 +10,8 @@ batch, each worker's resident memory and CPU per run are read.
 
 The figure is each side's memory growth per run: the least-squares slope
 of its RSS against the runs it has done, over its batches after the first
-quarter (caches fill while a worker warms up; a leak keeps going). A soak of
+quarter, or at least the first batch (caches fill while a worker warms up;
+a leak keeps going), with its standard error. A soak of
 7,200 runs once showed ours growing about 30 KiB a run with no ceiling,
 from garbage that piled up between rare full collections (bench/README).
 ``--worker-env`` sets a variable for both workers, to soak a setting
@@ -22,6 +23,8 @@ checks only that every figure is produced.
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import time
 from pathlib import Path
 from statistics import linear_regression, median
@@ -31,10 +34,11 @@ from bench.outcome import finish
 from bench.stack import Stack, cpu_seconds, rss_kib, stack
 from bench.throughput import WORKER_ENV, run_bare, run_ours
 
-MIN_BATCHES = 3  # a side: a slope needs two points after the warm-up quarter
+MIN_BATCHES = 3  # a side: a slope needs two points after the warm-up batch
 # Growth per run above this, after warm-up, is a leak to chase (KiB a run;
 # batch-to-batch noise is about 10 MB, a few KiB a run over a ten-minute soak).
 TARGET_KIB_PER_RUN = 5.0
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 async def _batch(made: Stack, side: str, runs: int, done: int) -> dict[str, Any]:
@@ -50,9 +54,11 @@ async def _batch(made: Stack, side: str, runs: int, done: int) -> dict[str, Any]
 
 def growth(batches: list[dict[str, Any]]) -> dict[str, Any]:
     """One side's figures from its batches (in the order they ran)."""
-    settled = batches[len(batches) // 4 :]
-    slope, _ = linear_regression([b["runs_done"] for b in settled], [b["rss_kib"] for b in settled])
-    quarter = max(1, len(batches) // 4)
+    quarter = max(1, len(batches) // 4)  # the warm-up: at least the first batch
+    settled = batches[quarter:]
+    runs = [b["runs_done"] for b in settled]
+    rss = [b["rss_kib"] for b in settled]
+    slope, intercept = linear_regression(runs, rss)
     return {
         "runs": batches[-1]["runs_done"],
         "batches": len(batches),
@@ -61,12 +67,27 @@ def growth(batches: list[dict[str, Any]]) -> dict[str, Any]:
             round(batches[-1]["rss_kib"] / 1024, 1),
         ],
         "rss_kib_per_run": round(slope, 2),
+        # How far the slope can be trusted: batch-to-batch RSS moves by
+        # megabytes, so a short soak's slope is loose (None: two points).
+        "rss_kib_per_run_standard_error": _standard_error(runs, rss, slope, intercept),
         "cpu_ms_per_run_first_last_quarter": [
             round(median(b["cpu_ms_per_run"] for b in batches[:quarter]), 1),
             round(median(b["cpu_ms_per_run"] for b in batches[-quarter:]), 1),
         ],
         "by_batch": batches,
     }
+
+
+def _standard_error(
+    xs: list[float], ys: list[float], slope: float, intercept: float
+) -> float | None:
+    """The least-squares slope's standard error."""
+    if len(xs) < 3:
+        return None
+    residuals = sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys, strict=True))
+    mean = sum(xs) / len(xs)
+    spread = sum((x - mean) ** 2 for x in xs)
+    return round(math.sqrt(residuals / (len(xs) - 2) / spread), 2)
 
 
 async def measure(seconds: float, runs: int, worker_env: dict[str, str]) -> dict[str, Any]:
@@ -98,7 +119,8 @@ def _print(figures: dict[str, Any]) -> None:
         cpu_first, cpu_last = f["cpu_ms_per_run_first_last_quarter"]
         print(
             f"  {side}: {f['runs']} runs in {f['batches']} batches; RSS {first} → {last} MiB, "
-            f"growth after warm-up {f['rss_kib_per_run']} KiB/run "
+            f"growth after warm-up {f['rss_kib_per_run']} "
+            f"± {f['rss_kib_per_run_standard_error']} KiB/run "
             f"(target ≤ {figures['target_kib_per_run']}); "
             f"CPU/run {cpu_first} → {cpu_last} ms (first → last quarter)"
         )
@@ -116,8 +138,8 @@ def main() -> None:
     worker_env = {}
     for pair in args.worker_env:
         name, sep, value = pair.partition("=")
-        if not sep or not name:
-            parser.error(f"--worker-env takes NAME=VALUE, not {pair!r}")
+        if not sep or not _NAME.fullmatch(name):
+            parser.error(f"--worker-env takes NAME=VALUE, NAME a variable's name, not {pair!r}")
         worker_env[name] = value
     finish(measure(args.seconds, args.runs, worker_env), _print, args.json)
 

@@ -118,14 +118,19 @@ def test_the_soak_measures_each_workers_growth(tmp_path: Path) -> None:
         soaked = figures[side]
         assert soaked["batches"] >= 3 and soaked["runs"] == 3 * soaked["batches"]
         assert isinstance(soaked["rss_kib_per_run"], int | float)
+        # Three batches: the first is the warm-up, two points make no error estimate.
+        assert soaked["rss_kib_per_run_standard_error"] is None
         assert all(_positive(b["rss_kib"]) for b in soaked["by_batch"])
         assert all(_positive(mib) for mib in soaked["rss_mib_first_last"])
     assert "growth after warm-up" in stdout
 
 
-def test_the_soak_refuses_a_malformed_worker_setting() -> None:
+@pytest.mark.parametrize("setting", ["NOEQUALS", "=1", " ROUNDTABLE_X=1", "A-B=1"])
+def test_the_soak_refuses_a_malformed_worker_setting(setting: str) -> None:
+    """A setting that could not reach a worker as written is refused, not
+    shown as applied while it does nothing."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.soak", "--worker-env", "NOEQUALS"],
+        [sys.executable, "-m", "bench.soak", "--worker-env", setting],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -133,3 +138,20 @@ def test_the_soak_refuses_a_malformed_worker_setting() -> None:
         check=False,
     )
     assert done.returncode == 2 and "NAME=VALUE" in done.stderr, done.stderr
+
+
+def test_the_soaks_slope_leaves_out_the_warm_up_and_says_how_loose_it_is() -> None:
+    from bench.soak import growth
+
+    def batches(rss: list[int]) -> list[dict]:
+        return [
+            {"runs_done": 200 * (i + 1), "rss_kib": kib, "cpu_ms_per_run": 60.0}
+            for i, kib in enumerate(rss)
+        ]
+
+    # Three batches: the first (the warm-up's jump) is left out.
+    assert growth(batches([200_000, 210_000, 210_000]))["rss_kib_per_run"] == 0
+    steady = growth(batches([200_000, 210_000, 210_400, 210_800, 211_200, 211_600]))
+    assert steady["rss_kib_per_run"] == 2.0 and steady["rss_kib_per_run_standard_error"] == 0
+    noisy = growth(batches([200_000, 210_000, 220_000, 210_000, 220_000, 210_000]))
+    assert noisy["rss_kib_per_run_standard_error"] > 0
