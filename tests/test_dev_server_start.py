@@ -50,8 +50,10 @@ def wrapper(tmp_path: Path, held: int, losing_starts: int) -> Path:
 
 
 def started(tmp_path: Path) -> list[int]:
-    """The process of each server start (the wrapper execs the server)."""
-    return [int(pid) for pid in (tmp_path / "starts").read_text().split()]
+    """The process of each server start (the wrapper execs the server); a
+    wrapper stopped before it wrote is no start."""
+    record = tmp_path / "starts"
+    return [int(pid) for pid in record.read_text().split()] if record.exists() else []
 
 
 def starts(tmp_path: Path) -> int:
@@ -111,7 +113,7 @@ async def test_a_start_cancelled_stops_its_server(
     binary = wrapper(tmp_path, held_port, losing_starts=1)
     starting = asyncio.create_task(start(tmp_path, monkeypatch, binary, free_port()))
     # Polled: another process (the wrapper) writes it.
-    while not (tmp_path / "starts").exists() or starts(tmp_path) < 2:  # noqa: ASYNC110
+    while starts(tmp_path) < 2:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     starting.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -135,7 +137,8 @@ async def test_settings_no_server_can_satisfy_stop_at_once(
             temporal_api_key="k",
             temporal_api_key_file=str(key_file),
         )
-    assert starts(tmp_path) == 1 and all(gone(pid) for pid in started(tmp_path))
+    # The server may be stopped before its wrapper even wrote down its start.
+    assert starts(tmp_path) <= 1 and all(gone(pid) for pid in started(tmp_path))
 
 
 async def test_a_port_we_asked_for_is_named_with_its_holder_and_not_retried(
