@@ -21,6 +21,7 @@ from roundtable.cli import stack as stack_module
 from roundtable.cli.output import CliError
 from roundtable.config import Settings
 from roundtable.ports import free_port
+from tests.processes import running
 
 REAL_TEMPORAL = stack_module._temporal_binary()
 
@@ -60,13 +61,6 @@ def starts(tmp_path: Path) -> int:
     return len(started(tmp_path))
 
 
-def gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 async def start(  # type: ignore[no-untyped-def]
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, binary: Path, port: int, **settings: Any
 ):
@@ -102,7 +96,7 @@ async def test_a_race_lost_every_time_stops_with_the_port_named(
     with pytest.raises(CliError, match=rf"on each of {losing} starts \(ports {ports}\)"):
         await start(tmp_path, monkeypatch, binary, free_port())
     assert starts(tmp_path) == losing
-    assert all(gone(pid) for pid in started(tmp_path))
+    assert not any(running(pid) for pid in started(tmp_path))
 
 
 async def test_a_start_cancelled_stops_its_server(
@@ -118,7 +112,7 @@ async def test_a_start_cancelled_stops_its_server(
     starting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await starting
-    assert all(gone(pid) for pid in started(tmp_path))
+    assert not any(running(pid) for pid in started(tmp_path))
 
 
 async def test_settings_no_server_can_satisfy_stop_at_once(
@@ -138,7 +132,7 @@ async def test_settings_no_server_can_satisfy_stop_at_once(
             temporal_api_key_file=str(key_file),
         )
     # The server may be stopped before its wrapper even wrote down its start.
-    assert starts(tmp_path) <= 1 and all(gone(pid) for pid in started(tmp_path))
+    assert starts(tmp_path) <= 1 and not any(running(pid) for pid in started(tmp_path))
 
 
 async def test_a_port_we_asked_for_is_named_with_its_holder_and_not_retried(

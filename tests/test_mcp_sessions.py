@@ -21,6 +21,7 @@ from roundtable.config import Settings
 from roundtable.tools.mcp import IDEMPOTENCY_META, MCPServerSpec, register_mcp_tools
 from roundtable.tools.mcp_sessions import MCPSessions, MCPUnavailable
 from roundtable.tools.registry import ToolContext, ToolDefiniteFailure, ToolRegistry
+from tests.processes import running
 from tests.workflow_harness import harness, script
 from worker import worker_parts
 
@@ -64,15 +65,6 @@ class Lifecycle:
             for c in seen
             if (tool is None or c["tool"] == tool) and (key is None or c.get("key") == key)
         ]
-
-
-def running(pid: int) -> bool:
-    """Whether the process exists and has not exited (a zombie has)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 async def until(check: Callable[[], bool], what: str, within: float = 30) -> None:
