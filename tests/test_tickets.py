@@ -196,3 +196,32 @@ async def test_a_finish_with_no_entry_in_the_log_applies_nothing(tickets: Ticket
         await tickets._finish(ARGS, writer("never-started", 1), lambda t: t.fields.update(a=1))
     assert await tickets.read("acme", "T-1") is None
     assert await tickets.write_log() == []
+
+
+async def test_a_write_changes_its_own_ticket_and_no_other(tickets: TicketSystem) -> None:
+    """A write's statements are built once and told their ticket by
+    parameters: a key that failed to bind would change every ticket."""
+    other = TicketUpdateArgs(tenant_id="acme", ticket_id="T-2", fields={"owner": "y"})
+    same_id_elsewhere = TicketUpdateArgs(tenant_id="globex", ticket_id="T-1", fields={"b": 2})
+    await tickets.update(other, writer("o", 7))
+    await tickets.update(same_id_elsewhere, writer("g", 3))
+    await tickets.update(ARGS, writer("mine", 9))
+    assert await tickets.fence(ARGS, writer("mine-again", 20))
+    assert (await tickets.read("acme", "T-2"))["fields"] == {"owner": "y"}
+    assert (await tickets.read("globex", "T-1"))["fields"] == {"b": 2}
+    assert (await tickets.read("acme", "T-1"))["fields"] == {"owner": "x"}
+    # The fence raised T-1's token alone: the others still take their own next writers.
+    await tickets.update(other, writer("o2", 8))
+    await tickets.update(same_id_elsewhere, writer("g2", 4))
+    with pytest.raises(ToolDefiniteFailure):
+        await tickets.update(ARGS, writer("mine-late", 20))
+    log = {w["idempotency_key"]: w for w in await tickets.write_log()}
+    assert {k: log[k]["outcome"] for k in ("o", "g", "mine", "o2", "g2", "mine-late")} == {
+        "o": "applied",
+        "g": "applied",
+        "mine": "applied",
+        "o2": "applied",
+        "g2": "applied",
+        "mine-late": "rejected_stale",
+    }
+    assert all(w["arrivals"] == 1 for w in log.values())

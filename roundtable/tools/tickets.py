@@ -28,6 +28,7 @@ from sqlalchemy import (
     DateTime,
     Integer,
     String,
+    bindparam,
     insert,
     inspect,
     select,
@@ -42,7 +43,7 @@ from roundtable.completion import to_completion
 from roundtable.store import sqlite_core
 from roundtable.store.core_statements import CoreConnection
 from roundtable.store.core_writes import write_later
-from roundtable.store.engine import create_engine_for, insert_for
+from roundtable.store.engine import create_engine_for, dialect_insert, is_postgresql
 from roundtable.tools.registry import (
     ToolContext,
     ToolDefiniteFailure,
@@ -290,37 +291,32 @@ class TicketSystem:
             seen = await _log_entry(conn, ctx)
             if seen is not None:
                 # The repeat is counted (committed), then answered as the first time.
-                await write_later(
-                    conn,
-                    update(_LOG)
-                    .where(_LOG.c.idempotency_key == ctx.idempotency_key)
-                    .values(arrivals=_LOG.c.arrivals + 1),
-                )
+                await write_later(conn, _COUNT_ARRIVAL, {"entry_key": ctx.idempotency_key})
             else:
                 highest = ticket.highest_fencing_token
                 stale = ctx.fencing_token < highest
                 if not stale and ctx.fencing_token > highest:
                     await write_later(
                         conn,
-                        update(_TICKETS)
-                        .where(*_is_ticket(args))
-                        .values(highest_fencing_token=ctx.fencing_token),
+                        _CHANGE_TICKET,
+                        {**_ticket_key(args), "highest_fencing_token": ctx.fencing_token},
                     )
                 now = datetime.now(UTC)
                 await write_later(
                     conn,
-                    insert(_LOG).values(
-                        idempotency_key=ctx.idempotency_key,
-                        fencing_token=ctx.fencing_token,
-                        tenant_id=args.tenant_id,
-                        ticket_id=args.ticket_id,
-                        operation=operation,
-                        started_at=now,
+                    _LOG_START,
+                    {
+                        "idempotency_key": ctx.idempotency_key,
+                        "fencing_token": ctx.fencing_token,
+                        "tenant_id": args.tenant_id,
+                        "ticket_id": args.ticket_id,
+                        "operation": operation,
+                        "started_at": now,
                         # A refusal is logged as durably as a write: the log is the truth.
-                        finished_at=now if stale else None,
-                        outcome=REJECTED_STALE if stale else "started",
-                        arrivals=1,
-                    ),
+                        "finished_at": now if stale else None,
+                        "outcome": REJECTED_STALE if stale else "started",
+                        "arrivals": 1,
+                    },
                 )
                 if not stale:
                     started.append(True)
@@ -347,9 +343,7 @@ class TicketSystem:
                     comments=list(ticket.comments),
                 )
                 apply(changed)
-                await write_later(
-                    conn, update(_TICKETS).where(*_is_ticket(args)).values(vars(changed))
-                )
+                await write_later(conn, _CHANGE_TICKET, {**_ticket_key(args), **vars(changed)})
                 result = {
                     "ticket_id": args.ticket_id,
                     "status": changed.status,
@@ -375,8 +369,7 @@ class TicketSystem:
             below = (ctx.fencing_token or 0) + 1
             if below > ticket.highest_fencing_token:
                 await write_later(
-                    conn,
-                    update(_TICKETS).where(*_is_ticket(args)).values(highest_fencing_token=below),
+                    conn, _CHANGE_TICKET, {**_ticket_key(args), "highest_fencing_token": below}
                 )
             return True
 
@@ -389,17 +382,44 @@ class TicketSystem:
 _TICKETS = TicketRow.__table__
 _LOG = TicketWriteRow.__table__
 
+# A write's statements, built once, their values passed as parameters: a
+# statement built per call with its values in it is a new SQLAlchemy cache
+# key to generate each time, which cost more than sending it (bench/README,
+# "What was cut"). The key's parameters are named apart from the columns:
+# an UPDATE sets the columns its parameters name.
+_IS_TICKET = (
+    _TICKETS.c.tenant_id == bindparam("key_tenant", type_=_TICKETS.c.tenant_id.type),
+    _TICKETS.c.ticket_id == bindparam("key_ticket", type_=_TICKETS.c.ticket_id.type),
+)
+_IS_ENTRY = _LOG.c.idempotency_key == bindparam("entry_key", type_=_LOG.c.idempotency_key.type)
+_LOCK_TICKET = select(_TICKETS).where(*_IS_TICKET).with_for_update()
+# Sets the columns its parameters name besides the key's.
+_CHANGE_TICKET = update(_TICKETS).where(*_IS_TICKET)
+_READ_ENTRY = select(_LOG.c.outcome, _LOG.c.result).where(_IS_ENTRY)
+_COUNT_ARRIVAL = update(_LOG).where(_IS_ENTRY).values(arrivals=_LOG.c.arrivals + 1)
+_LOG_START = insert(_LOG)
+_END_ENTRY = update(_LOG).where(_IS_ENTRY)
+_END_ENTRY_IF = _END_ENTRY.where(
+    _LOG.c.outcome == bindparam("entry_only_if", type_=_LOG.c.outcome.type)
+)
+# The ticket made on its first write; each dialect's, as both have their own
+# ON CONFLICT.
+_MAKE_TICKET = {
+    on_postgresql: dialect_insert(on_postgresql, _TICKETS).on_conflict_do_nothing()
+    for on_postgresql in (False, True)
+}
 
-def _is_ticket(args: TicketRef) -> tuple[Any, ...]:
-    return (_TICKETS.c.tenant_id == args.tenant_id, _TICKETS.c.ticket_id == args.ticket_id)
+
+def _ticket_key(args: TicketRef) -> dict[str, str]:
+    return {"key_tenant": args.tenant_id, "key_ticket": args.ticket_id}
 
 
 async def _locked_ticket(conn: CoreConnection, args: TicketRef) -> Any:
     """The ticket's row, made if it was never written to, row-locked
     (PostgreSQL; SQLite's writers are serialised anyway): a write's
     check-then-apply and a fence never interleave."""
-    locked = select(_TICKETS).where(*_is_ticket(args)).with_for_update()
-    ticket = (await conn.execute(locked)).one_or_none()
+    key = _ticket_key(args)
+    ticket = (await conn.execute(_LOCK_TICKET, key)).one_or_none()
     if ticket is not None:
         return ticket
     # Two first writers of one ticket: one makes it, the other then locks it.
@@ -411,19 +431,16 @@ async def _locked_ticket(conn: CoreConnection, args: TicketRef) -> Any:
         "comments": [],
         "highest_fencing_token": 0,
     }
-    inserted = await conn.execute(insert_for(conn, _TICKETS).values(made).on_conflict_do_nothing())
+    inserted = await conn.execute(_MAKE_TICKET[is_postgresql(conn)], made)
     if inserted.rowcount == 1:
         # Ours: the row is as made, and no other writer sees it before we commit.
         return SimpleNamespace(**made)
-    return (await conn.execute(locked)).one()
+    return (await conn.execute(_LOCK_TICKET, key)).one()
 
 
 async def _log_entry(conn: CoreConnection, ctx: ToolContext) -> Any:
     """The write log's entry for this call's idempotency key, if any."""
-    entry = select(_LOG.c.outcome, _LOG.c.result).where(
-        _LOG.c.idempotency_key == ctx.idempotency_key
-    )
-    return (await conn.execute(entry)).one_or_none()
+    return (await conn.execute(_READ_ENTRY, {"entry_key": ctx.idempotency_key})).one_or_none()
 
 
 async def _end_log(
@@ -437,13 +454,16 @@ async def _end_log(
     with ``only_if``, only an entry still in that state (if any). Without
     it the entry must be there: the log is the ground truth, and a write
     never applies without its entry."""
-    ending = update(_LOG).where(_LOG.c.idempotency_key == ctx.idempotency_key)
-    if only_if is not None:
-        ending = ending.where(_LOG.c.outcome == only_if)
-    values: dict[str, Any] = {"outcome": outcome, "finished_at": datetime.now(UTC)}
+    values: dict[str, Any] = {
+        "entry_key": ctx.idempotency_key,
+        "outcome": outcome,
+        "finished_at": datetime.now(UTC),
+    }
     if result is not None:
         values["result"] = result
-    ended = await conn.execute(ending.values(values))
+    if only_if is not None:
+        values["entry_only_if"] = only_if
+    ended = await conn.execute(_END_ENTRY if only_if is None else _END_ENTRY_IF, values)
     if only_if is None and ended.rowcount != 1:
         # No entry to end: the write must not apply unlogged. Raised inside
         # the transaction, so the ticket's change rolls back with it.
