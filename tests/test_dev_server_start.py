@@ -1,4 +1,5 @@
-"""How `roundtable dev` starts its Temporal server when a port is taken.
+"""How `roundtable dev` starts its Temporal server when a port is taken, and
+how the test suite starts its own.
 
 `temporal server start-dev` chooses its HTTP API, metrics and internal ports
 itself and binds them a moment later; once in CI another process took one
@@ -12,6 +13,7 @@ import asyncio
 import socket
 import stat
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from roundtable.cli.output import CliError
 from roundtable.config import Settings
 from roundtable.ports import free_port
 from tests.processes import running
+from tests.temporal_servers import DEV_SERVER_STARTS, start_dev_server
 
 REAL_TEMPORAL = stack_module._temporal_binary()
 
@@ -155,3 +158,32 @@ async def test_a_server_that_exits_for_another_reason_is_not_retried(
     with pytest.raises(CliError, match=r"temporal server exited \(3\)"):
         await start(tmp_path, monkeypatch, binary, free_port())
     assert starts(tmp_path) == 1
+
+
+async def test_the_suites_own_dev_server_is_started_again_after_a_lost_race(
+    tmp_path: Path, held_port: int, capfd: pytest.CaptureFixture
+) -> None:
+    """The tests' servers come from the SDK's ``start_local``, which runs the
+    same CLI and so can lose the same race; it only waits out its startup
+    wait for a server that exited, so the suite's start tries again."""
+    binary = wrapper(tmp_path, held_port, losing_starts=1)
+    env = await start_dev_server(binary=str(binary), startup_wait=timedelta(seconds=10))
+    try:
+        assert starts(tmp_path) == 2
+        assert await env.client.count_workflows() is not None  # it answers
+        said = capfd.readouterr().err  # the server's own output too
+        assert f"{held_port}: bind: address already in use" in said  # the race was real
+        assert "did not come up (start 1 of 3)" in said
+    finally:
+        await env.shutdown()
+    assert not any(running(pid) for pid in started(tmp_path))
+
+
+async def test_the_suites_own_dev_server_lost_every_time_fails_the_test(
+    tmp_path: Path, held_port: int
+) -> None:
+    binary = wrapper(tmp_path, held_port, losing_starts=DEV_SERVER_STARTS)
+    with pytest.raises(RuntimeError, match="did not start within"):
+        await start_dev_server(binary=str(binary), startup_wait=timedelta(seconds=5))
+    assert starts(tmp_path) == DEV_SERVER_STARTS
+    assert not any(running(pid) for pid in started(tmp_path))
