@@ -8,6 +8,7 @@ the same transaction the refusal rolled back, so the log showed the write
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -225,3 +226,33 @@ async def test_a_write_changes_its_own_ticket_and_no_other(tickets: TicketSystem
         "mine-late": "rejected_stale",
     }
     assert all(w["arrivals"] == 1 for w in log.values())
+
+
+async def test_a_change_naming_no_column_is_refused_and_applies_nothing(
+    tickets: TicketSystem,
+) -> None:
+    """Found in review: a write's values go to a statement built once as
+    parameters, and a name that is no column was ignored: the write was
+    logged ``applied`` without it (built per call, SQLAlchemy refused it)."""
+
+    def apply(ticket: Any) -> None:
+        ticket.fields.update(a=1)
+        ticket.priority = "high"
+
+    with pytest.raises(ValueError, match=r"not \['priority'\]"):
+        await tickets._write("update", ARGS, writer("k", 1), apply)
+    assert (await tickets.read("acme", "T-1"))["fields"] == {}  # made by the start, unchanged
+    (entry,) = await tickets.write_log()
+    assert entry["outcome"] != "applied"
+
+
+async def test_a_change_cannot_move_the_key_it_is_written_under(tickets: TicketSystem) -> None:
+    await tickets.update(ARGS, writer("first", 1))
+
+    def apply(ticket: Any) -> None:
+        ticket.key_ticket = "T-2"
+
+    with pytest.raises(ValueError, match="key_ticket"):
+        await tickets._write("update", ARGS, writer("k", 2), apply)
+    assert (await tickets.read("acme", "T-1"))["fields"] == {"owner": "x"}
+    assert await tickets.read("acme", "T-2") is None

@@ -343,7 +343,7 @@ class TicketSystem:
                     comments=list(ticket.comments),
                 )
                 apply(changed)
-                await write_later(conn, _CHANGE_TICKET, {**_ticket_key(args), **vars(changed)})
+                await write_later(conn, _CHANGE_TICKET, {**_changes(changed), **_ticket_key(args)})
                 result = {
                     "ticket_id": args.ticket_id,
                     "status": changed.status,
@@ -413,6 +413,22 @@ _MAKE_TICKET = {
 
 def _ticket_key(args: TicketRef) -> dict[str, str]:
     return {"key_tenant": args.tenant_id, "key_ticket": args.ticket_id}
+
+
+# What a write's handler may change on its copy of the ticket.
+_CHANGEABLE = frozenset({"status", "fields", "comments"})
+
+
+def _changes(changed: SimpleNamespace) -> dict[str, Any]:
+    """The handler's copy as the columns to set. Anything else it set is
+    refused (raised inside the write's transaction, so nothing applies):
+    given as a parameter, a name that is no column would be ignored and
+    the write logged ``applied`` without it."""
+    values = vars(changed)
+    if values.keys() != _CHANGEABLE:
+        unknown = sorted(values.keys() - _CHANGEABLE)
+        raise ValueError(f"a ticket write changes only {sorted(_CHANGEABLE)}, not {unknown}")
+    return values
 
 
 async def _locked_ticket(conn: CoreConnection, args: TicketRef) -> Any:
