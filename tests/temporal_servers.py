@@ -12,7 +12,9 @@ API and metrics ports itself and binds them a moment later, and a port
 another process took in between makes it exit (a CI run of `roundtable dev`
 lost such a race). The SDK cannot say why a server did not come up (it
 stops it and reports the wait it ran out of), so any such start is tried
-again."""
+again: a server that cannot start at all (a flag it refuses, say) fails its
+test after three startup waits instead of one. Any other error (no such
+binary) is raised at once."""
 
 from __future__ import annotations
 

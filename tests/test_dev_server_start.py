@@ -187,3 +187,13 @@ async def test_the_suites_own_dev_server_lost_every_time_fails_the_test(
         await start_dev_server(binary=str(binary), startup_wait=timedelta(seconds=5))
     assert starts(tmp_path) == DEV_SERVER_STARTS
     assert not any(running(pid) for pid in started(tmp_path))
+
+
+async def test_the_suites_own_start_raises_other_errors_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Only a server that did not come up is started again."""
+    with pytest.raises(RuntimeError) as failed:
+        await start_dev_server(binary=str(tmp_path / "no-such-temporal"))
+    assert "did not start within" not in str(failed.value)
+    assert "did not come up" not in capsys.readouterr().err
