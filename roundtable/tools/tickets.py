@@ -384,10 +384,10 @@ _LOG = TicketWriteRow.__table__
 
 # A write's statements, built once, their values passed as parameters: a
 # statement built per call with its values in it is a new SQLAlchemy cache
-# key to generate each time: about 3.4% of a worker's Python time per run
-# (bench/README, "What was cut"). The keys' parameters are named apart from the columns:
-# an UPDATE sets the columns its parameters name (and SQLAlchemy refuses a
-# bound key named like a column).
+# key to generate each time, about 3.4% of a worker's Python time per run
+# (bench/README, "What was cut"). The keys' parameters are named apart from
+# the columns: an UPDATE sets the columns its parameters name (and
+# SQLAlchemy refuses a bound key named like a column).
 _IS_TICKET = (
     _TICKETS.c.tenant_id == bindparam("key_tenant", type_=_TICKETS.c.tenant_id.type),
     _TICKETS.c.ticket_id == bindparam("key_ticket", type_=_TICKETS.c.ticket_id.type),
