@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -29,7 +29,7 @@ from roundtable.states import (
 )
 from roundtable.store import commit_notes
 from roundtable.store.approvals import Approvals, requested_payload
-from roundtable.store.core_writes import ChainedRun, locked_run, write_later
+from roundtable.store.core_writes import ChainedRun, insert_into, locked_run, write_later
 from roundtable.store.database import Database, found, reload
 from roundtable.store.engine import database_now
 from roundtable.store.errors import (
@@ -239,12 +239,12 @@ class Actions:
                 }
                 row["approval_id"] = approval["id"]
             # The action first: its secret, its approval and its events refer to it.
-            await write_later(connection, insert(_ACTIONS), row)
+            await write_later(connection, insert_into(_ACTIONS), row)
             if row["status"] == ActionStatus.REJECTED:  # refused by the policy: ends here
                 notes.append(commit_notes.ActionEnded(row["tool_name"], row["status"]))
             if sealed is not None:
                 secret = {"action_id": action_id, "arguments_encrypted": sealed, "created_at": now}
-                await write_later(connection, insert(_SECRETS), secret)
+                await write_later(connection, insert_into(_SECRETS), secret)
             run = ChainedRun(held["id"], held["last_event_seq"], held["last_event_hash"])
             created = ("agent_id", "tool_name", "risk_level", "status", "logical_action_id")
             run.append(
@@ -258,7 +258,7 @@ class Actions:
             )
             opened: dict[str, Any] = {}
             if approval is not None:
-                await write_later(connection, insert(_APPROVALS), approval)
+                await write_later(connection, insert_into(_APPROVALS), approval)
                 said = requested_payload(approval["id"], action_id, expires_at)
                 run.append("approval.requested", said, now)
                 shown = await carry_run_status_on(

@@ -202,7 +202,7 @@ async def database_now(session: AsyncSession | CoreConnection) -> datetime:
     stale after a lock wait). SQLite runs in this process, so its clock is ours.
     """
     if is_postgresql(session):
-        value = (await session.execute(text("SELECT clock_timestamp()"))).scalar_one()
+        value = (await session.execute(_READ_THE_CLOCK)).scalar_one()
         return value.astimezone(UTC)
     return datetime.now(UTC)
 
@@ -222,6 +222,7 @@ async def database_now_under_write_lock(session: AsyncSession | CoreConnection) 
 # Built once: a hot path's fast connection keeps its compiled form by the
 # statement object (core_statements.py).
 _TAKE_THE_WRITE_LOCK = select(literal(1))
+_READ_THE_CLOCK = text("SELECT clock_timestamp()")
 
 
 def database_clock(session: AsyncSession) -> Any | None:

@@ -9,7 +9,7 @@ from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -23,7 +23,13 @@ from roundtable.states import (
 )
 from roundtable.store.audit import GENESIS_HASH
 from roundtable.store.core_statements import CoreConnection
-from roundtable.store.core_writes import ChainedRun, as_written, locked_run, write_later
+from roundtable.store.core_writes import (
+    ChainedRun,
+    as_written,
+    insert_into,
+    locked_run,
+    write_later,
+)
 from roundtable.store.database import Database, logged
 from roundtable.store.engine import database_now, dialect_insert, is_postgresql
 from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
@@ -129,7 +135,7 @@ async def _insert_run(
         "updated_at": now,
     }
     # The run first: its events refer to it.
-    await write_later(connection, insert(_RUNS), row)
+    await write_later(connection, insert_into(_RUNS), row)
     await chain.write_events(connection)
     return {column.key: row.get(column.key) for column in _RUNS.c}
 

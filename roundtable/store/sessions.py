@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.states import RunStatus
 from roundtable.store.core_statements import CoreConnection
-from roundtable.store.core_writes import write_later
+from roundtable.store.core_writes import insert_into, write_later
 from roundtable.store.database import Database
 from roundtable.store.engine import database_now
 from roundtable.store.errors import InvalidInputError
@@ -40,7 +40,7 @@ async def insert_session(connection: CoreConnection, user_id: str, task_text: st
         "created_at": now,
         "updated_at": now,
     }
-    await write_later(connection, insert(_SESSIONS), row)
+    await write_later(connection, insert_into(_SESSIONS), row)
     return row
 
 
