@@ -208,6 +208,10 @@ class RunInput(Model):
 class ToolSpec(Model):
     """A tool as the run's capability snapshot records it (no code, just facts)."""
 
+    # Frozen, as the snapshot that holds it: runs share equal snapshots
+    # (roundtable/shared_snapshots.py).
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     name: str
     description: str
     side_effect: SideEffect
@@ -219,11 +223,16 @@ class ToolSpec(Model):
 
 
 class SeatGrant(Model):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     agent_id: str
     tools: list[str]
 
 
 class CapabilitySnapshot(Model):
+    # Frozen: a worker's runs share one copy of each (shared_snapshots.py).
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     tools: list[ToolSpec]
     agents: list[SeatGrant]
 

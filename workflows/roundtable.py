@@ -56,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         RUN_WORKFLOW,
         STATE_QUERY,
     )
+    from roundtable.shared_snapshots import shared_snapshot
     from roundtable.states import REFUSED, ApprovalStatus
 
 # The run's helpers are imported as the module is, not passed through: where
@@ -106,6 +107,9 @@ class RoundtableWorkflow:
         # changes, so it is hashed once, not at every write.
         self._fingerprint = args.request.fingerprint()
         self.state: RunState = args.carried or RunState(run_id=args.request.run_id or "")
+        # Equal snapshots are one object across the worker's runs (memory per
+        # waiting run; roundtable/shared_snapshots.py says why that is safe).
+        self.state.snapshot = shared_snapshot(self.state.snapshot_digest, self.state.snapshot)
         self._inbox = Inbox()  # what messages and the run's ending tell its writes
         self._status = StatusBoard(
             self.state, self.request, decided=lambda a: a in self._inbox.after_decision
@@ -212,7 +216,8 @@ class RoundtableWorkflow:
                 start_to_close_timeout=BOOKKEEPING,
                 summary="open run",
             )
-        self.state.session_id, self.state.snapshot = opened.session_id, opened.snapshot
+        self.state.session_id = opened.session_id
+        self.state.snapshot = shared_snapshot(opened.snapshot_digest, opened.snapshot)
         self.state.webhook_urls = opened.webhook_urls
         self.state.expiring_lead_seconds = opened.expiring_lead_seconds
         self.state.tool_queues = opened.tool_queues
