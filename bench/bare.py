@@ -5,7 +5,10 @@ non-retrying activity that writes one row to a SQLite file.
 ``DurableApproval`` is the least a safe approval can be (bench/floor.py): the
 update records the decision with a local activity (one SQLite transaction)
 before it returns, and the write's activity claims, writes and records its
-outcome in three one-statement transactions. ``BareRun`` is
+outcome in three one-statement transactions. ``ShapedWait`` and ``UnsandboxedApproval`` serve
+bench/memory_floor.py: a run holding what our waiting run's history holds
+(its events, payload sizes and search attributes), and ``BareApproval`` as
+it is, both unsandboxed as ours runs. ``BareRun`` is
 the throughput shape (bench/throughput.py): the same model turns as our run
 (three seats, two rounds, a manager), each an activity that returns text,
 and the same two writes, each a non-retrying activity writing one row. No
@@ -24,12 +27,14 @@ from datetime import timedelta
 
 from temporalio import activity, workflow
 from temporalio.client import Client
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
 from temporalio.worker import Worker
 
 WORKFLOW = "BenchBareApproval"
 DURABLE = "BenchDurableApproval"
 RUN = "BenchBareRun"
+SHAPED = "BenchShapedWait"
+UNSANDBOXED = "BenchUnsandboxedApproval"
 DECIDE = "decide"
 SEATS = ("seat-1", "seat-2", "seat-3")
 ROUNDS = (1, 2)
@@ -140,6 +145,89 @@ class BareApproval:
         return decision
 
 
+@workflow.defn(name=UNSANDBOXED, sandboxed=False)
+class UnsandboxedApproval(BareApproval):
+    """BareApproval on the SDK's unsandboxed runner, as our workflows run."""
+
+    @workflow.run
+    async def run(self, key: str) -> str:
+        return await super().run(key)
+
+
+# What our waiting run's history carries (one write waiting for approval,
+# bench/approvals.py's ONE_WRITE; sizes in bytes of JSON, read off a real
+# history at 888c55e): the run's start, its registration (a local
+# activity), a seat's turn (an activity), the write's intercept (a local
+# activity), three search-attribute upserts and the approval's timer.
+SHAPE = {
+    "start": 800,
+    "register": (254, 3012),
+    "turn": (700, 880),
+    "intercept": (259, 436),
+}
+APPROVAL_TIMEOUT = timedelta(hours=1)
+_STATUS = SearchAttributeKey.for_keyword("RoundtableStatus")
+_USER = SearchAttributeKey.for_keyword("RoundtableUserId")
+_PENDING = SearchAttributeKey.for_int("RoundtablePendingApprovals")
+_UNKNOWN = SearchAttributeKey.for_int("RoundtableUnknownActions")
+
+
+def _status(status: str, pending: int) -> list[SearchAttributePair]:  # type: ignore[type-arg]
+    return [
+        SearchAttributePair(_USER, "bench"),
+        SearchAttributePair(_STATUS, status),
+        SearchAttributePair(_UNKNOWN, 0),
+        SearchAttributePair(_PENDING, pending),
+    ]
+
+
+@activity.defn(name="bench_sized")
+async def sized(request: list) -> str:  # type: ignore[type-arg]
+    """Text of the size asked for: a payload as large as ours."""
+    return "x" * int(request[1])
+
+
+@workflow.defn(name=SHAPED, sandboxed=False)
+class ShapedWait:
+    """Our waiting run's history without our code: the same events in the
+    same order, payloads of the same sizes, no store and no codec."""
+
+    def __init__(self) -> None:
+        self.decision: str | None = None
+        self.waits = False
+
+    @workflow.run
+    async def run(self, padding: str) -> str:
+        minute = timedelta(seconds=60)
+        workflow.patched("shaped")  # ours has one patch: a marker and an upsert
+        size_in, size_out = SHAPE["register"]
+        await workflow.execute_local_activity(
+            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
+        )
+        workflow.upsert_search_attributes(_status("running", 0))
+        size_in, size_out = SHAPE["turn"]
+        await workflow.execute_activity(
+            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
+        )
+        size_in, size_out = SHAPE["intercept"]
+        await workflow.execute_local_activity(
+            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
+        )
+        workflow.upsert_search_attributes(_status("waiting_approval", 1))
+        self.waits = True
+        await workflow.wait_condition(lambda: self.decision is not None, timeout=APPROVAL_TIMEOUT)
+        return self.decision or ""
+
+    @workflow.query(name="waiting")
+    def waiting(self) -> bool:
+        return self.waits and self.decision is None
+
+    @workflow.update(name=DECIDE)
+    async def decide(self, decision: str) -> str:
+        self.decision = decision
+        return decision
+
+
 @workflow.defn(name=DURABLE)
 class DurableApproval:
     def __init__(self) -> None:
@@ -204,8 +292,8 @@ async def serve(address: str, queue: str, db: str) -> None:
     worker = Worker(
         client,
         task_queue=queue,
-        workflows=[BareApproval, BareRun, DurableApproval],
-        activities=[write_row, take_turn, record_decision, claimed_write],
+        workflows=[BareApproval, BareRun, DurableApproval, ShapedWait, UnsandboxedApproval],
+        activities=[write_row, take_turn, record_decision, claimed_write, sized],
     )
     await worker.run()
 
