@@ -100,6 +100,24 @@ def test_the_floor_measures_all_three_sides() -> None:
     assert all("bare" in line and "durable" in line and "ours" in line for line in lines)
 
 
+@pytest.mark.timeout(400)
+def test_the_memory_floor_measures_every_side() -> None:
+    """bench/memory_floor.py (not part of `make bench`): a few waiting runs a
+    side, each side's runs checked waiting before its memory is read (with
+    so few runs the figure itself may be anything, even negative)."""
+    stdout = _bench("bench.memory_floor", "--runs", "3", "--rounds", "1", timeout=380)
+    measured = json.loads(stdout[stdout.index("\n{") :])
+    assert set(measured) == {
+        "bare (SDK's sandbox)",
+        "bare, unsandboxed",
+        "our history, no code of ours",
+        "ours",
+    }
+    for side in measured.values():
+        assert len(side["kib_per_run"]) == 1
+        assert isinstance(side["median"], int | float)
+
+
 def test_store_calls_measures_each_call() -> None:
     """bench/store_calls.py (not part of `make bench`): a few writes."""
     stdout = _bench("bench.store_calls", "--writes", "3", timeout=120)
