@@ -4,7 +4,7 @@ run, printed as a table and written as JSON.
     .venv/bin/python -m bench [--smoke] [--json FILE] [--profile DIR]
 
 1. approval round trip (p50/p95) and worker CPU per approval (bench/approvals.py)
-2. throughput, runs started at once, and worker CPU per run, the median of three
+2. throughput, runs started at once, and worker CPU per run, the median of five
    batch pairs (bench/throughput.py)
 3. the store's claim against a bare upsert, SQLite and PostgreSQL (bench/claims.py)
 4. history events per approved write (bench/approvals.py)
@@ -51,7 +51,7 @@ class Sizes:
 FULL = Sizes(
     approvals=200,
     runs_at_once=200,
-    batches=3,
+    batches=5,
     scales=(10, 100, 1000),
     waiting=1000,
     crashes=3,
