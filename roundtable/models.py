@@ -226,15 +226,18 @@ class SeatGrant(Model):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     agent_id: str
-    tools: list[str]
+    # A tuple, as the snapshot's own fields: runs share it, and reads are
+    # routed by it alone (roundtable/shared_snapshots.py).
+    tools: tuple[str, ...]
 
 
 class CapabilitySnapshot(Model):
-    # Frozen: a worker's runs share one copy of each (shared_snapshots.py).
+    # Frozen, its sequences tuples: a worker's runs share one copy of each
+    # (shared_snapshots.py). The JSON is the same arrays as before.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tools: list[ToolSpec]
-    agents: list[SeatGrant]
+    tools: tuple[ToolSpec, ...]
+    agents: tuple[SeatGrant, ...]
 
     def tool(self, name: str) -> ToolSpec | None:
         return next((t for t in self.tools if t.name == name), None)

@@ -398,7 +398,7 @@ async def test_a_raw_reconcile_update_is_refused(tmp_path) -> None:
 
 def forged(snapshot: Any) -> Any:
     """A capability snapshot that calls every tool R0."""
-    tools = [t.model_copy(update={"risk_level": "R0"}) for t in snapshot.tools]
+    tools = tuple(t.model_copy(update={"risk_level": "R0"}) for t in snapshot.tools)
     return snapshot.model_copy(update={"tools": tools})
 
 

@@ -268,7 +268,7 @@ async def test_a_kept_row_that_is_not_what_its_digest_names_is_refused(
     digest = await keep(store, run["id"])
     # Someone widens seat-1's grant in the row behind the digest's back.
     widened = SNAPSHOT.model_copy(
-        update={"agents": [SeatGrant(agent_id="seat-1", tools=["look", "peek"])]}
+        update={"agents": (SeatGrant(agent_id="seat-1", tools=("look", "peek")),)}
     )
     async with store.db.transaction() as session:
         await session.execute(

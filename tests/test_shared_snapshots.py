@@ -5,10 +5,12 @@ writes go on as before."""
 from __future__ import annotations
 
 import gc
+import re
 
 import pytest
 from pydantic import ValidationError
 
+from activities.kept_snapshots import snapshot_digest
 from roundtable import shared_snapshots
 from roundtable.models import (
     CapabilitySnapshot,
@@ -24,13 +26,13 @@ from tests.workflow_harness import harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
 
 
-def _snapshot(risk: str = "R2") -> CapabilitySnapshot:
+def _snapshot(risk: str = "R2", bound: float = 10) -> CapabilitySnapshot:
     spec = ToolSpec(
         name="ticket_update",
         description="Set fields on a ticket.",
         side_effect="write",
         risk_level=risk,
-        parameters={"type": "object", "properties": {"ticket_id": {"type": "string"}}},
+        parameters={"type": "object", "properties": {"n": {"maximum": bound}}},
     )
     return CapabilitySnapshot(
         tools=[spec], agents=[SeatGrant(agent_id="seat-1", tools=["ticket_update"])]
@@ -45,38 +47,63 @@ def _empty_table() -> None:
 def test_equal_snapshots_become_one_object_and_unequal_ones_stay_apart() -> None:
     first, again = _snapshot(), _snapshot()
     assert first is not again
-    assert shared_snapshot("d1", first) is first
-    assert shared_snapshot("d1", again) is first
-    # The same digest with another value (a digest that lies, or a bug):
-    # the run keeps its own, never the other's.
+    assert shared_snapshot(first) is first
+    assert shared_snapshot(again) is first
     other = _snapshot("R3")
-    assert shared_snapshot("d1", other) is other
-    assert shared_snapshot("d1", _snapshot("R3")) is other
-    assert shared_snapshot("d1", _snapshot()) is not first  # and is its own again
+    assert shared_snapshot(other) is other
+    assert shared_snapshot(_snapshot("R3")) is other
+    assert shared_snapshot(_snapshot()) is first
+    assert shared_snapshot(None) is None
 
 
-def test_no_digest_or_no_snapshot_keeps_what_it_was_given() -> None:
-    mine = _snapshot()
-    assert shared_snapshot(None, mine) is mine
-    assert shared_snapshot("d1", None) is None
-    assert shared_snapshot(None, _snapshot()) is not mine
-    assert shared_snapshots._by_digest == {}
+@pytest.mark.parametrize(("given", "planted"), [(10, 10.0), (0.0, -0.0), (1, True)])
+def test_values_python_calls_equal_but_json_does_not_stay_apart(given, planted) -> None:
+    """Found by review: keyed by the digest a run claims and compared with
+    ``==``, a run started with a made-up state holding ``10.0`` where the
+    pinned snapshot says ``10`` planted its copy, every honest run then took
+    it, and the store refused their writes (the digests differ)."""
+    forged, honest = _snapshot(bound=planted), _snapshot(bound=given)
+    assert forged == honest  # what fooled the first version
+    assert snapshot_digest(forged) != snapshot_digest(honest)
+    assert shared_snapshot(forged) is forged
+    taken = shared_snapshot(honest)
+    assert taken is honest
+    assert snapshot_digest(taken) == snapshot_digest(honest)
+
+
+def test_every_kept_copy_is_under_its_own_digest() -> None:
+    for snapshot in (_snapshot(), _snapshot("R3"), _snapshot(bound=10.0), _snapshot()):
+        shared_snapshot(snapshot)
+    assert len(shared_snapshots._by_digest) == 3
+    for digest, kept in shared_snapshots._by_digest.items():
+        assert snapshot_digest(kept) == digest
 
 
 def test_the_table_is_bounded() -> None:
-    for n in range(shared_snapshots.KEPT * 3):
-        assert shared_snapshot(f"d{n}", _snapshot()).tools[0].name == "ticket_update"
+    for n in range(shared_snapshots.KEPT * 2 + 5):
+        assert shared_snapshot(_snapshot(bound=n)).tools[0].name == "ticket_update"
         assert len(shared_snapshots._by_digest) <= shared_snapshots.KEPT
 
 
-def test_a_snapshot_and_what_it_holds_are_frozen() -> None:
+def test_a_snapshot_s_tools_and_grants_cannot_be_changed() -> None:
     snapshot = _snapshot()
     with pytest.raises(ValidationError):
-        snapshot.tools = []  # type: ignore[misc]
+        snapshot.tools = ()  # type: ignore[misc]
     with pytest.raises(ValidationError):
         snapshot.tools[0].risk_level = "R0"  # type: ignore[misc]
     with pytest.raises(ValidationError):
-        snapshot.agents[0].tools = ["ticket_close"]  # type: ignore[misc]
+        snapshot.agents[0].tools = ("ticket_close",)  # type: ignore[misc]
+    # What the review changed in place on the first version: tuples now.
+    with pytest.raises(AttributeError):
+        snapshot.agents[0].tools.append("ticket_delete")  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        snapshot.tools[0] = snapshot.tools[0]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        snapshot.agents[0] = snapshot.agents[0]  # type: ignore[index]
+    # The JSON, and so the digest the store pins, is the arrays it was.
+    assert snapshot.model_dump(mode="json")["agents"] == [
+        {"agent_id": "seat-1", "tools": ["ticket_update"]}
+    ]
 
 
 def _cached_runs() -> dict[str, RoundtableWorkflow]:
@@ -110,8 +137,43 @@ async def test_two_waiting_runs_hold_one_snapshot_and_both_writes_still_run(tmp_
 
 
 def test_a_run_continued_as_new_takes_the_shared_copy_too() -> None:
-    kept = shared_snapshot("d-carried", _snapshot())
+    kept = shared_snapshot(_snapshot())
     carried = RunState(run_id="r1", snapshot=_snapshot(), snapshot_digest="d-carried")
     request = RunInput(run_id="r1", task_text="t", seats=["seat-1"])
     run = RoundtableWorkflow(WorkflowArgs(request=request, carried=carried))
     assert run.state.snapshot is kept
+
+
+async def test_a_forged_carried_snapshot_never_reaches_an_honest_run(tmp_path) -> None:
+    """The review's attack, end to end: a run started straight through
+    Temporal with a made-up carried state whose snapshot differs from a real
+    one only where Python's ``==`` cannot see it (a whole number written as a
+    float). The honest run that opens afterwards keeps its own value, and
+    its write is intercepted as usual, not refused as unpinned."""
+    one_write = script(("seat-1", 1, [ticket_call("ticket_update")]))
+    async with harness(tmp_path) as h:
+        first = await h.start(task_text="t0", script=one_write)
+        await h.wait_for(first, lambda s: bool(s.pending_approvals))
+        real = _cached_runs()[first.id].state.snapshot
+        assert real is not None
+        text = real.model_dump_json()
+        whole = re.search(r'":(\d+)([,}])', text)
+        assert whole is not None, "the demo's schemas hold a whole number"
+        floated = f'":{whole.group(1)}.0{whole.group(2)}'
+        forged = CapabilitySnapshot.model_validate_json(
+            text[: whole.start()] + floated + text[whole.end() :]
+        )
+        assert forged == real and snapshot_digest(forged) != snapshot_digest(real)
+
+        shared_snapshots._by_digest.clear()
+        request = RunInput(run_id="forged", task_text="t", seats=["seat-1"])
+        carried = RunState(run_id="forged", snapshot=forged, snapshot_digest=snapshot_digest(real))
+        RoundtableWorkflow(WorkflowArgs(request=request, carried=carried))
+
+        second = await h.start(task_text="t1", script=one_write)
+        state = await h.wait_for(second, lambda s: bool(s.pending_approvals))
+        held = _cached_runs()[second.id].state.snapshot
+        assert held is not None and held is not forged
+        assert snapshot_digest(held) == state.snapshot_digest == snapshot_digest(real)
+        (action,) = await h.store.list_actions(second.id)
+        assert action["status"] == "waiting_approval"

@@ -109,7 +109,7 @@ class RoundtableWorkflow:
         self.state: RunState = args.carried or RunState(run_id=args.request.run_id or "")
         # Equal snapshots are one object across the worker's runs (memory per
         # waiting run; roundtable/shared_snapshots.py says why that is safe).
-        self.state.snapshot = shared_snapshot(self.state.snapshot_digest, self.state.snapshot)
+        self.state.snapshot = shared_snapshot(self.state.snapshot)
         self._inbox = Inbox()  # what messages and the run's ending tell its writes
         self._status = StatusBoard(
             self.state, self.request, decided=lambda a: a in self._inbox.after_decision
@@ -217,7 +217,7 @@ class RoundtableWorkflow:
                 summary="open run",
             )
         self.state.session_id = opened.session_id
-        self.state.snapshot = shared_snapshot(opened.snapshot_digest, opened.snapshot)
+        self.state.snapshot = shared_snapshot(opened.snapshot)
         self.state.webhook_urls = opened.webhook_urls
         self.state.expiring_lead_seconds = opened.expiring_lead_seconds
         self.state.tool_queues = opened.tool_queues
