@@ -208,7 +208,7 @@ class RunInput(Model):
 class ToolSpec(Model):
     """A tool as the run's capability snapshot records it (no code, just facts)."""
 
-    # Frozen, as the snapshot that holds it: runs share equal snapshots
+    # Frozen, as the snapshot that holds it: runs share one copy of a snapshot
     # (roundtable/shared_snapshots.py).
     model_config = ConfigDict(extra="forbid", frozen=True)
 

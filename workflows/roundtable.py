@@ -107,7 +107,7 @@ class RoundtableWorkflow:
         # changes, so it is hashed once, not at every write.
         self._fingerprint = args.request.fingerprint()
         self.state: RunState = args.carried or RunState(run_id=args.request.run_id or "")
-        # Equal snapshots are one object across the worker's runs (memory per
+        # Snapshots of one value are one object across the worker's runs (memory per
         # waiting run; roundtable/shared_snapshots.py says why that is safe).
         self.state.snapshot = shared_snapshot(self.state.snapshot)
         self._inbox = Inbox()  # what messages and the run's ending tell its writes
