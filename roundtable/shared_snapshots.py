@@ -8,55 +8,72 @@ with the same snapshot as every other run (bench/README, "Memory per waiting
 run"). A run keeps the copy already held for the same value instead of its
 own.
 
-"The same value" is the snapshot's canonical JSON, by its digest computed
-here (``canonical_digest``, as the store pins a run to it), never the digest
-a run claims and never ``==``: Python's equality takes ``10`` and ``10.0``
-(or ``0.0`` and ``-0.0``) for one value where the JSON, and so the pinned
-digest, tells them apart, so a run started with a made-up state could
-otherwise have planted a copy that every honest run then took and whose
-writes the store refused (found by review). The table's key is always the
-digest of the copy it holds.
+"The same value" is the snapshot's values written as JSON text, each key in
+its order and each number as its Python type has it, by a digest computed
+here (a NaN or an infinity, which JSON cannot carry and pydantic's JSON
+writes as null, is refused rather than written): never the digest a run
+claims, never the store's canonical digest (its sorted keys and nulls would
+join snapshots that differ in key order or NaN), and never ``==``, which
+takes ``10`` and ``10.0`` for one value. A run started through Temporal with
+a made-up carried state could otherwise hand honest runs a copy they would
+send differently (review found both). A snapshot holding NaN or infinity is
+not shared.
+
+The table holds its copies weakly: a copy leaves it when the last run
+holding it is gone, so a made-up run's snapshot, however large, lives no
+longer than that run in the worker's cache, as before (review found a table
+that kept them).
 
 Why sharing across runs is safe, where workflow code shares nothing else
 (tests/test_workflow_determinism.py, which also checks that this table is
 the module's only state):
 - The snapshot cannot be changed through the models: they are frozen, and
   the snapshot's tools, seats' grants and each grant's tools are tuples.
-  What is left mutable is a tool's own lists and parameter schema, which
-  only a write depends on.
+  What is left mutable is a tool's own lists and parameter schema, which a
+  write (checked, below) and the turns of runs opened before snapshots were
+  kept depend on; nothing changes them in place, which
+  tests/test_shared_snapshots.py checks over whole runs.
 - A write is never decided on this copy alone: the write's intercept checks
   the snapshot the run sends against the digest the store pinned the run
   to (activities/run_activities.py, ``pinned_snapshot``).
 - No workflow code compares objects by identity (the reading test refuses
   ``id()`` and ``hash()``), so a run sees only its own value.
 
-Called from workflow activations, which run on several threads: the table is
-a plain dict, whose single reads and writes hold the GIL, and a race only
-keeps one of two copies of the same value.
+Called from workflow activations, which run on several threads: the table's
+single reads and writes hold the GIL (a copy that dies meanwhile reads as
+absent), and a race only keeps one of two copies of the same value.
 """
 
 from __future__ import annotations
 
-from roundtable.models import CapabilitySnapshot, canonical_digest
+import hashlib
+import json
+import weakref
 
-# Distinct snapshots kept: one per tool set and seat list in use (the seats'
-# grants are part of the value). Past it the table starts afresh, and runs
-# keep whichever copy they already hold.
-KEPT = 256
-_by_digest: dict[str, CapabilitySnapshot] = {}
+from roundtable.models import CapabilitySnapshot
+
+_by_digest: weakref.WeakValueDictionary[str, CapabilitySnapshot] = weakref.WeakValueDictionary()
 
 
 def shared_snapshot(snapshot: CapabilitySnapshot | None) -> CapabilitySnapshot | None:
-    """The copy kept for ``snapshot``'s value, or ``snapshot`` itself, kept
-    from now on."""
+    """The copy held for ``snapshot``'s exact JSON, or ``snapshot`` itself,
+    held from now on while a run holds it."""
     if snapshot is None:
         return None
-    digest = canonical_digest(snapshot.model_dump(mode="json"))
-    assert digest is not None  # a snapshot's dump is an object, never None
+    try:
+        # Python's values, not pydantic's JSON ones: those already have
+        # NaN as None, alike to a real null.
+        text = json.dumps(
+            snapshot.model_dump(),
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except ValueError:  # NaN or infinity: not the same value as anything
+        return snapshot
+    digest = hashlib.sha256(text.encode()).hexdigest()
     kept = _by_digest.get(digest)
     if kept is not None:
         return kept
-    if len(_by_digest) >= KEPT:
-        _by_digest.clear()
     _by_digest[digest] = snapshot
     return snapshot

@@ -71,18 +71,57 @@ def test_values_python_calls_equal_but_json_does_not_stay_apart(given, planted) 
     assert snapshot_digest(taken) == snapshot_digest(honest)
 
 
-def test_every_kept_copy_is_under_its_own_digest() -> None:
-    for snapshot in (_snapshot(), _snapshot("R3"), _snapshot(bound=10.0), _snapshot()):
-        shared_snapshot(snapshot)
+def test_every_kept_copy_is_the_one_value_it_is_kept_for() -> None:
+    held = [_snapshot(), _snapshot("R3"), _snapshot(bound=10.0), _snapshot()]
+    taken = [shared_snapshot(snapshot) for snapshot in held]
+    assert taken[3] is taken[0]
+    assert len({id(copy) for copy in taken}) == 3
     assert len(shared_snapshots._by_digest) == 3
-    for digest, kept in shared_snapshots._by_digest.items():
-        assert snapshot_digest(kept) == digest
+    for copy in taken:
+        assert copy is not None and shared_snapshot(copy.model_copy()) is copy
 
 
-def test_the_table_is_bounded() -> None:
-    for n in range(shared_snapshots.KEPT * 2 + 5):
-        assert shared_snapshot(_snapshot(bound=n)).tools[0].name == "ticket_update"
-        assert len(shared_snapshots._by_digest) <= shared_snapshots.KEPT
+def _reordered() -> CapabilitySnapshot:
+    """The same schema as _snapshot()'s, its keys in another order."""
+    text = _snapshot().model_dump_json()
+    swapped = text.replace('"type":"object","properties"', '"properties"', 1).replace(
+        '"maximum":10}}}', '"maximum":10}},"type":"object"}', 1
+    )
+    assert swapped != text
+    return CapabilitySnapshot.model_validate_json(swapped)
+
+
+def test_key_order_and_not_a_number_keep_a_run_s_own_copy() -> None:
+    """Found by the second review: keyed by the store's canonical digest
+    (sorted keys, NaN written as null), a made-up run's copy with its schema's
+    keys reordered, or NaN where the honest one has null, was handed to
+    honest runs, whose turns then sent the reordered schema to their model."""
+    honest = _snapshot()
+    assert shared_snapshot(honest) is honest
+    reordered = _reordered()
+    assert snapshot_digest(reordered) == snapshot_digest(honest)  # what joined them
+    assert shared_snapshot(reordered) is reordered
+    assert shared_snapshot(_snapshot()) is honest
+    with_nan, with_null = _snapshot(bound=float("nan")), _snapshot(bound=None)  # type: ignore[arg-type]
+    assert snapshot_digest(with_nan) == snapshot_digest(with_null)
+    assert shared_snapshot(with_nan) is with_nan
+    assert shared_snapshot(with_null) is with_null
+    assert shared_snapshot(_snapshot(bound=float("nan"))) is not with_nan  # NaN: never shared
+
+
+def test_a_copy_leaves_the_table_with_the_last_run_holding_it() -> None:
+    """Found by the second review: a table that kept its copies kept a made-up
+    run's snapshot (up to Temporal's 2 MB payload, tens of MB in objects)
+    after that run left the worker's cache."""
+    held = shared_snapshot(_snapshot())
+    assert len(shared_snapshots._by_digest) == 1
+    for n in range(50):
+        shared_snapshot(_snapshot(bound=n))  # nobody holds these
+    gc.collect()
+    assert list(shared_snapshots._by_digest.values()) == [held]
+    del held
+    gc.collect()
+    assert len(shared_snapshots._by_digest) == 0
 
 
 def test_a_snapshot_s_tools_and_grants_cannot_be_changed() -> None:
@@ -126,6 +165,7 @@ async def test_two_waiting_runs_hold_one_snapshot_and_both_writes_still_run(tmp_
         assert first.state.snapshot is not None
         assert first.state.snapshot is second.state.snapshot
         assert first.state.snapshot_digest == second.state.snapshot_digest
+        shared, as_opened = first.state.snapshot, first.state.snapshot.model_dump_json()
 
         for handle, approval_id in zip(handles, approvals, strict=True):
             decision = Decision(approval_id=approval_id, decision="approved", decided_by="op-1")
@@ -134,6 +174,10 @@ async def test_two_waiting_runs_hold_one_snapshot_and_both_writes_still_run(tmp_
             (action,) = await h.store.list_actions(handle.id)
             assert action["status"] == "succeeded"
         assert len(await h.tickets.write_log()) == 2
+        # Nothing on the way (decisions, writes, the seats told, the runs'
+        # ends) changed the shared copy in place: its lists and schemas are
+        # still mutable, and a change would reach every run holding it.
+        assert shared.model_dump_json() == as_opened
 
 
 def test_a_run_continued_as_new_takes_the_shared_copy_too() -> None:
