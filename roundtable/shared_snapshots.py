@@ -31,13 +31,15 @@ the module's only state):
   the snapshot's tools, seats' grants and each grant's tools are tuples.
   What is left mutable is a tool's own lists and parameter schema, which a
   write (checked, below) and the turns of runs opened before snapshots were
-  kept depend on; nothing changes them in place, which
-  tests/test_shared_snapshots.py checks over whole runs.
+  kept depend on. Nothing changes them in place (workflow code only looks
+  tools and grants up); tests/test_shared_snapshots.py checks a run with a
+  read and an approved write leaves the shared copy's value as it was.
 - A write is never decided on this copy alone: the write's intercept checks
   the snapshot the run sends against the digest the store pinned the run
   to (activities/run_activities.py, ``pinned_snapshot``).
 - No workflow code compares objects by identity (the reading test refuses
-  ``id()`` and ``hash()``), so a run sees only its own value.
+  ``id()``, ``hash()`` and ``is`` between two values neither of which is a
+  singleton), so a run sees only its own value.
 
 Called from workflow activations, which run on several threads: the table's
 single reads and writes hold the GIL (a copy that dies meanwhile reads as
@@ -55,21 +57,36 @@ from roundtable.models import CapabilitySnapshot
 _by_digest: weakref.WeakValueDictionary[str, CapabilitySnapshot] = weakref.WeakValueDictionary()
 
 
-def shared_snapshot(snapshot: CapabilitySnapshot | None) -> CapabilitySnapshot | None:
-    """The copy held for ``snapshot``'s exact JSON, or ``snapshot`` itself,
-    held from now on while a run holds it."""
-    if snapshot is None:
-        return None
+def value_text(snapshot: CapabilitySnapshot) -> str | None:
+    """The snapshot's values as JSON text, each key in its order and each
+    number as its Python type has it; None for a value JSON cannot carry as
+    it is (NaN, infinity, and what only Python code can build: sets, bytes,
+    lone surrogates), which is then never shared. Exact for what a run is
+    given, which is always decoded from JSON; not for what only Python code
+    can build (``(1, 2)`` and ``[1, 2]`` read alike). Which fields were set
+    is not part of it (nothing sends or reads a snapshot by its set fields)."""
     try:
-        # Python's values, not pydantic's JSON ones: those already have
-        # NaN as None, alike to a real null.
+        # Python's values, not pydantic's JSON ones: those already have NaN
+        # as None, alike to a real null.
         text = json.dumps(
             snapshot.model_dump(),
             separators=(",", ":"),
             ensure_ascii=False,
             allow_nan=False,
         )
-    except ValueError:  # NaN or infinity: not the same value as anything
+        text.encode()  # a lone surrogate cannot be digested
+    except (TypeError, ValueError):
+        return None
+    return text
+
+
+def shared_snapshot(snapshot: CapabilitySnapshot | None) -> CapabilitySnapshot | None:
+    """The copy held for ``snapshot``'s value (:func:`value_text`), or
+    ``snapshot`` itself, held from now on while a run holds it."""
+    if snapshot is None:
+        return None
+    text = value_text(snapshot)
+    if text is None:
         return snapshot
     digest = hashlib.sha256(text.encode()).hexdigest()
     kept = _by_digest.get(digest)

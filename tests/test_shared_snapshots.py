@@ -21,7 +21,7 @@ from roundtable.models import (
     ToolSpec,
     WorkflowArgs,
 )
-from roundtable.shared_snapshots import shared_snapshot
+from roundtable.shared_snapshots import shared_snapshot, value_text
 from tests.workflow_harness import harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
 
@@ -109,6 +109,20 @@ def test_key_order_and_not_a_number_keep_a_run_s_own_copy() -> None:
     assert shared_snapshot(_snapshot(bound=float("nan"))) is not with_nan  # NaN: never shared
 
 
+def test_what_only_python_code_can_build_is_not_shared_and_raises_nothing() -> None:
+    """Found by the third review: a set, bytes or a lone surrogate in a
+    schema (never decoded from JSON, only built in process) raised from the
+    workflow's constructor."""
+    for odd in ({"a"}, b"a", "\ud800"):
+        spec = ToolSpec(
+            name="t", description="d", side_effect="read", risk_level="R0", parameters={"x": odd}
+        )
+        snapshot = CapabilitySnapshot(tools=[spec], agents=[])
+        assert value_text(snapshot) is None
+        assert shared_snapshot(snapshot) is snapshot
+    assert len(shared_snapshots._by_digest) == 0
+
+
 def test_a_copy_leaves_the_table_with_the_last_run_holding_it() -> None:
     """Found by the second review: a table that kept its copies kept a made-up
     run's snapshot (up to Temporal's 2 MB payload, tens of MB in objects)
@@ -153,7 +167,7 @@ def _cached_runs() -> dict[str, RoundtableWorkflow]:
 
 
 async def test_two_waiting_runs_hold_one_snapshot_and_both_writes_still_run(tmp_path) -> None:
-    one_write = script(("seat-1", 1, [ticket_call("ticket_update")]))
+    one_write = script(("seat-1", 1, [ticket_call("ticket_get"), ticket_call("ticket_update")]))
     async with harness(tmp_path) as h:
         handles = [await h.start(task_text=f"t{n}", script=one_write) for n in range(2)]
         approvals = []
@@ -165,7 +179,9 @@ async def test_two_waiting_runs_hold_one_snapshot_and_both_writes_still_run(tmp_
         assert first.state.snapshot is not None
         assert first.state.snapshot is second.state.snapshot
         assert first.state.snapshot_digest == second.state.snapshot_digest
-        shared, as_opened = first.state.snapshot, first.state.snapshot.model_dump_json()
+        shared = first.state.snapshot
+        as_opened = value_text(shared)
+        assert as_opened is not None
 
         for handle, approval_id in zip(handles, approvals, strict=True):
             decision = Decision(approval_id=approval_id, decision="approved", decided_by="op-1")
@@ -174,10 +190,15 @@ async def test_two_waiting_runs_hold_one_snapshot_and_both_writes_still_run(tmp_
             (action,) = await h.store.list_actions(handle.id)
             assert action["status"] == "succeeded"
         assert len(await h.tickets.write_log()) == 2
-        # Nothing on the way (decisions, writes, the seats told, the runs'
-        # ends) changed the shared copy in place: its lists and schemas are
-        # still mutable, and a change would reach every run holding it.
-        assert shared.model_dump_json() == as_opened
+        # Nothing on the way (a read, decisions, writes, the seats told, the
+        # runs' ends) changed the shared copy in place: its lists and schemas
+        # are still mutable, and a change would reach every run holding it.
+        # Compared as the table tells values apart (pydantic's JSON would
+        # write a NaN put in place of a null as null again).
+        assert value_text(shared) == as_opened
+        threads = (await h.state(handles[0])).threads["seat-1"]
+        told = [m.content for m in threads if m.role == "tool"]
+        assert len(told) == 2, told  # the read's answer and the write's
 
 
 def test_a_run_continued_as_new_takes_the_shared_copy_too() -> None:

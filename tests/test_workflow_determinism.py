@@ -284,7 +284,32 @@ def _problems(path: Path) -> list[str]:
                 found.append(f"{path.name}:{node.lineno} calls {called}")
         if isinstance(node, ast.Global):
             found.append(f"{path.name}:{node.lineno} rebinds module state")
+        if isinstance(node, ast.Compare) and _by_identity(node):
+            found.append(f"{path.name}:{node.lineno} compares by identity")
     return found
+
+
+def _singleton(side: ast.expr) -> bool:
+    """None, True, False, or a member of a class named in capitals (an
+    enum's, ``Wake.DEADLINE``): one object in every process."""
+    if isinstance(side, ast.Constant):
+        return True
+    return (
+        isinstance(side, ast.Attribute)
+        and isinstance(side.value, ast.Name)
+        and side.value.id[:1].isupper()
+    )
+
+
+def _by_identity(node: ast.Compare) -> bool:
+    """``is`` between two values that are not singletons: whether two runs'
+    objects are one object is not theirs to see (they may share one,
+    roundtable/shared_snapshots.py, or not, after a replay)."""
+    sides = [node.left, *node.comparators]
+    return any(
+        isinstance(op, ast.Is | ast.IsNot) and not (_singleton(left) or _singleton(right))
+        for op, left, right in zip(node.ops, sides[:-1], sides[1:], strict=True)
+    )
 
 
 @pytest.mark.parametrize("path", SCANNED, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -343,6 +368,8 @@ SUBTLER = {
     "class Board:\n    def bump(self):\n        Board.started = 1": "rebinds class state",
     "def remember(key, seen=[]):\n    return seen": "mutable default argument",
     "@lru_cache(maxsize=None)\ndef lookup(key):\n    return key": "caches across runs",
+    "def f(a, b):\n    return a.snapshot is b.snapshot": "compares by identity",
+    "def f(a, b):\n    return a is not b": "compares by identity",
     "from roundtable.config import load_settings": "imports roundtable.config",
     # A second review's: aliases, in-place changes, other modules' clocks and I/O.
     "from roundtable import config": "imports roundtable.config",
@@ -416,5 +443,7 @@ def test_the_guard_lets_immutable_shared_values_pass(tmp_path: Path) -> None:
         # Named as a set is elsewhere (a function's local in write_path.py):
         # a list here.
         "def h(waiting: list[str], known):\n    return [w for w in waiting], list(known)\n"
+        # Identity with a singleton: None, a constant, an enum's member.
+        "def k(a, wake):\n    return a is None, a is not True, wake is Wake.DEADLINE\n"
     )
     assert _problems(fine) == []
