@@ -5,10 +5,10 @@ non-retrying activity that writes one row to a SQLite file.
 ``DurableApproval`` is the least a safe approval can be (bench/floor.py): the
 update records the decision with a local activity (one SQLite transaction)
 before it returns, and the write's activity claims, writes and records its
-outcome in three one-statement transactions. ``ShapedWait`` and ``UnsandboxedApproval`` serve
-bench/memory_floor.py: a run holding what our waiting run's history holds
-(its events, payload sizes and search attributes), and ``BareApproval`` as
-it is, both unsandboxed as ours runs. ``BareRun`` is
+outcome in three one-statement transactions. Two serve
+bench/memory_floor.py, both unsandboxed as ours runs: ``ShapedWait`` holds
+what our waiting run's history holds (its events, payload sizes and search
+attributes), ``UnsandboxedApproval`` is ``BareApproval`` as it is. ``BareRun`` is
 the throughput shape (bench/throughput.py): the same model turns as our run
 (three seats, two rounds, a manager), each an activity that returns text,
 and the same two writes, each a non-retrying activity writing one row. No
@@ -156,7 +156,7 @@ class UnsandboxedApproval(BareApproval):
 
 # What our waiting run's history carries (one write waiting for approval,
 # bench/approvals.py's ONE_WRITE; sizes in bytes of JSON, read off a real
-# history at 888c55e): the run's start, its registration (a local
+# history at bf2bb99): the run's start, its registration (a local
 # activity), a seat's turn (an activity), the write's intercept (a local
 # activity), three search-attribute upserts and the approval's timer.
 SHAPE = {
