@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -42,6 +44,7 @@ from roundtable.ports import free_port
 from roundtable.temporal import connect
 
 TOOLS_QUEUE = "bench-tools"
+WORKDIR_PREFIX = "roundtable-scale-"
 SPLITS: dict[int, tuple[str, ...]] = {
     1: ("all",),
     2: ("workflows", "tools"),
@@ -174,15 +177,24 @@ async def measure(
         cluster = await asyncio.to_thread(start_cluster)
     except PostgresUnavailable as exc:
         return {"skipped": str(exc)}
-    workdir = Path(tempfile.mkdtemp(prefix="roundtable-scale-"))
+    workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
     stack = ScaleStack(workdir, cluster.url())
+    measured = False
     try:
         postmaster = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
         await asyncio.to_thread(stack.start_temporal)
         curve = [await _one(stack, n, runs, postmaster, all_role) for n in sizes]
+        measured = True
     finally:
         await asyncio.to_thread(stack.close)
         await asyncio.to_thread(cluster.stop)
+        # The dev server's database and the workers' logs: kept only when
+        # the curve failed, for whoever looks into why (every run of `make
+        # bench` and of its smoke form in `make test` left one before).
+        if measured:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"scale: the stack's logs are kept in {workdir}", file=sys.stderr)
     return {"runs_at_once": runs, "cores": os.cpu_count(), "curve": curve}
 
 

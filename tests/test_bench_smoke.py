@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from bench import scale
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,8 +22,13 @@ def _positive(value: object) -> bool:
 
 
 @pytest.mark.timeout(560)
+def _scale_workdirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob(f"{scale.WORKDIR_PREFIX}*"))
+
+
 def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "latest.json"
+    workdirs = _scale_workdirs()
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--json", str(out)],
         cwd=ROOT,
@@ -72,6 +80,8 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
         cpu = point["cpu_ms_per_run"]
         assert {"temporal", "postgresql"} <= set(cpu) and all(ms >= 0 for ms in cpu.values())
     assert "scale curve on PostgreSQL" in done.stdout
+    # A curve measured leaves no stack behind (its server's database, logs).
+    assert _scale_workdirs() <= workdirs
     crash = figures["crash_to_unknown"]
     assert _positive(crash["unknown_after_s_median"])
     assert "crash → unknown" in done.stdout
