@@ -65,6 +65,12 @@ def value_text(snapshot: CapabilitySnapshot) -> str | None:
     given, which is always decoded from JSON; not for what only Python code
     can build (``(1, 2)`` and ``[1, 2]`` read alike). Which fields were set
     is not part of it (nothing sends or reads a snapshot by its set fields)."""
+    encoded = _value_bytes(snapshot)
+    return None if encoded is None else encoded.decode()
+
+
+def _value_bytes(snapshot: CapabilitySnapshot) -> bytes | None:
+    """:func:`value_text`, encoded (what is digested)."""
     try:
         # Python's values, not pydantic's JSON ones: those already have NaN
         # as None, alike to a real null.
@@ -74,10 +80,9 @@ def value_text(snapshot: CapabilitySnapshot) -> str | None:
             ensure_ascii=False,
             allow_nan=False,
         )
-        text.encode()  # a lone surrogate cannot be digested
+        return text.encode()  # a lone surrogate cannot be: UnicodeEncodeError
     except (TypeError, ValueError):
         return None
-    return text
 
 
 def shared_snapshot(snapshot: CapabilitySnapshot | None) -> CapabilitySnapshot | None:
@@ -85,10 +90,10 @@ def shared_snapshot(snapshot: CapabilitySnapshot | None) -> CapabilitySnapshot |
     ``snapshot`` itself, held from now on while a run holds it."""
     if snapshot is None:
         return None
-    text = value_text(snapshot)
-    if text is None:
+    encoded = _value_bytes(snapshot)
+    if encoded is None:
         return snapshot
-    digest = hashlib.sha256(text.encode()).hexdigest()
+    digest = hashlib.sha256(encoded).hexdigest()
     kept = _by_digest.get(digest)
     if kept is not None:
         return kept

@@ -112,11 +112,7 @@ class ChainedRun:
 
     async def write_events(self, connection: CoreConnection) -> None:
         """The events alone, for a run inserted with its head already set."""
-        await write_later(connection, _insert_events(), self.events)
-
-
-def _insert_events() -> Any:
-    return insert_into(_EVENTS)
+        await write_later(connection, insert_into(_EVENTS), self.events)
 
 
 @cache
