@@ -30,35 +30,6 @@ from bench.stack import BARE, Stack, rss_kib, stack
 from bench.throughput import WORKER_ENV
 from roundtable.process_exit import leave
 
-CHUNK = 100  # runs started at once: the server's own limits
-POLLS = 1200  # a run not waiting after this many polls, 0.2 s apart, fails the side
-
-
-async def _until_waiting(handle: Any) -> None:
-    for _ in range(POLLS):
-        if await handle.query("waiting", result_type=bool):
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"run {handle.id} never waited for its decision")
-
-
-async def _bare_side(made: Stack, workflow: str, argument: str, runs: int) -> None:
-    """``runs`` of ``workflow`` on bare's worker, each waiting for its decision
-    (the workflow's ``waiting`` query says so)."""
-    client = made.bare_client
-    assert client is not None
-    handles = []
-    for start in range(0, runs, CHUNK):
-        batch = [
-            client.start_workflow(
-                workflow, argument, id=f"floor-{uuid.uuid4().hex[:12]}", task_queue=BARE
-            )
-            for _ in range(min(CHUNK, runs - start))
-        ]
-        handles += await asyncio.gather(*batch)
-    for handle in handles:
-        await _until_waiting(handle)
-
 
 async def _finish_bare(made: Stack, workflow: str, argument: str) -> None:
     """Warm-up: a few runs of ``workflow`` that wait, are decided and finish
@@ -68,7 +39,7 @@ async def _finish_bare(made: Stack, workflow: str, argument: str) -> None:
     for _ in range(3):
         key = f"warm-{uuid.uuid4().hex[:12]}"  # a bare write's row is keyed by it
         handle = await client.start_workflow(workflow, argument or key, id=key, task_queue=BARE)
-        await _until_waiting(handle)
+        await waiting.until_waiting(handle)
         await handle.execute_update(bare.DECIDE, "approved")
         await handle.result()
 
@@ -78,7 +49,7 @@ def _on_bare(workflow: str, argument: str) -> tuple[Callable[..., Awaitable[None
         await _finish_bare(made, workflow, argument)
 
     async def wait(made: Stack, runs: int) -> None:
-        await _bare_side(made, workflow, argument, runs)
+        await waiting.bare_waiting(made, runs, workflow, argument)
 
     return warm, wait
 

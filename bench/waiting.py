@@ -58,7 +58,25 @@ async def _ours_waiting(stack: Stack, runs: int) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _bare_waiting(stack: Stack, runs: int) -> None:
+POLLS = 1200  # a run not waiting after this many polls, 0.2 s apart, fails the figure
+
+
+async def until_waiting(handle: Any) -> None:
+    """Until the run says, by its ``waiting`` query, that it waits for its
+    decision (bare's approval answers so at once; bench/memory_floor.py's
+    shaped run once its history is in place)."""
+    for _ in range(POLLS):
+        if await handle.query("waiting", result_type=bool):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"run {handle.id} never waited for its decision")
+
+
+async def bare_waiting(
+    stack: Stack, runs: int, workflow: str = bare.WORKFLOW, argument: str = ""
+) -> None:
+    """``runs`` of one of bare's workflows (``argument``, or when empty each
+    run's own key), all waiting for their decision."""
     client = stack.bare_client
     assert client is not None
     handles = []
@@ -66,12 +84,10 @@ async def _bare_waiting(stack: Stack, runs: int) -> None:
         batch = []
         for _ in range(min(100, runs - start)):
             key = f"wait-bare-{uuid.uuid4().hex[:12]}"
-            batch.append(client.start_workflow(bare.WORKFLOW, key, id=key, task_queue=BARE))
+            batch.append(client.start_workflow(workflow, argument or key, id=key, task_queue=BARE))
         handles += await asyncio.gather(*batch)
-    for start in range(0, runs, 50):  # a query answers once the run waits
-        await asyncio.gather(
-            *(h.query("waiting", result_type=bool) for h in handles[start : start + 50])
-        )
+    for start in range(0, runs, 50):
+        await asyncio.gather(*(until_waiting(h) for h in handles[start : start + 50]))
 
 
 async def _warm(stack: Stack) -> None:
@@ -88,7 +104,7 @@ async def measure(stack: Stack, runs: int) -> dict[str, Any]:
     await asyncio.sleep(SETTLE_SECONDS)
     pids = stack.pids()
     before = {side: rss_kib(pid) for side, pid in pids.items()}
-    await _bare_waiting(stack, runs)
+    await bare_waiting(stack, runs)
     await _ours_waiting(stack, runs)
     await asyncio.sleep(SETTLE_SECONDS)
     grown = {side: rss_kib(pid) - before[side] for side, pid in pids.items()}
