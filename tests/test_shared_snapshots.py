@@ -183,10 +183,14 @@ async def test_two_waiting_runs_hold_one_snapshot_and_both_writes_still_run(tmp_
         as_opened = value_text(shared)
         assert as_opened is not None
 
+        # Both decided before either result is awaited: awaiting a result
+        # lets the time-skipping server jump to the other run's approval
+        # expiry (stop 38's CI: "approval ... is not pending in this run").
         for handle, approval_id in zip(handles, approvals, strict=True):
             decision = Decision(approval_id=approval_id, decision="approved", decided_by="op-1")
             assert await handle.execute_update(RoundtableWorkflow.decide_approval, decision)
-            assert (await handle.result()).status == "completed"
+        for handle in handles:
+            assert (await h.result(handle)).status == "completed"
             (action,) = await h.store.list_actions(handle.id)
             assert action["status"] == "succeeded"
         assert len(await h.tickets.write_log()) == 2
