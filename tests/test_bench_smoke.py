@@ -21,11 +21,11 @@ def _positive(value: object) -> bool:
     return isinstance(value, int | float) and value > 0
 
 
-@pytest.mark.timeout(560)
 def _scale_workdirs() -> set[Path]:
     return set(Path(tempfile.gettempdir()).glob(f"{scale.WORKDIR_PREFIX}*"))
 
 
+@pytest.mark.timeout(560)
 def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "latest.json"
     workdirs = _scale_workdirs()
