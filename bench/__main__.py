@@ -22,6 +22,8 @@ absolute numbers: the machines here are noisy.
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ from bench.stack import stack
 from bench.throughput import WORKER_ENV
 
 SCALE_RUNS = 40  # runs at once at each point of the scale curve
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,30 @@ SMOKE = Sizes(
 )
 
 
+def _git(*args: str) -> str | None:
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        done = subprocess.run(  # noqa: S603
+            [git, *args], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def source() -> dict[str, Any]:
+    """The commit measured, and whether its checkout was clean when the
+    figures began (anything but a clean checkout's figures is not quoted
+    as the latest); None for each where git cannot tell."""
+    changed = _git("status", "--porcelain")
+    return {"commit": _git("rev-parse", "HEAD"), "clean": None if changed is None else not changed}
+
+
 async def run(sizes: Sizes, profile: Path | None) -> dict[str, Any]:
     started = time.monotonic()
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {"source": source()}
     # How long each figure took: the ten minutes are a target too.
     took: dict[str, float] = {}
 

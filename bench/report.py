@@ -117,6 +117,10 @@ def main() -> None:
     print("\n".join(rows(figures)))
     took = ", ".join(f"{k} {v} s" for k, v in figures.get("seconds_by_figure", {}).items())
     print(f"\nAll figures in {figures['seconds']} s ({took}).")
+    measured = figures.get("source") or {}
+    if measured.get("commit"):
+        state = {True: "clean", False: "with changes not committed"}.get(measured.get("clean"))
+        print(f"Measured on commit {measured['commit']}" + (f", {state}." if state else "."))
 
 
 if __name__ == "__main__":

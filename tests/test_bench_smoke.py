@@ -5,6 +5,7 @@ only that each measurement works and yields a number."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,16 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     figures = json.loads(out.read_text())
+    # What was measured: the commit, and whether its checkout was clean.
+    head = subprocess.run(
+        [shutil.which("git") or "git", "rev-parse", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert figures["source"]["commit"] == head.stdout.strip()
+    assert isinstance(figures["source"]["clean"], bool)
 
     approvals = figures["approvals"]
     for key in ("update", "write", "result"):
