@@ -147,8 +147,16 @@ async def history_events(stack: Stack) -> dict[str, int]:
 async def start_ours(stack: Stack, script: dict[str, Any]) -> Any:
     assert stack.ours_client is not None
     run_id = f"run-bench-{uuid.uuid4().hex[:12]}"
+    # No manager: bare's approval ends with its write, and so does this run
+    # (with the manager's summing-up, a model turn after the write, the
+    # round trip to the result was twice as long; bench/README.md).
     request = RunInput(
-        run_id=run_id, task_text="bench", seats=["seat-1"], max_rounds=1, script=script
+        run_id=run_id,
+        task_text="bench",
+        seats=["seat-1"],
+        max_rounds=1,
+        manager=None,
+        script=script,
     )
     return await stack.ours_client.start_workflow(
         RUN_WORKFLOW, WorkflowArgs(request=request), id=run_id, task_queue=OURS
