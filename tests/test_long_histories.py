@@ -15,8 +15,8 @@ import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 
-from roundtable.models import Decision
 from tests.test_kept_snapshots import scheduled_inputs
+from tests.test_workflow_approvals import decide
 from tests.workflow_harness import Harness, harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
 
@@ -93,15 +93,7 @@ async def _approve_all(h: Harness, run_id: str, finished: asyncio.Task) -> set[s
             await asyncio.sleep(0.05)
             continue
         waiting = [a for a in state.pending_approvals if a not in decided]
-        outcomes = await asyncio.gather(
-            *(
-                latest.execute_update(
-                    RoundtableWorkflow.decide_approval,
-                    Decision(approval_id=a, decision="approved", decided_by="op-1"),
-                )
-                for a in waiting
-            )
-        )
+        outcomes = await asyncio.gather(*(decide(latest, a, "approved") for a in waiting))
         assert set(outcomes) <= {"approved"}, outcomes
         decided |= set(waiting)
         await asyncio.sleep(0.05)
