@@ -119,6 +119,7 @@ class Store:
     pin_snapshot = _on("runs", Runs.pin_snapshot)
     kept_snapshot = _on("runs", Runs.kept_snapshot)
     record_refusal = _on("runs", Runs.record_refusal)
+    record_recovery = _on("runs", Runs.record_recovery)
     record_turn = _on("runs", Runs.record_turn)
     settle_closed_run = _on("runs", Runs.settle_closed)
 

@@ -328,6 +328,38 @@ class Runs:
                     dedupe_key=key[:255],
                 )
 
+    async def record_recovery(
+        self,
+        run_id: str,
+        *,
+        by: str,
+        from_execution: str,
+        to_execution: str,
+        reset_to_event: int,
+        note: str,
+    ) -> None:
+        """An operator reset the run's stalled workflow (roundtable/recovery.py):
+        who, why, from which execution to which, and from which event of the
+        old history the new one runs again. Once per new execution."""
+        key = f"run.recovered:{to_execution}"
+        async with self.db.transaction() as session:
+            run = await self.db.lock_run(session, run_id)
+            if not await logged(session, run_id, key):
+                await self.db.audit(
+                    session,
+                    run,
+                    "run.recovered",
+                    {
+                        "by": by,
+                        "from_execution": from_execution,
+                        "execution": to_execution,
+                        "reset_to_event": reset_to_event,
+                        "note": note,
+                    },
+                    await database_now(session),
+                    dedupe_key=key[:255],
+                )
+
     async def record_turn(
         self,
         run_id: str,
