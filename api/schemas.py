@@ -174,6 +174,16 @@ class ReconcileResult(Model):
     via: str = Field(description="'workflow' or 'store'.")
 
 
+class RecoverResult(Model):
+    run_id: str
+    reset_to_event: int = Field(
+        description="The stalled execution's first task completion this code does not "
+        "replay: the new execution runs again from there."
+    )
+    from_execution: str = Field(description="The stalled execution's Temporal run id.")
+    execution: str = Field(description="The new execution's Temporal run id.")
+
+
 # ----------------------------------------------------------------- webhooks, codec, health
 
 

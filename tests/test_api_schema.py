@@ -14,6 +14,7 @@ NEEDS_TEMPORAL = {
     ("post", "/v1/approvals/{approval_id}/decision"),
     ("post", "/v1/approvals/{approval_id}/extend"),
     ("post", "/v1/actions/{action_id}/reconcile"),
+    ("post", "/v1/runs/{run_id}/recover"),
 }
 PUBLIC = {"/healthz", "/readyz"}
 
@@ -66,5 +67,6 @@ async def test_openapi_declares_models_problem_errors_and_bearer_for_every_route
             assert "413" in errors and "requestBody" in op, where
         if (method, path) in NEEDS_TEMPORAL:
             assert {"409", "503"} <= set(errors), where
-        if path.endswith(("/decision", "/extend", "/reconcile")) or path == "/codec/decode":
+        operator_only = ("/decision", "/extend", "/reconcile", "/recover")
+        if path.endswith(operator_only) or path == "/codec/decode":
             assert "403" in errors, where

@@ -147,6 +147,8 @@ async def test_local_and_remote_print_the_same_documents(tmp_path: Path) -> None
             ["approve", "no-such-approval"],
             ["reject", "no-such-approval", "--reason", "no"],
             ["reconcile", "no-such-action", "--outcome", "failed", "--note", "checked"],
+            ["recover", "no-such-run", "--note", "stalled"],
+            ["recover", run_id, "--note", "stalled"],  # it replays: nothing to recover
         ):
             local = await asyncio.to_thread(
                 run_cli, *command, "--json", cwd=tmp_path, env=local_env

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Caller, Context, Principal
 from api.context import ApiContext
@@ -24,8 +25,16 @@ from api.pagination import (
     page,
 )
 from api.problems import Problem
-from api.schemas import ActionView, ApprovalView, EventPage, RunPage, RunStarted, RunView
-from roundtable import operations
+from api.schemas import (
+    ActionView,
+    ApprovalView,
+    EventPage,
+    RecoverResult,
+    RunPage,
+    RunStarted,
+    RunView,
+)
+from roundtable import operations, recovery
 from roundtable.models import RunInput
 from roundtable.store import FINAL_RUN_STATUSES, NotFoundError, RunStatus
 from roundtable.views import approval_views, event_view, run_summary, run_view
@@ -131,6 +140,30 @@ async def list_runs(
 async def get_run(run_id: str, caller: Caller, ctx: Context) -> dict[str, Any]:
     await visible_run(ctx, caller, run_id)
     return await run_view(ctx.store, run_id)
+
+
+class RecoverBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    note: str = Field(min_length=1, max_length=2000, description="Why (kept in the audit log).")
+
+
+@router.post(
+    "/{run_id}/recover",
+    response_model=RecoverResult,
+    responses=problems(400, 403, 404, 409, 413, 503),
+)
+async def recover_run(
+    run_id: str, body: RecoverBody, caller: Caller, ctx: Context
+) -> dict[str, Any]:
+    """Reset a stalled run (its workflow tasks fail because its history holds
+    commands this code does not make) to the first task that does not
+    replay; 409 if the run has ended or replays. Operators only; audited."""
+    await visible_run(ctx, caller, run_id)
+    if caller.role != "operator":
+        raise Problem(403, "forbidden", "only operators recover runs")
+    return await recovery.recover_run(
+        await ctx.temporal(), ctx.store, run_id, caller.user_id, body.note
+    )
 
 
 @router.get("/{run_id}/actions", response_model=list[ActionView], responses=problems(404))

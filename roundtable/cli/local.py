@@ -13,7 +13,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from roundtable import operations
+from roundtable import operations, recovery
 from roundtable.cli.shared import actor, settings, store_from, temporal
 from roundtable.config import Settings
 from roundtable.models import RunInput, RunResult
@@ -117,6 +117,11 @@ class Local:
             actor(by),
             note,
             self.config.task_queue,
+        )
+
+    async def recover(self, run_id: str, note: str, by: str | None) -> dict[str, Any]:
+        return await recovery.recover_run(
+            await self.temporal(), self.store, run_id, actor(by), note
         )
 
     async def events(self, run_id: str) -> list[dict[str, Any]]:

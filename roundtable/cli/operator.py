@@ -52,6 +52,12 @@ class Operator(Protocol):
         self, action_id: str, outcome: str, note: str, by: str | None
     ) -> dict[str, Any]: ...
 
+    async def recover(self, run_id: str, note: str, by: str | None) -> dict[str, Any]:
+        """Reset the stalled run to its first task this code does not replay
+        (roundtable/recovery.py): ``{run_id, reset_to_event, from_execution,
+        execution}``."""
+        ...
+
     async def events(self, run_id: str) -> list[dict[str, Any]]: ...
 
     def follow(self, run_id: str) -> AsyncIterator[dict[str, Any]]:

@@ -104,6 +104,29 @@ def reconcile(
     emit(done, as_json, f"action {action_id} reconciled as {done['status']}")
 
 
+def recover(
+    run_id: Annotated[str, typer.Argument(help="Run id (stalled: its history does not replay).")],
+    note: Annotated[str, typer.Option(help="Why (kept in the audit log).")],
+    by: Actor = None,
+    api: ApiUrl = None,
+    token: ApiToken = None,
+    token_file: ApiTokenFile = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Reset a stalled run to the first workflow task this code does not replay.
+
+    For a run whose workflow tasks fail because its history holds commands
+    this code does not make (`roundtable show` says stalled, with the
+    nondeterminism). Writes already run stay run; nothing runs twice."""
+    done = ask((api, token, token_file), lambda ops: ops.recover(run_id, note, by), as_json)
+    emit(
+        done,
+        as_json,
+        f"run {run_id} reset to event {done['reset_to_event']}: "
+        f"execution {done['from_execution']} → {done['execution']}",
+    )
+
+
 def tickets(
     api: ApiUrl = None,
     token: ApiToken = None,

@@ -34,6 +34,7 @@ from api.schemas import (
     EventView,
     ProblemDocument,
     ReconcileResult,
+    RecoverResult,
     RunPage,
     RunStarted,
     RunView,
@@ -163,6 +164,11 @@ class Remote:
         return await self._call(
             "POST", path, ReconcileResult, json={"outcome": outcome, "note": note}
         )
+
+    async def recover(self, run_id: str, note: str, by: str | None) -> dict[str, Any]:
+        _no_by(by)
+        path = _path("/v1/runs", run_id, "recover")
+        return await self._call("POST", path, RecoverResult, json={"note": note})
 
     async def events(self, run_id: str) -> list[dict[str, Any]]:
         return await self._pages(_path("/v1/runs", run_id, "events"), EventPage, {})

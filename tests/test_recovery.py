@@ -1,0 +1,212 @@
+"""A stalled run recovered (roundtable/recovery.py), end to end on the dev
+server: its write still runs once, its approval is still decided once, by
+the operator who decided it, and the reset is audited.
+
+The stall is made as a bad deploy makes one: another build of the code takes
+the run over and records a command this code does not make (a timer before
+each signal is handled); this code, back, cannot replay the history, and
+every workflow task of the run fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from temporalio import workflow
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+from temporalio.worker import (
+    HandleSignalInput,
+    Interceptor,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
+
+from roundtable.models import RunResult
+from roundtable.operations import nudge
+from roundtable.recovery import MACHINES_REFUSED, ReplaysError, recover_run
+from tests.api_server import serve_api
+from tests.test_workflow_approvals import decide, one_write
+from tests.workflow_harness import (
+    TRUSTING,
+    Harness,
+    harness,
+    replays_strictly,
+    script,
+    ticket_call,
+)
+from worker import build_worker
+
+WHY = {"note": "tasks fail: nondeterminism after the other build"}
+FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+COMPLETED = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+TIMER_FIRED = EventType.EVENT_TYPE_TIMER_FIRED
+
+
+class _SleepsFirst(WorkflowInboundInterceptor):
+    async def handle_signal(self, input: HandleSignalInput) -> None:
+        await workflow.sleep(0.01)
+        await super().handle_signal(input)
+
+
+class OtherBuild(Interceptor):
+    """The other build's difference: a timer before each signal's handler."""
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
+        return _SleepsFirst
+
+
+async def events(handle: WorkflowHandle) -> list[Any]:
+    return [event async for event in handle.fetch_history_events()]
+
+
+async def until(handle: WorkflowHandle, reached: Any, within: float = 30) -> list[Any]:
+    for _ in range(int(within / 0.1)):
+        seen = await events(handle)
+        if reached(seen):
+            return seen
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not reached; last events {[e.event_type for e in seen[-8:]]}")
+
+
+def _timer_then_task(seen: list[Any]) -> bool:
+    fired = [e.event_id for e in seen if e.event_type == TIMER_FIRED]
+    return bool(fired) and any(e.event_type == COMPLETED and e.event_id > fired[-1] for e in seen)
+
+
+def _failing(seen: list[Any]) -> bool:
+    failures = [e for e in seen if e.event_type == FAILED]
+    # The other build's timer where this code cancels one: core's machines
+    # refuse the event (roundtable/recovery.py, MACHINES_REFUSED).
+    messages = [f.workflow_task_failed_event_attributes.failure.message for f in failures]
+    return any(MACHINES_REFUSED in message for message in messages)
+
+
+async def stall(
+    h: Harness, handle: WorkflowHandle, meanwhile: Callable[[], Awaitable[None]] | None = None
+) -> int:
+    """The run taken over by the other build (which does ``meanwhile``) and
+    back; returns the event id of the other build's first task completion,
+    the one to reset to."""
+    before = len(await events(handle))
+    await h.stop_worker()
+    other = build_worker(
+        h.client, h.task_queue, h.store, h.registry, authority=TRUSTING, interceptors=[OtherBuild()]
+    )
+    async with other:
+        await nudge(h.client, handle.id)
+        seen = await until(handle, _timer_then_task)
+        if meanwhile is not None:
+            await meanwhile()
+    h.foreign.add((await handle.describe()).run_id)  # its history is the other build's
+    await h.start_worker()
+    await nudge(h.client, handle.id)
+    await until(handle, _failing)
+    return next(e.event_id for e in seen[before:] if e.event_type == COMPLETED)
+
+
+@pytest.mark.timeout(240)
+async def test_a_stalled_run_is_recovered_and_its_write_runs_once(tmp_path) -> None:
+    async with harness(tmp_path, dev_server=True) as h, serve_api(h) as api:
+        handle = await h.start(task_text="t", script=one_write(), user_id="alice")
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        diverged_at = await stall(h, handle)
+        stalled_execution = (await handle.describe()).run_id
+
+        # Over HTTP, by an operator only: the run's owner may not reset it.
+        path = f"/v1/runs/{handle.id}/recover"
+        refused = await api.http.post(path, headers=api.auth("alice"), json=WHY)
+        assert (refused.status_code, refused.json()["code"]) == (403, "forbidden")
+        assert (await handle.describe()).run_id == stalled_execution  # nothing reset
+        answer = await api.http.post(path, headers=api.auth("ops"), json=WHY)
+        assert answer.status_code == 200, answer.text
+        done = answer.json()
+        assert done["reset_to_event"] == diverged_at
+        assert done["from_execution"] == stalled_execution
+        assert done["execution"] != stalled_execution
+        recovered = h.client.get_workflow_handle(handle.id, result_type=RunResult)
+        assert (await recovered.describe()).run_id == done["execution"]
+
+        # Recovered: it answers queries again, and a second recovery finds
+        # nothing to do rather than resetting a healthy run.
+        state = await h.wait_for(recovered, lambda s: approval_id in s.pending_approvals)
+        again = await api.http.post(path, headers=api.auth("ops"), json=WHY)
+        assert again.status_code == 409 and "replays on this code" in again.json()["detail"]
+        with pytest.raises(ReplaysError):
+            await recover_run(h.client, h.store, handle.id, "op-7", WHY["note"])
+
+        assert await decide(recovered, approval_id, "approved", who="op-2") == "approved"
+        assert (await h.result(recovered)).status == "completed"
+        assert [w["outcome"] for w in await h.tickets.write_log()] == ["applied"]  # once
+        (action,) = await h.store.list_actions(handle.id)
+        assert action["status"] == "succeeded"
+        (approval,) = await h.store.list_approvals(run_id=handle.id)
+        assert (approval["status"], approval["decided_by"]) == ("approved", "op-2")
+
+        events_kept = await h.store.list_events(handle.id)
+        audited = [e for e in events_kept if e["event_type"] == "run.recovered"]
+        assert [e["payload"] for e in audited] == [
+            {
+                "by": "ops",
+                "from_execution": stalled_execution,
+                "execution": done["execution"],
+                "reset_to_event": diverged_at,
+                "note": WHY["note"],
+            }
+        ]
+        # The recovered execution replays on this code, strictly.
+        await replays_strictly(await recovered.fetch_history(), h.client.data_converter)
+
+        ended = await api.http.post(path, headers=api.auth("ops"), json=WHY)
+        assert ended.status_code == 409 and "has ended" in ended.json()["detail"]
+
+
+@pytest.mark.timeout(240)
+async def test_a_write_run_in_the_dropped_tail_is_not_run_again(tmp_path) -> None:
+    """The reset drops what the other build recorded after the divergence: an
+    approval decided and its write run there stay decided and run, once."""
+    calls = [ticket_call("ticket_update", "T-1"), ticket_call("ticket_update", "T-2")]
+    two = script(("seat-1", 1, calls))
+    async with harness(tmp_path, dev_server=True) as h:
+        handle = await h.start(task_text="t", script=two)
+        state = await h.wait_for(handle, lambda s: len(s.pending_approvals) == 2)
+
+        async def first_write_runs() -> None:
+            first = next(iter(state.pending_approvals))
+            assert await decide(handle, first, "approved", who="op-1") == "approved"
+            for _ in range(300):
+                if [w["outcome"] for w in await h.tickets.write_log()] == ["applied"]:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the first write did not run under the other build")
+            await until(handle, lambda seen: seen[-1].event_type == COMPLETED)
+
+        await stall(h, handle, first_write_runs)
+        await recover_run(h.client, h.store, handle.id, "op-7", WHY["note"])
+        recovered = h.client.get_workflow_handle(handle.id, result_type=RunResult)
+        pending = await h.wait_for(recovered, lambda s: len(s.pending_approvals) == 1)
+        (second,) = pending.pending_approvals
+        assert await decide(recovered, second, "approved", who="op-2") == "approved"
+        assert (await h.result(recovered)).status == "completed"
+
+        log = await h.tickets.write_log()
+        assert sorted((w["ticket_id"], w["outcome"]) for w in log) == [
+            ("T-1", "applied"),
+            ("T-2", "applied"),
+        ]
+        approvals = await h.store.list_approvals(run_id=handle.id)
+        assert sorted((a["status"], a["decided_by"]) for a in approvals) == [
+            ("approved", "op-1"),
+            ("approved", "op-2"),
+        ]
+        assert sorted(a["status"] for a in await h.store.list_actions(handle.id)) == [
+            "succeeded",
+            "succeeded",
+        ]
+        await replays_strictly(await recovered.fetch_history(), h.client.data_converter)
