@@ -6,7 +6,9 @@ to expire (each approval's fate drawn once from the seed), and it reconciles
 real operator would: applied → succeeded; refused, abandoned or absent →
 failed; still ``started`` → wait (a write that stays ``started`` long after
 its lease ran out was never applied: the demo system applies and logs in one
-transaction); 409 ``attempt_may_be_running`` → try again at ``retry_at``.
+transaction); 409 ``attempt_may_be_running`` → try again at ``retry_at``. It
+recovers runs the sweep calls stalled (roundtable/recovery.py); the API
+refuses one whose history replays.
 
 Every response body it receives is kept for the canary scan."""
 
@@ -17,6 +19,8 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,8 @@ FINAL_RUNS = frozenset({"completed", "failed", "cancelled", "terminated"})
 # worker is the only way a started write can still land, and then the
 # fencing token must refuse it once a successor has claimed the ticket).
 STALE_STARTED_SECONDS = 12.0
+# How long the bot leaves a stalled run it tried to recover before it tries again.
+RECOVER_AGAIN_SECONDS = 10.0
 FATES = (("approve", 0.45), ("reject", 0.12), ("edit", 0.10), ("extend", 0.13), ("expire", 0.20))
 
 
@@ -59,13 +65,19 @@ class OperatorBot:
     in_flight_paths: list[str] = field(default_factory=list)
     _steps: int = 0
 
-    async def run(self, stop: asyncio.Event) -> None:
+    @asynccontextmanager
+    async def connected(self) -> AsyncIterator[None]:
+        """The bot's HTTP client, for as long as the block runs."""
         async with httpx.AsyncClient(
             base_url=self.api_url,
             headers={"Authorization": f"Bearer {self.token}"},
             timeout=30,
         ) as http:
             self._http = http
+            yield
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with self.connected():
             while not stop.is_set():
                 try:
                     await self.step()
@@ -88,9 +100,12 @@ class OperatorBot:
 
     async def step(self) -> None:
         self._steps += 1
+        runs = await self.runs()
+        # First: a stalled run's workflow takes no decision until it is recovered.
+        await self.recover_stalled(runs)
         for approval in await self._pending():
             await self._decide(approval)
-        await self._reconcile_unknowns()
+        await self._reconcile_unknowns(runs)
 
     # ----------------------------------------------------------------- approvals
 
@@ -147,7 +162,7 @@ class OperatorBot:
     async def _pending(self) -> list[dict[str, Any]]:
         return await self._every("/v1/approvals", status="pending")
 
-    async def _runs(self) -> list[dict[str, Any]]:
+    async def runs(self) -> list[dict[str, Any]]:
         return await self._every("/v1/runs")
 
     async def _every(self, path: str, **filters: str) -> list[dict[str, Any]]:
@@ -163,8 +178,7 @@ class OperatorBot:
             if not cursor:
                 return items
 
-    async def _reconcile_unknowns(self) -> None:
-        runs = await self._runs()
+    async def _reconcile_unknowns(self, runs: list[dict[str, Any]]) -> None:
         # Open runs every step; closed ones too now and then (an unknown can
         # outlive its run's workflow).
         look = [r for r in runs if r["status"] not in FINAL_RUNS or self._steps % 10 == 0]
@@ -178,6 +192,23 @@ class OperatorBot:
         log = {w["idempotency_key"]: w for w in await self.tickets.write_log()}
         for action in unknown:
             await self._reconcile(action, log.get(idempotency_key(action)))
+
+    async def recover_stalled(self, runs: list[dict[str, Any]]) -> None:
+        """A run the sweep calls stalled is reset by an operator if its history
+        no longer replays (the takeover finding, roundtable/recovery.py); the
+        API refuses (409) one that replays, stalled for another reason (a
+        frozen worker's tasks timing out): try that again later."""
+        for run in (r for r in runs if r["status"] == "stalled"):
+            key = f"recover:{run['run_id']}"
+            if time.monotonic() < self.not_before.get(key, 0):
+                continue
+            answer = await self._call(
+                "POST",
+                f"/v1/runs/{run['run_id']}/recover",
+                json={"note": "chaos bot: the run is stalled"},
+            )
+            self._count("recover", answer)
+            self.not_before[key] = time.monotonic() + RECOVER_AGAIN_SECONDS
 
     async def _reconcile(self, action: dict[str, Any], write: dict[str, Any] | None) -> None:
         action_id = action["id"]

@@ -10,6 +10,7 @@ every workflow task of the run fails."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
 )
 
+from activities.sweep_activities import SweepActivities
+from chaos.operator_bot import OperatorBot
 from roundtable.models import RunResult
 from roundtable.operations import nudge
 from roundtable.recovery import MACHINES_REFUSED, ReplaysError, recover_run
@@ -210,3 +213,47 @@ async def test_a_write_run_in_the_dropped_tail_is_not_run_again(tmp_path) -> Non
             "succeeded",
         ]
         await replays_strictly(await recovered.fetch_history(), h.client.data_converter)
+
+
+@pytest.mark.timeout(240)
+async def test_the_sweep_calls_it_stalled_and_the_chaos_operator_recovers_it(tmp_path) -> None:
+    """The way the chaos run meets the finding: the sweep marks the run
+    stalled with the failure, the operator bot recovers it over HTTP, and the
+    sweep, seeing its tasks succeed again, gives it back its status."""
+    async with harness(tmp_path, dev_server=True) as h, serve_api(h) as api:
+        handle = await h.start(task_text="t", script=one_write())
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        await stall(h, handle)
+        sweep = SweepActivities(h.store, h.client)
+        for _ in range(300):  # until its task has failed often enough
+            if (await sweep.check_runs())[1] == [handle.id]:
+                break
+            await asyncio.sleep(0.1)
+        run = await h.store.get_run(handle.id)
+        assert run["status"] == "stalled"
+        assert MACHINES_REFUSED in run["failure"]["message"]
+
+        bot = OperatorBot(
+            str(api.http.base_url).rstrip("/"),
+            api.tokens["ops"],
+            h.tickets,
+            random.Random(0),  # noqa: S311 - the bot's fates, not a secret
+            tmp_path / "responses.jsonl",
+        )
+        async with bot.connected():
+            await bot.recover_stalled(await bot.runs())
+            await bot.recover_stalled(await bot.runs())  # not again at once
+        assert dict(bot.counts) == {"recover:200": 1}
+
+        recovered = h.client.get_workflow_handle(handle.id, result_type=RunResult)
+        await h.wait_for(recovered, lambda s: approval_id in s.pending_approvals)
+        for _ in range(300):
+            await sweep.check_runs()
+            if (await h.store.get_run(handle.id))["status"] == "waiting_input":
+                break
+            await asyncio.sleep(0.1)
+        assert (await h.store.get_run(handle.id))["status"] == "waiting_input"
+        assert await decide(recovered, approval_id, "approved") == "approved"
+        assert (await h.result(recovered)).status == "completed"
+        assert [w["outcome"] for w in await h.tickets.write_log()] == ["applied"]
