@@ -9,7 +9,8 @@ the timed-out task in an activation of its own, with the local activities it
 started completing in between, and the timer in the next; a replay runs both
 events in one activation (why the worker split them is not established). The two
 writes' coroutines then schedule in another order, the sequence numbers of
-their commands differ, and no worker can replay the run: it stalls. The
+their commands differ, and no worker can replay the run: it stalls (an
+operator can now recover it, roundtable/recovery.py; the split remains). The
 same split gave stop 24's history its stale clock. Kept as a strict xfail:
 it passes, and so fails the suite, once the SDK or the workflow makes the
 two agree."""
