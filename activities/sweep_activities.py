@@ -26,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from roundtable.models import Model, RunState
 from roundtable.names import REFRESH_SIGNAL
-from roundtable.states import ActionStatus, RunStatus
+from roundtable.states import STALLED_AFTER_ATTEMPTS, ActionStatus, RunStatus
 from roundtable.store import Store
 
 # A run row is written just before its workflow starts: give the start time
@@ -35,8 +35,6 @@ MISSING_WORKFLOW_GRACE = timedelta(minutes=2)
 CHECKS_AT_ONCE = 8
 QUERY_TIMEOUT = timedelta(seconds=5)
 log = logging.getLogger("roundtable.sweep")
-# Workflow task attempts after which a run counts as stalled.
-STALLED_AFTER_ATTEMPTS = 3
 OPEN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING_INPUT, RunStatus.STALLED)
 CLOSED_AS = {
     WorkflowExecutionStatus.COMPLETED: RunStatus.COMPLETED,

@@ -1,59 +1,67 @@
 """Recovery of a run whose history this code can no longer replay.
 
-A run stalls when its workflow tasks fail with a nondeterminism error: a
-worker recorded commands that this code, replaying the history, does not make
-again (a worker that split one activation in two after taking a run over,
+A run stalls when its workflow tasks fail with a nondeterminism: a worker
+recorded commands that this code, replaying the history, does not make again
+(a worker that split one activation in two after taking a run over,
 tests/histories_nondeterministic/README.md; or a deploy that changed the
-command order). Every task after that point fails too, so the run makes no
-progress, and retrying cannot help.
+command order). Every later task fails too, and retrying cannot help.
 
-Recovery resets the run's workflow to the first workflow task whose commands
-this code does not make again. The new execution keeps the history before
-that task and runs the task again live; signals and updates that came after
-it are sent again by Temporal. Everything the dropped tail did is still in
-the store, and a reset run meets its writes again in whatever state the store
-holds them (tests/test_reset.py): nothing runs twice, and the run is told to
-re-read the store. Only a nondeterminism is recovered: any other replay
-failure (a payload no key opens, say) is not mended by a reset, and is
-reported instead."""
+Recovery resets the run's workflow to the first workflow task at which a
+replay with this code fails. The new execution keeps the history before that
+task and runs the task again live; Temporal sends signals and updates that
+came after it again. What the dropped tail did stays in the store: a reset
+run meets its writes in whatever state the store holds them
+(tests/test_reset.py), and a model turn run again gives the answer the run
+already acted on (activities/run_activities.py, the turn journal), so no write
+runs twice. Only a run Temporal shows stalled by a nondeterminism is reset:
+its current task must have failed ``STALLED_AFTER_ATTEMPTS`` times with a
+nondeterminism, so a healthy run is never reset, even by an operator whose
+code differs from the workers'. A claim in the store, taken before the reset,
+lets one recovery of an execution run at a time."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus
+from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
-from temporalio.client import Client, WorkflowHistory
+from temporalio.bridge.proto.workflow_activation import RemoveFromCache
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHistory
 from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from roundtable.operations import TemporalUnavailableError, nudge
-from roundtable.states import FINAL_RUN_STATUSES
-from roundtable.store import ConflictError, NotFoundError, Store
+from roundtable.states import FINAL_RUN_STATUSES, STALLED_AFTER_ATTEMPTS
+from roundtable.store import ConflictError, InvalidInputError, NotFoundError, Store
 from roundtable.workflow_runner import workflow_runner
 from workflows.roundtable import RoundtableWorkflow
 
 COMPLETED = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
 STARTED = EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
-
-
-# The SDK's core says a history holds commands this code does not make in
-# one of two ways: a nondeterminism error (a command of another kind or id
-# than the event), or its state machines refusing an event outright (a timer
-# started where this code cancels one, say), which reaches Python as a bare
-# RuntimeError with this text (tests/test_recovery.py makes one).
+TASK_FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+NONDETERMINISTIC = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR
+# The SDK's core says a history holds commands this code does not make in one
+# of two ways: a nondeterminism (a command of another kind or id than the
+# event), or its state machines refusing an event outright (a timer started
+# where this code cancels one, say). The second reaches a worker's task
+# failure with this text first, and the Replayer as a RuntimeError whose text
+# begins with the eviction reason FATAL (tests/test_recovery.py makes one).
 MACHINES_REFUSED = "Fatal error in workflow machines"
-
-
-def diverges(failure: Exception) -> bool:
-    """Whether a replay failed because the history's commands are not this code's."""
-    return isinstance(failure, NondeterminismError) or MACHINES_REFUSED in str(failure)
+_FATAL = f"{int(RemoveFromCache.EvictionReason.FATAL)}: "
+# A run recovered this often is not reset again without a person looking.
+MOST_RECOVERIES = 3
+# A claim older than this whose execution is still current did not reset it
+# (a reset answers within seconds): another recovery may claim again.
+CLAIM_STALE_AFTER = timedelta(minutes=5)
+MAX_NOTE = 2000
+_UNAVAILABLE = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
 
 
 class ReplaysError(ConflictError):
@@ -61,7 +69,17 @@ class ReplaysError(ConflictError):
 
 
 class NotRecoverableError(ConflictError):
-    """The run's history fails to replay for a reason a reset does not mend."""
+    """The run is not stalled by a nondeterminism, so a reset would not mend it."""
+
+
+def diverges(failure: Exception) -> bool:
+    """Whether a replay failed because the history's commands are not this code's."""
+    if isinstance(failure, NondeterminismError):
+        return True
+    if not isinstance(failure, RuntimeError):
+        return False
+    text = str(failure)
+    return text.startswith(_FATAL) and MACHINES_REFUSED in text
 
 
 async def _failure(
@@ -79,9 +97,9 @@ async def _failure(
 
 def _through_next_task(events: Sequence[HistoryEvent], index: int) -> int:
     """How many events to replay so that the commands recorded by the task
-    completed at ``events[index]`` are all checked: up to and including the
-    next task's start (the Replayer runs that last task live, checking
-    nothing of it), or the whole history if no task started after it."""
+    completed at ``events[index]`` are checked: up to and including the next
+    task's start (the Replayer runs that last task live, checking nothing of
+    it), or the whole history if no task started after it."""
     for later in range(index + 1, len(events)):
         if events[later].event_type == STARTED:
             return later + 1
@@ -89,13 +107,18 @@ def _through_next_task(events: Sequence[HistoryEvent], index: int) -> int:
 
 
 async def first_divergent_task(history: WorkflowHistory, converter: DataConverter) -> int | None:
-    """The event id of the first workflow task completion whose commands this
-    code does not make again, or None if the whole history replays. Raises
-    NotRecoverableError when it fails to replay for another reason.
+    """The event id of the first workflow task completion at which a replay
+    of the history with this code fails, or None if the whole history
+    replays. Raises NotRecoverableError when a replay fails for another
+    reason than a divergence (a payload no key opens, say).
 
-    A history that diverges at one task fails every replay that reaches it,
-    so the first such task is found by bisection over the task completions:
-    a few replays, not one per task."""
+    Every task before the answer replays: the history a reset keeps is one
+    this code follows. The answer is where a replay first fails, not always
+    the task that first differed: a task that made fewer commands than this
+    code makes is seen only at a later task's commands, so the reset may come
+    later than the first difference, never earlier than needed. A replay that
+    fails at one task fails every longer replay, so the task completions are
+    bisected: a few replays, not one per task."""
     events = list(history.events)
     failure = await _failure(history.workflow_id, events, converter)
     if failure is None:
@@ -109,72 +132,112 @@ async def first_divergent_task(history: WorkflowHistory, converter: DataConverte
     while low < high:
         middle = (low + high) // 2
         prefix = events[: _through_next_task(events, completions[middle])]
-        if await _failure(history.workflow_id, prefix, converter) is None:
+        shorter = await _failure(history.workflow_id, prefix, converter)
+        if shorter is None:
             low = middle + 1
-        else:
+        elif diverges(shorter):
             high = middle
+        else:
+            raise NotRecoverableError(f"the run's history does not replay: {shorter}")
     return events[completions[low]].event_id
+
+
+def _not_stalled_by_divergence(
+    described: WorkflowExecutionDescription, history: WorkflowHistory
+) -> str | None:
+    """Why Temporal does not show this execution stalled by a nondeterminism,
+    or None if it does: its current task has failed at least
+    STALLED_AFTER_ATTEMPTS times, and the last failure recorded is one."""
+    attempt = described.raw_description.pending_workflow_task.attempt
+    if attempt < STALLED_AFTER_ATTEMPTS:
+        return f"its workflow tasks are not failing (attempt {attempt})"
+    failed = [e for e in history.events if e.event_type == TASK_FAILED]
+    if not failed:
+        return "its history records no failed workflow task"
+    last = failed[-1].workflow_task_failed_event_attributes
+    if last.cause == NONDETERMINISTIC or last.failure.message.startswith(MACHINES_REFUSED):
+        return None
+    return f"its workflow tasks fail for another reason: {last.failure.message[:300]}"
+
+
+def _temporal_error(exc: RPCError, run_id: str) -> Exception:
+    if exc.status in _UNAVAILABLE:
+        return TemporalUnavailableError(f"Temporal is unavailable: {exc.message}")
+    if exc.status == RPCStatusCode.NOT_FOUND:
+        return NotFoundError(f"run {run_id} has no workflow")
+    return ConflictError(f"run {run_id}: Temporal refused: {exc.message}")
 
 
 async def recover_run(
     client: Client, store: Store, run_id: str, operator: str, note: str
 ) -> dict[str, Any]:
-    """Reset the stalled run's workflow to its first task this code does not
-    replay; audited under ``operator``, who the caller has made sure is one,
-    with their ``note`` (why).
-    Refused (ConflictError) for a run that has ended, whose workflow is not
-    running, or whose history replays."""
+    """Reset the stalled run's workflow to its first task at which a replay
+    with this code fails; audited under ``operator``, who the caller has made
+    sure is one, with their ``note`` (why). Refused (ConflictError) for a run
+    that has ended, whose workflow is not running or not stalled by a
+    nondeterminism, whose history replays, whose recovery is under way, or
+    that was recovered MOST_RECOVERIES times already."""
+    note = note.strip()
+    if not note or len(note) > MAX_NOTE:
+        raise InvalidInputError(f"note: say why, in 1 to {MAX_NOTE} characters", field="note")
     run = await store.get_run(run_id)
     if run["status"] in FINAL_RUN_STATUSES:
         raise ConflictError(f"run {run_id} has ended ({run['status']}): nothing to recover")
-    handle = client.get_workflow_handle(run_id)
     try:
-        described = await handle.describe()
+        described = await client.get_workflow_handle(run_id).describe()
+        if described.raw_description.workflow_execution_info.status != (
+            WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+        ):
+            raise ConflictError(f"run {run_id}'s workflow is not running: nothing to recover")
+        # This execution's own history: a reset names the execution it resets.
+        execution = described.run_id
+        history = await client.get_workflow_handle(run_id, run_id=execution).fetch_history()
     except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            raise NotFoundError(f"run {run_id} has no workflow") from exc
-        if exc.status == RPCStatusCode.UNAVAILABLE:
-            raise TemporalUnavailableError(f"Temporal is unavailable: {exc.message}") from exc
-        raise
-    if described.raw_description.workflow_execution_info.status != (
-        WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
-    ):
-        raise ConflictError(f"run {run_id}'s workflow is not running: nothing to recover")
-    # This execution's own history: a reset names the execution it resets.
-    history = await client.get_workflow_handle(run_id, run_id=described.run_id).fetch_history()
+        raise _temporal_error(exc, run_id) from exc
+    why_not = _not_stalled_by_divergence(described, history)
+    if why_not is not None:
+        raise NotRecoverableError(f"run {run_id} is not stalled by a nondeterminism: {why_not}")
     event_id = await first_divergent_task(history, client.data_converter)
     if event_id is None:
         raise ReplaysError(f"run {run_id}'s history replays on this code: nothing to recover")
-    reason = f"roundtable recover by {operator}: task completed at event {event_id} does not replay"
+    await store.begin_recovery(
+        run_id,
+        from_execution=execution,
+        by=operator,
+        note=note,
+        reset_to_event=event_id,
+        most=MOST_RECOVERIES,
+        stale_after=CLAIM_STALE_AFTER,
+    )
     try:
+        # Under the claim: the execution must still be the one replayed (a
+        # reset by hand meanwhile would otherwise be reset again).
+        if (await client.get_workflow_handle(run_id).describe()).run_id != execution:
+            raise ConflictError(f"run {run_id} moved on from execution {execution} meanwhile")
         response = await client.workflow_service.reset_workflow_execution(
             ResetWorkflowExecutionRequest(
                 namespace=client.namespace,
-                workflow_execution=WorkflowExecution(workflow_id=run_id, run_id=described.run_id),
-                reason=reason,
+                workflow_execution=WorkflowExecution(workflow_id=run_id, run_id=execution),
+                reason=f"roundtable recover by {operator}: replay fails at event {event_id}",
                 workflow_task_finish_event_id=event_id,
-                # Two operators recovering the same stall at once reset once:
-                # Temporal answers the second request with the first's run.
-                request_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{described.run_id}/{event_id}")),
+                request_id=str(uuid.uuid4()),
                 identity=operator,
             )
         )
-    except RPCError as exc:
-        if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
-            raise ConflictError(f"run {run_id} could not be reset: {exc.message}") from exc
+    except Exception as exc:
+        # Not reset, or not known to be: release the claim. A retry finds the
+        # run still stalled, or its new execution healthy and refuses.
+        await store.end_recovery(
+            run_id, from_execution=execution, to_execution=None, failure=str(exc)[:500]
+        )
+        if isinstance(exc, RPCError):
+            raise _temporal_error(exc, run_id) from exc
         raise
-    await store.record_recovery(
-        run_id,
-        by=operator,
-        from_execution=described.run_id,
-        to_execution=response.run_id,
-        reset_to_event=event_id,
-        note=note,
-    )
+    await store.end_recovery(run_id, from_execution=execution, to_execution=response.run_id)
     await nudge(client, run_id)  # the new execution re-reads what the store holds
     return {
         "run_id": run_id,
         "reset_to_event": event_id,
-        "from_execution": described.run_id,
+        "from_execution": execution,
         "execution": response.run_id,
     }

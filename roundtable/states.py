@@ -109,3 +109,7 @@ LEASE_EXPIRED_ERROR_CODE = "target_lease_expired_during_execution"
 WORKFLOW_CLOSED_ERROR_CODE = "workflow_closed_during_execution"
 APPROVAL_EXPIRED_REASON = "approval_expired"
 RUN_ENDED_REASON = "run_ended"
+
+# A run whose workflow task has failed this many attempts in a row is stalled
+# (the sweep says so; recovery asks for at least as much evidence).
+STALLED_AFTER_ATTEMPTS = 3

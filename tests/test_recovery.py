@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import (
     HandleSignalInput,
     Interceptor,
+    Worker,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
 )
@@ -29,7 +30,9 @@ from activities.sweep_activities import SweepActivities
 from chaos.operator_bot import OperatorBot
 from roundtable.models import RunResult
 from roundtable.operations import nudge
-from roundtable.recovery import MACHINES_REFUSED, ReplaysError, recover_run
+from roundtable.recovery import MACHINES_REFUSED, NotRecoverableError, recover_run
+from roundtable.states import STALLED_AFTER_ATTEMPTS
+from roundtable.store import ConflictError
 from tests.api_server import serve_api
 from tests.test_workflow_approvals import decide, one_write
 from tests.workflow_harness import (
@@ -61,6 +64,22 @@ class OtherBuild(Interceptor):
         self, input: WorkflowInterceptorClassInput
     ) -> type[WorkflowInboundInterceptor]:
         return _SleepsFirst
+
+
+def other_build(h: Harness) -> Callable[[Client], Worker]:
+    """Workers of the other build for the harness's queue and parts."""
+
+    def make(client: Client) -> Worker:
+        return build_worker(
+            client,
+            h.task_queue,
+            h.store,
+            h.registry,
+            authority=TRUSTING,
+            interceptors=[OtherBuild()],
+        )
+
+    return make
 
 
 async def events(handle: WorkflowHandle) -> list[Any]:
@@ -97,10 +116,7 @@ async def stall(
     the one to reset to."""
     before = len(await events(handle))
     await h.stop_worker()
-    other = build_worker(
-        h.client, h.task_queue, h.store, h.registry, authority=TRUSTING, interceptors=[OtherBuild()]
-    )
-    async with other:
+    async with other_build(h)(h.client):
         await nudge(h.client, handle.id)
         seen = await until(handle, _timer_then_task)
         if meanwhile is not None:
@@ -109,6 +125,13 @@ async def stall(
     await h.start_worker()
     await nudge(h.client, handle.id)
     await until(handle, _failing)
+    for _ in range(300):  # Temporal shows it stalled: its task failed often enough
+        described = await handle.describe()
+        if described.raw_description.pending_workflow_task.attempt >= STALLED_AFTER_ATTEMPTS:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the run's workflow task did not keep failing")
     return next(e.event_id for e in seen[before:] if e.event_type == COMPLETED)
 
 
@@ -139,8 +162,8 @@ async def test_a_stalled_run_is_recovered_and_its_write_runs_once(tmp_path) -> N
         # nothing to do rather than resetting a healthy run.
         state = await h.wait_for(recovered, lambda s: approval_id in s.pending_approvals)
         again = await api.http.post(path, headers=api.auth("ops"), json=WHY)
-        assert again.status_code == 409 and "replays on this code" in again.json()["detail"]
-        with pytest.raises(ReplaysError):
+        assert again.status_code == 409 and "not stalled" in again.json()["detail"]
+        with pytest.raises(NotRecoverableError, match="tasks are not failing"):
             await recover_run(h.client, h.store, handle.id, "op-7", WHY["note"])
 
         assert await decide(recovered, approval_id, "approved", who="op-2") == "approved"
@@ -151,16 +174,25 @@ async def test_a_stalled_run_is_recovered_and_its_write_runs_once(tmp_path) -> N
         (approval,) = await h.store.list_approvals(run_id=handle.id)
         assert (approval["status"], approval["decided_by"]) == ("approved", "op-2")
 
-        events_kept = await h.store.list_events(handle.id)
-        audited = [e for e in events_kept if e["event_type"] == "run.recovered"]
-        assert [e["payload"] for e in audited] == [
-            {
-                "by": "ops",
-                "from_execution": stalled_execution,
-                "execution": done["execution"],
-                "reset_to_event": diverged_at,
-                "note": WHY["note"],
-            }
+        recoveries = [
+            (e["event_type"], e["payload"])
+            for e in await h.store.list_events(handle.id)
+            if e["event_type"].startswith("run.recover")
+        ]
+        assert recoveries == [
+            (
+                "run.recovery_begun",
+                {
+                    "by": "ops",
+                    "note": WHY["note"],
+                    "from_execution": stalled_execution,
+                    "reset_to_event": diverged_at,
+                },
+            ),
+            (
+                "run.recovered",
+                {"from_execution": stalled_execution, "execution": done["execution"]},
+            ),
         ]
         # The recovered execution replays on this code, strictly.
         await replays_strictly(await recovered.fetch_history(), h.client.data_converter)
@@ -257,3 +289,50 @@ async def test_the_sweep_calls_it_stalled_and_the_chaos_operator_recovers_it(tmp
         assert await decide(recovered, approval_id, "approved") == "approved"
         assert (await h.result(recovered)).status == "completed"
         assert [w["outcome"] for w in await h.tickets.write_log()] == ["applied"]
+
+
+@pytest.mark.timeout(240)
+async def test_two_operators_at_once_reset_the_run_once(tmp_path) -> None:
+    async with harness(tmp_path, dev_server=True) as h:
+        handle = await h.start(task_text="t", script=one_write())
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        await stall(h, handle)
+        results = await asyncio.gather(
+            recover_run(h.client, h.store, handle.id, "op-a", "stalled"),
+            recover_run(h.client, h.store, handle.id, "op-b", "stalled too"),
+            return_exceptions=True,
+        )
+        done = [r for r in results if isinstance(r, dict)]
+        refused = [r for r in results if isinstance(r, ConflictError)]
+        assert (len(done), len(refused)) == (1, 1), results
+        executions = [w async for w in h.client.list_workflows(f"WorkflowId = '{handle.id}'")]
+        assert len(executions) == 2  # the stalled one and one new: one reset
+        recovered = h.client.get_workflow_handle(handle.id, result_type=RunResult)
+        assert (await recovered.describe()).run_id == done[0]["execution"]
+        await h.wait_for(recovered, lambda s: approval_id in s.pending_approvals)
+        assert await decide(recovered, approval_id, "approved") == "approved"
+        assert (await h.result(recovered)).status == "completed"
+        assert [w["outcome"] for w in await h.tickets.write_log()] == ["applied"]
+
+
+@pytest.mark.timeout(240)
+async def test_a_healthy_run_is_not_reset_when_the_workers_run_other_code(tmp_path) -> None:
+    """A rolling deploy: the workers run the other build, on which the run is
+    healthy; an operator whose code cannot replay it must not reset it."""
+    async with harness(tmp_path, dev_server=True) as h:
+        await h.stop_worker()
+        h.make_worker = other_build(h)
+        await h.start_worker()
+        handle = await h.start(task_text="t", script=one_write())
+        await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        await nudge(h.client, handle.id)
+        await until(handle, _timer_then_task)
+        execution = (await handle.describe()).run_id
+        h.foreign.add(execution)  # the other build's history
+        with pytest.raises(NotRecoverableError, match="tasks are not failing"):
+            await recover_run(h.client, h.store, handle.id, "op-7", "looks odd")
+        assert (await handle.describe()).run_id == execution
+        assert [e["event_type"] for e in await h.store.list_events(handle.id)].count(
+            "run.recovery_begun"
+        ) == 0

@@ -119,7 +119,8 @@ class Store:
     pin_snapshot = _on("runs", Runs.pin_snapshot)
     kept_snapshot = _on("runs", Runs.kept_snapshot)
     record_refusal = _on("runs", Runs.record_refusal)
-    record_recovery = _on("runs", Runs.record_recovery)
+    begin_recovery = _on("runs", Runs.begin_recovery)
+    end_recovery = _on("runs", Runs.end_recovery)
     record_turn = _on("runs", Runs.record_turn)
     settle_closed_run = _on("runs", Runs.settle_closed)
 

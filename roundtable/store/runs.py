@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,13 @@ from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundEr
 from roundtable.store.leases import lease_of
 from roundtable.store.rows import new_id, page_after, require_text
 from roundtable.store.run_status import carry_run_status_on, move_run, move_run_on
-from roundtable.store.schema import ActionRow, CapabilitySnapshotRow, RunRow, SessionRow
+from roundtable.store.schema import (
+    ActionRow,
+    AuditEventRow,
+    CapabilitySnapshotRow,
+    RunRow,
+    SessionRow,
+)
 from roundtable.store.sessions import Sessions, check_session, insert_session
 from roundtable.store.text import escape_text
 
@@ -86,6 +92,8 @@ class RunGrant:
 _SESSIONS = SessionRow.__table__
 _RUNS = RunRow.__table__
 _SNAPSHOTS = CapabilitySnapshotRow.__table__
+# What a run's log says of its recoveries (Runs.begin_recovery).
+RECOVERY_EVENTS = ("run.recovery_begun", "run.recovered", "run.recovery_failed")
 
 
 @cache
@@ -328,36 +336,95 @@ class Runs:
                     dedupe_key=key[:255],
                 )
 
-    async def record_recovery(
+    async def begin_recovery(
         self,
         run_id: str,
         *,
-        by: str,
         from_execution: str,
-        to_execution: str,
-        reset_to_event: int,
+        by: str,
         note: str,
+        reset_to_event: int,
+        most: int,
+        stale_after: timedelta,
     ) -> None:
-        """An operator reset the run's stalled workflow (roundtable/recovery.py):
-        who, why, from which execution to which, and from which event of the
-        old history the new one runs again. Once per new execution."""
-        key = f"run.recovered:{to_execution}"
+        """Claim the recovery of the run's stalled execution before its reset
+        (roundtable/recovery.py), audited as ``run.recovery_begun``: who, why,
+        which execution, from which event. Under the run's lock, so of two
+        operators at once one claims and the other is refused (ConflictError):
+        while a claim on the same execution is unfinished (neither recovered
+        nor failed) and younger than ``stale_after``; once that execution was
+        recovered; or once the run was recovered ``most`` times."""
         async with self.db.transaction() as session:
             run = await self.db.lock_run(session, run_id)
-            if not await logged(session, run_id, key):
+            now = await database_now(session)
+            rows = (
+                await session.execute(
+                    select(AuditEventRow)
+                    .where(
+                        AuditEventRow.run_id == run_id,
+                        AuditEventRow.event_type.in_(RECOVERY_EVENTS),
+                    )
+                    .order_by(AuditEventRow.seq)
+                )
+            ).scalars()
+            mine: list[AuditEventRow] = []
+            recovered = 0
+            for row in rows:
+                recovered += row.event_type == "run.recovered"
+                if row.payload.get("from_execution") == from_execution:
+                    mine.append(row)
+            if any(row.event_type == "run.recovered" for row in mine):
+                raise ConflictError(f"execution {from_execution} was recovered already")
+            if recovered >= most:
+                raise ConflictError(
+                    f"run {run_id} was recovered {recovered} times; "
+                    "look at why it keeps stalling before resetting it again"
+                )
+            begun = [row for row in mine if row.event_type == "run.recovery_begun"]
+            if mine and mine[-1].event_type == "run.recovery_begun":
+                last = mine[-1]
+                if now - last.created_at < stale_after:
+                    raise ConflictError(
+                        f"a recovery of execution {from_execution} is under way "
+                        f"(begun by {last.payload.get('by')} at {last.created_at.isoformat()})"
+                    )
+            await self.db.audit(
+                session,
+                run,
+                "run.recovery_begun",
+                {
+                    "by": by,
+                    "note": note,
+                    "from_execution": from_execution,
+                    "reset_to_event": reset_to_event,
+                },
+                now,
+                dedupe_key=f"recovery:{from_execution}:{len(begun)}"[:255],
+            )
+
+    async def end_recovery(
+        self,
+        run_id: str,
+        *,
+        from_execution: str,
+        to_execution: str | None,
+        failure: str | None = None,
+    ) -> None:
+        """The claimed recovery's end: ``run.recovered`` with the new execution,
+        or ``run.recovery_failed`` with why (the claim is then released)."""
+        async with self.db.transaction() as session:
+            run = await self.db.lock_run(session, run_id)
+            if to_execution is not None:
+                kind = "run.recovered"
+                payload = {"from_execution": from_execution, "execution": to_execution}
+                key = f"run.recovered:{to_execution}"
+            else:
+                kind = "run.recovery_failed"
+                payload = {"from_execution": from_execution, "failure": failure or ""}
+                key = None
+            if key is None or not await logged(session, run_id, key):
                 await self.db.audit(
-                    session,
-                    run,
-                    "run.recovered",
-                    {
-                        "by": by,
-                        "from_execution": from_execution,
-                        "execution": to_execution,
-                        "reset_to_event": reset_to_event,
-                        "note": note,
-                    },
-                    await database_now(session),
-                    dedupe_key=key[:255],
+                    session, run, kind, payload, await database_now(session), dedupe_key=key
                 )
 
     async def record_turn(
