@@ -15,6 +15,7 @@ from activities.bounded import bounded_result, bounded_text
 from activities.errors import typed_store_errors
 from activities.kept_snapshots import KeptSnapshots, kept_form, snapshot_digest
 from roundtable.agents import UnknownModelError, resolve_model
+from roundtable.agents.base import ModelAdapter
 from roundtable.agents.prompts import manager_messages, round_prompt, seat_system_prompt
 from roundtable.agents.tool_calls import sanitize_tool_calls
 from roundtable.models import (
@@ -30,6 +31,7 @@ from roundtable.models import (
     ToolOutcome,
     ToolSpec,
     TurnRequest,
+    TurnResponse,
 )
 from roundtable.names import INVALID_INPUT
 from roundtable.permissions import (
@@ -151,7 +153,10 @@ class RunActivities:
 
     @activity.defn(name="take_turn")
     async def take_turn(self, inp: TakeTurnInput) -> TakeTurnOutput:
-        """One model call. No side effects, so Temporal may retry it freely."""
+        """One model call, kept: the turn's first answer is its only answer.
+        A turn taken again (a retry whose result was lost, a reset that
+        dropped its completion) gets the kept response, not a new one whose
+        tool calls, named afresh by the model, would be new writes."""
         require_own_run(inp.run_id)
         try:
             adapter = resolve_model(inp.model)
@@ -165,6 +170,21 @@ class RunActivities:
             prompt = round_prompt(inp.round, inp.others)
             messages = [*history, prompt]
             new_messages = ([] if inp.thread else history) + [prompt]
+        turn = {"run_id": inp.run_id, "role": inp.role, "seat": inp.seat, "round_number": inp.round}
+        kept = await self.store.kept_turn(**turn)
+        if kept is None:
+            response = await self._ask(adapter, inp, messages)
+            kept = await self.store.keep_turn(**turn, response=response.model_dump(mode="json"))
+        response = TurnResponse.model_validate(kept)
+        reply = ChatMessage(
+            role="assistant", name=inp.seat, content=response.text, tool_calls=response.tool_calls
+        )
+        return TakeTurnOutput(response=response, new_messages=[*new_messages, reply])
+
+    async def _ask(
+        self, adapter: ModelAdapter, inp: TakeTurnInput, messages: list[ChatMessage]
+    ) -> TurnResponse:
+        """The model's answer, its usage recorded, its text bounded."""
         response = await adapter.respond(
             TurnRequest(
                 run_id=inp.run_id,
@@ -205,10 +225,7 @@ class RunActivities:
                 "tool_calls": sanitize_tool_calls(response.tool_calls),
             }
         )
-        reply = ChatMessage(
-            role="assistant", name=inp.seat, content=response.text, tool_calls=response.tool_calls
-        )
-        return TakeTurnOutput(response=response, new_messages=[*new_messages, reply])
+        return response
 
     @activity.defn(name="run_read_tool")
     async def run_read_tool(self, inp: ReadToolInput) -> ToolOutcome:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,9 +29,10 @@ from temporalio.worker import (
 
 from activities.sweep_activities import SweepActivities
 from chaos.operator_bot import OperatorBot
+from roundtable.agents.scripted import ScriptedModel
 from roundtable.models import RunResult
 from roundtable.operations import nudge
-from roundtable.recovery import MACHINES_REFUSED, NotRecoverableError, recover_run
+from roundtable.recovery import MACHINES_REFUSED, NONDETERMINISTIC, NotRecoverableError, recover_run
 from roundtable.states import STALLED_AFTER_ATTEMPTS
 from roundtable.store import ConflictError
 from tests.api_server import serve_api
@@ -101,11 +103,29 @@ def _timer_then_task(seen: list[Any]) -> bool:
 
 
 def _failing(seen: list[Any]) -> bool:
-    failures = [e for e in seen if e.event_type == FAILED]
-    # The other build's timer where this code cancels one: core's machines
-    # refuse the event (roundtable/recovery.py, MACHINES_REFUSED).
-    messages = [f.workflow_task_failed_event_attributes.failure.message for f in failures]
-    return any(MACHINES_REFUSED in message for message in messages)
+    """A task failed as this code meets the other build's timer: where this
+    code cancels a timer, core's machines refuse the event
+    (roundtable/recovery.py, MACHINES_REFUSED); where it makes another
+    command, a nondeterminism."""
+    for event in seen:
+        if event.event_type == FAILED:
+            failed = event.workflow_task_failed_event_attributes
+            if failed.cause == NONDETERMINISTIC or failed.failure.message.startswith(
+                MACHINES_REFUSED
+            ):
+                return True
+    return False
+
+
+async def until_stalled(handle: WorkflowHandle) -> None:
+    """Until Temporal shows the run stalled: its task failed often enough."""
+    await until(handle, _failing)
+    for _ in range(300):
+        described = await handle.describe()
+        if described.raw_description.pending_workflow_task.attempt >= STALLED_AFTER_ATTEMPTS:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the run's workflow task did not keep failing")
 
 
 async def stall(
@@ -124,14 +144,7 @@ async def stall(
     h.foreign.add((await handle.describe()).run_id)  # its history is the other build's
     await h.start_worker()
     await nudge(h.client, handle.id)
-    await until(handle, _failing)
-    for _ in range(300):  # Temporal shows it stalled: its task failed often enough
-        described = await handle.describe()
-        if described.raw_description.pending_workflow_task.attempt >= STALLED_AFTER_ATTEMPTS:
-            break
-        await asyncio.sleep(0.1)
-    else:
-        raise AssertionError("the run's workflow task did not keep failing")
+    await until_stalled(handle)
     return next(e.event_id for e in seen[before:] if e.event_type == COMPLETED)
 
 
@@ -336,3 +349,74 @@ async def test_a_healthy_run_is_not_reset_when_the_workers_run_other_code(tmp_pa
         assert [e["event_type"] for e in await h.store.list_events(handle.id)].count(
             "run.recovery_begun"
         ) == 0
+
+
+@pytest.mark.timeout(240)
+async def test_a_model_turn_in_the_dropped_tail_is_not_asked_again(tmp_path, monkeypatch) -> None:
+    """A real model names its tool calls afresh on every call, and an action's
+    key holds the call's id: a turn asked again after a reset would make its
+    write a new action, approved again and run again. The turn's kept answer
+    is given instead, so the reset run meets the write it already ran."""
+    asked: Counter[tuple[str, int]] = Counter()
+    answer = ScriptedModel.respond
+
+    async def names_calls_afresh(self, request):  # type: ignore[no-untyped-def]
+        response = await answer(self, request)
+        asked[(request.seat, request.round)] += 1
+        n = asked[(request.seat, request.round)]
+        calls = [c.model_copy(update={"id": f"{c.id}-ask{n}"}) for c in response.tool_calls]
+        return response.model_copy(update={"tool_calls": calls})
+
+    monkeypatch.setattr(ScriptedModel, "respond", names_calls_afresh)
+    two_rounds = script(
+        ("seat-1", 1, [ticket_call("ticket_update", "T-1")]),
+        ("seat-1", 2, [ticket_call("ticket_update", "T-2")]),
+    )
+    async with harness(tmp_path, dev_server=True) as h:
+        # The other build from the start: its first refresh is the divergence,
+        # so round 1's turn, its approval and its write are all in the tail.
+        await h.stop_worker()
+        this_code, h.make_worker = h.make_worker, other_build(h)
+        await h.start_worker()
+        handle = await h.start(task_text="t", script=two_rounds, max_rounds=2)
+        await nudge(h.client, handle.id)
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (first,) = state.pending_approvals
+        assert await decide(handle, first, "approved", who="op-1") == "approved"
+        await h.wait_for(
+            handle,
+            lambda s: bool(s.pending_approvals) and first not in s.pending_approvals,
+            within=60,
+        )
+        assert [w["ticket_id"] for w in await h.tickets.write_log()] == ["T-1"]
+        await h.stop_worker()
+        h.foreign.add((await handle.describe()).run_id)
+        h.make_worker = this_code
+        await h.start_worker()
+        await nudge(h.client, handle.id)
+        await until_stalled(handle)
+
+        done = await recover_run(h.client, h.store, handle.id, "op-7", "stalled")
+        recovered = h.client.get_workflow_handle(handle.id, result_type=RunResult)
+        again = await h.wait_for(recovered, lambda s: bool(s.pending_approvals), within=60)
+        assert list(again.pending_approvals) == [
+            a["id"]
+            for a in await h.store.list_approvals(run_id=handle.id)
+            if a["status"] == "pending"
+        ]
+        (second,) = again.pending_approvals
+        assert await decide(recovered, second, "approved", who="op-2") == "approved"
+        assert (await h.result(recovered)).status == "completed"
+
+        assert sorted(w["ticket_id"] for w in await h.tickets.write_log()) == ["T-1", "T-2"]
+        assert {("seat-1", 1), ("seat-1", 2)} <= set(asked)
+        assert set(asked.values()) == {1}  # each turn asked once, reset or not
+        actions = await h.store.list_actions(handle.id)
+        assert sorted(a["status"] for a in actions) == ["succeeded", "succeeded"]
+        approvals = await h.store.list_approvals(run_id=handle.id)
+        assert sorted((a["status"], a["decided_by"]) for a in approvals) == [
+            ("approved", "op-1"),
+            ("approved", "op-2"),
+        ]
+        assert done["reset_to_event"] > 0
+        await replays_strictly(await recovered.fetch_history(), h.client.data_converter)

@@ -166,6 +166,8 @@ class Store:
 
     save_tool_result = _on("results", ToolResults.save)
     get_tool_result = _on("results", ToolResults.get)
+    keep_turn = _on("results", ToolResults.keep_turn)
+    kept_turn = _on("results", ToolResults.kept_turn)
 
     run_snapshot = _on("reads", Reads.run_snapshot)
     approvals_with_actions = _on("reads", Reads.approvals_with_actions)
