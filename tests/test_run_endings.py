@@ -183,7 +183,8 @@ async def test_a_retried_turn_counts_its_usage_once(tmp_path, monkeypatch) -> No
             task_text="t", model="openai:m", seats=["seat-1"], manager=None, max_rounds=2
         )
         result = await handle.result()
-        assert len(fake.requests) == 4  # every turn was asked twice
+        # The lost answer was kept (the turn journal): its retry is not asked again.
+        assert len(fake.requests) == 2
         view = await run_view(h.store, handle.id)
         assert view["usage"] == {"turns": 2, "prompt_tokens": 200, "completion_tokens": 40}
         assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (200, 40)
