@@ -41,7 +41,11 @@ def turn_result_id(run_id: str, role: str, seat: str, round_number: int) -> str:
 
 @cache
 def _keep_once(postgresql: bool) -> Any:
-    return dialect_insert(postgresql, _RESULTS).on_conflict_do_nothing(index_elements=["id"])
+    return (
+        dialect_insert(postgresql, _RESULTS)
+        .on_conflict_do_nothing(index_elements=["id"])
+        .returning(_RESULTS.c.id)
+    )
 
 
 @complete_every_public_coroutine
@@ -99,7 +103,7 @@ class ToolResults:
         body = {"content": response}
         sealed = encrypt_arguments(body, associated_data=result_id.encode())
         async with self.db.transaction() as session:
-            await session.execute(
+            written = await session.execute(
                 _keep_once(is_postgresql(session)),
                 {
                     "id": result_id,
@@ -111,8 +115,11 @@ class ToolResults:
                     "created_at": await database_now(session),
                 },
             )
+            if written.scalar_one_or_none() is not None:
+                return response  # ours is the kept one
+        # Another attempt kept its answer first: that one stands.
         kept = await self.kept_turn(run_id=run_id, role=role, seat=seat, round_number=round_number)
-        if kept is None:  # just written, or written first by another attempt
+        if kept is None:
             raise NotFoundError(f"turn {result_id} was kept but cannot be read back")
         return kept
 
