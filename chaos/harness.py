@@ -19,6 +19,7 @@ import httpx
 from temporalio.client import Client
 
 from chaos import canary as canaries
+from chaos import recoveries
 from chaos.faults import KINDS, Faults, rounds_for, schedule
 from chaos.operator_bot import FINAL_RUNS, OperatorBot
 from chaos.stack import Stack
@@ -287,8 +288,12 @@ class Session:
     ) -> None:
         async with open_store(url) as store:
             evidence = await gather(store, tickets, self._temporal, started_runs=started)
+            recovered, unexplained = await recoveries.judge(
+                store, self._temporal, started, self.workdir
+            )
         violations = check(evidence)
-        self.outcome.violations = [str(v) for v in violations]
+        self.outcome.violations = [str(v) for v in violations] + unexplained
+        self.outcome.notes += recovered
         self.outcome.summary = summary(evidence, violations, sum(faults.counts.values()))
         writes = Counter(w["outcome"] for w in evidence.ticket_writes)
         self.outcome.notes.append(f"ticket log outcomes: {dict(writes)}")

@@ -8,7 +8,8 @@ failed; still ``started`` → wait (a write that stays ``started`` long after
 its lease ran out was never applied: the demo system applies and logs in one
 transaction); 409 ``attempt_may_be_running`` → try again at ``retry_at``. It
 recovers runs the sweep calls stalled (roundtable/recovery.py); the API
-refuses one whose history replays.
+refuses one that is not stalled by a nondeterminism, and the harness judges
+every recovery (chaos/recoveries.py).
 
 Every response body it receives is kept for the canary scan."""
 
@@ -196,8 +197,8 @@ class OperatorBot:
     async def recover_stalled(self, runs: list[dict[str, Any]]) -> None:
         """A run the sweep calls stalled is reset by an operator if its history
         no longer replays (the takeover finding, roundtable/recovery.py); the
-        API refuses (409) one that replays, stalled for another reason (a
-        frozen worker's tasks timing out): try that again later."""
+        API refuses (409) one stalled for another reason (a frozen worker's
+        tasks timing out): try that again later."""
         for run in (r for r in runs if r["status"] == "stalled"):
             key = f"recover:{run['run_id']}"
             if time.monotonic() < self.not_before.get(key, 0):
