@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -22,6 +23,7 @@ from temporalio.client import (
 )
 from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -278,6 +280,12 @@ async def _check_histories(made: Harness, started: list[WorkflowHandle]) -> None
     # The run each start began (a later start of the same id is its own),
     # then each run it continued as.
     todo = [(started_as.id, started_as.result_run_id) for started_as in [*made.handles, *started]]
+    # And each workflow's latest execution: a reset (a recovery) starts one
+    # that no start and no continue-as-new names.
+    for workflow_id in sorted({started_as.id for started_as in [*made.handles, *started]}):
+        with contextlib.suppress(RPCError):
+            latest = await made.client.get_workflow_handle(workflow_id).describe()
+            todo.append((workflow_id, latest.run_id))
     while todo:
         run = todo.pop(0)
         if run in seen or run[1] in made.foreign:
