@@ -113,11 +113,12 @@ def recover(
     token_file: ApiTokenFile = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Reset a stalled run to the first workflow task this code does not replay.
+    """Reset a stalled run to the first workflow task a replay fails at.
 
     For a run whose workflow tasks fail because its history holds commands
     this code does not make (`roundtable show` says stalled, with the
-    nondeterminism). Writes already run stay run; nothing runs twice."""
+    nondeterminism). Writes already run stay run, turns already taken are not
+    asked again; a run not stalled so is refused."""
     done = ask((api, token, token_file), lambda ops: ops.recover(run_id, note, by), as_json)
     emit(
         done,
