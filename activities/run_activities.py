@@ -173,9 +173,25 @@ class RunActivities:
         turn = {"run_id": inp.run_id, "role": inp.role, "seat": inp.seat, "round_number": inp.round}
         kept = await self.store.kept_turn(**turn)
         if kept is None:
-            response = await self._ask(adapter, inp, messages)
-            kept = await self.store.keep_turn(**turn, response=response.model_dump(mode="json"))
+            asked = await self._ask(adapter, inp, messages)
+            kept, ours = await self.store.keep_turn(**turn, response=asked.model_dump(mode="json"))
+            if ours and asked.usage is not None:  # tokens spent on the answer kept
+                self.metrics.model_tokens(
+                    inp.model or "default", asked.usage.prompt_tokens, asked.usage.completion_tokens
+                )
         response = TurnResponse.model_validate(kept)
+        if response.usage is not None:
+            # The kept answer's usage, once per turn (the log finds its event):
+            # whichever attempt asked, the log's usage is the workflow's.
+            await self.store.record_turn(
+                inp.run_id,
+                seat=inp.seat,
+                round_number=inp.round,
+                model=inp.model,
+                prompt_tokens=response.usage.prompt_tokens,
+                completion_tokens=response.usage.completion_tokens,
+                role=inp.role,
+            )
         reply = ChatMessage(
             role="assistant", name=inp.seat, content=response.text, tool_calls=response.tool_calls
         )
@@ -184,7 +200,7 @@ class RunActivities:
     async def _ask(
         self, adapter: ModelAdapter, inp: TakeTurnInput, messages: list[ChatMessage]
     ) -> TurnResponse:
-        """The model's answer, its usage recorded, its text bounded."""
+        """The model's answer, its text bounded."""
         response = await adapter.respond(
             TurnRequest(
                 run_id=inp.run_id,
@@ -198,21 +214,6 @@ class RunActivities:
                 reasoning_effort=inp.reasoning_effort,
             )
         )
-        if response.usage is not None:
-            await self.store.record_turn(
-                inp.run_id,
-                seat=inp.seat,
-                round_number=inp.round,
-                model=inp.model,
-                prompt_tokens=response.usage.prompt_tokens,
-                completion_tokens=response.usage.completion_tokens,
-                role=inp.role,
-            )
-            self.metrics.model_tokens(
-                inp.model or "default",
-                response.usage.prompt_tokens,
-                response.usage.completion_tokens,
-            )
         response = response.model_copy(
             update={
                 "text": await bounded_text(

@@ -12,7 +12,6 @@ violation, so a new nondeterminism still fails the run."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
@@ -20,7 +19,27 @@ from temporalio.client import Client, WorkflowHistory
 from roundtable.store import Store
 
 COMPLETED = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+ENDINGS = ("run.recovered", "run.recovery_failed")
 TIMED_OUT = EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+
+
+# How the known finding fails its replay: the two coroutines' commands take
+# each other's sequence numbers (chaos-client-4).
+KNOWN_FAILURE = "does not match activity id of activity command"
+
+
+def the_known_finding(history: WorkflowHistory, completed_at: int) -> bool:
+    """A reset to a task that took the run over from a timed-out task, in a
+    history whose tasks then failed as the known finding's did."""
+    failures = [
+        e.workflow_task_failed_event_attributes.failure.message
+        for e in history.events
+        if e.event_type == FAILED and e.event_id > completed_at
+    ]
+    return after_a_timed_out_task(history, completed_at) and any(
+        KNOWN_FAILURE in message for message in failures
+    )
 
 
 def after_a_timed_out_task(history: WorkflowHistory, completed_at: int) -> bool:
@@ -42,21 +61,27 @@ async def judge(
     store: Store, temporal: Client | None, run_ids: set[str], keep_in: Path
 ) -> tuple[list[str], list[str]]:
     """``(notes, violations)`` for every recovery of these runs; each stalled
-    execution's history is kept in ``keep_in`` to be studied."""
+    execution's history is kept in ``keep_in`` to be studied. A claim that
+    never ended (a crash between it and the reset's end) is a violation too:
+    its reset may have happened unjudged."""
     notes: list[str] = []
     violations: list[str] = []
     for run_id in sorted(run_ids):
         events = await store.list_events(run_id)
-        begun: dict[str, dict[str, Any]] = {
-            e["payload"]["from_execution"]: e["payload"]
-            for e in events
-            if e["event_type"] == "run.recovery_begun"
+        begun = {
+            e["dedupe_key"]: e["payload"] for e in events if e["event_type"] == "run.recovery_begun"
         }
+        ended = {e["payload"].get("claim") for e in events if e["event_type"] in ENDINGS}
+        for claim in sorted(set(begun) - ended):
+            violations.append(f"recovery of {run_id} begun ({claim}) but never ended")
         for event in events:
             if event["event_type"] != "run.recovered":
                 continue
-            execution = event["payload"]["from_execution"]
-            reset_to = int(begun[execution]["reset_to_event"])
+            claimed = begun.get(event["payload"].get("claim"))
+            if claimed is None:
+                violations.append(f"recovered {run_id} with no claim: {event['payload']}")
+                continue
+            execution, reset_to = claimed["from_execution"], int(claimed["reset_to_event"])
             if temporal is None:
                 violations.append(f"recovered {run_id}: no Temporal client to judge it with")
                 continue
@@ -64,14 +89,14 @@ async def judge(
             history = await handle.fetch_history()
             kept = keep_in / f"recovered-{run_id}-{execution}.json"
             kept.write_text(history.to_json())
-            if after_a_timed_out_task(history, reset_to):
+            if the_known_finding(history, reset_to):
                 notes.append(
                     f"recovered {run_id} at event {reset_to}: the known takeover finding "
                     f"(tests/histories_nondeterministic/README.md); history kept as {kept.name}"
                 )
             else:
                 violations.append(
-                    f"recovered {run_id} at event {reset_to}: a divergence not after a "
-                    f"timed-out task, so not the known finding; history kept as {kept.name}"
+                    f"recovered {run_id} at event {reset_to}: not the known takeover finding; "
+                    f"history kept as {kept.name}"
                 )
     return notes, violations

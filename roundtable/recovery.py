@@ -21,6 +21,8 @@ lets one recovery of an execution run at a time."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -46,6 +48,8 @@ from workflows.roundtable import RoundtableWorkflow
 COMPLETED = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
 STARTED = EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
 TASK_FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+TASK_TIMED_OUT = EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+CANCEL_REQUESTED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED
 NONDETERMINISTIC = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR
 # The SDK's core says a history holds commands this code does not make in one
 # of two ways: a nondeterminism (a command of another kind or id than the
@@ -61,6 +65,15 @@ MOST_RECOVERIES = 3
 # (a reset answers within seconds): another recovery may claim again.
 CLAIM_STALE_AFTER = timedelta(minutes=5)
 MAX_NOTE = 2000
+# Why a task failing for the third time or more is not yet evidence: its
+# failure is not in the history (only the first of a row is written), or it
+# timed out. Recovery's signal makes the next failure show.
+NOT_RECORDED = "no workflow task has failed since the last one completed"
+TIMING_OUT = "its current workflow task is timing out, not failing"
+# How long recovery waits for the task its signal brings to end (a failing
+# task is retried at once the first times, then every ten seconds).
+EVIDENCE_POLLS = 24
+EVIDENCE_POLL_SECONDS = 0.5
 _UNAVAILABLE = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
 
 
@@ -142,22 +155,54 @@ async def first_divergent_task(history: WorkflowHistory, converter: DataConverte
     return events[completions[low]].event_id
 
 
-def _not_stalled_by_divergence(
-    described: WorkflowExecutionDescription, history: WorkflowHistory
-) -> str | None:
+def not_stalled_by_divergence(attempt: int, history: WorkflowHistory) -> str | None:
     """Why Temporal does not show this execution stalled by a nondeterminism,
     or None if it does: its current task has failed at least
-    STALLED_AFTER_ATTEMPTS times, and the last failure recorded is one."""
-    attempt = described.raw_description.pending_workflow_task.attempt
+    STALLED_AFTER_ATTEMPTS times, and since the last task that completed,
+    the last task to end failed with a nondeterminism. An old nondeterminism
+    a later task got past, or a task now timing out, is no such evidence."""
     if attempt < STALLED_AFTER_ATTEMPTS:
         return f"its workflow tasks are not failing (attempt {attempt})"
-    failed = [e for e in history.events if e.event_type == TASK_FAILED]
-    if not failed:
-        return "its history records no failed workflow task"
-    last = failed[-1].workflow_task_failed_event_attributes
-    if last.cause == NONDETERMINISTIC or last.failure.message.startswith(MACHINES_REFUSED):
+    last_end = None
+    for event in history.events:
+        if event.event_type == COMPLETED:
+            last_end = None
+        elif event.event_type in (TASK_FAILED, TASK_TIMED_OUT):
+            last_end = event
+    if last_end is None:
+        return NOT_RECORDED
+    if last_end.event_type == TASK_TIMED_OUT:
+        return TIMING_OUT
+    failed = last_end.workflow_task_failed_event_attributes
+    if failed.cause == NONDETERMINISTIC or failed.failure.message.startswith(MACHINES_REFUSED):
         return None
-    return f"its workflow tasks fail for another reason: {last.failure.message[:300]}"
+    return f"its workflow tasks fail for another reason: {failed.failure.message[:300]}"
+
+
+async def _evidence(
+    client: Client, run_id: str
+) -> tuple[WorkflowExecutionDescription, WorkflowHistory, str | None]:
+    """``(description, history, why not)``, after asking the run to look at the
+    store: Temporal writes only the first of a task's failures in a row, so a
+    signal makes the current one show (a healthy run just completes a task).
+    Waits a little for the task the signal brings to end."""
+    handle = client.get_workflow_handle(run_id)
+    await nudge(client, run_id)
+    why_not: str | None = "not looked at yet"
+    for _ in range(EVIDENCE_POLLS):
+        described = await handle.describe()
+        if described.raw_description.workflow_execution_info.status != (
+            WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+        ):
+            raise ConflictError(f"run {run_id}'s workflow is not running: nothing to recover")
+        execution = described.run_id
+        history = await client.get_workflow_handle(run_id, run_id=execution).fetch_history()
+        attempt = described.raw_description.pending_workflow_task.attempt
+        why_not = not_stalled_by_divergence(attempt, history)
+        if why_not not in (NOT_RECORDED, TIMING_OUT):
+            break  # the evidence is in, either way
+        await asyncio.sleep(EVIDENCE_POLL_SECONDS)
+    return described, history, why_not
 
 
 def _temporal_error(exc: RPCError, run_id: str) -> Exception:
@@ -184,23 +229,27 @@ async def recover_run(
     if run["status"] in FINAL_RUN_STATUSES:
         raise ConflictError(f"run {run_id} has ended ({run['status']}): nothing to recover")
     try:
-        described = await client.get_workflow_handle(run_id).describe()
-        if described.raw_description.workflow_execution_info.status != (
-            WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
-        ):
-            raise ConflictError(f"run {run_id}'s workflow is not running: nothing to recover")
-        # This execution's own history: a reset names the execution it resets.
-        execution = described.run_id
-        history = await client.get_workflow_handle(run_id, run_id=execution).fetch_history()
+        described, history, why_not = await _evidence(client, run_id)
     except RPCError as exc:
         raise _temporal_error(exc, run_id) from exc
-    why_not = _not_stalled_by_divergence(described, history)
     if why_not is not None:
         raise NotRecoverableError(f"run {run_id} is not stalled by a nondeterminism: {why_not}")
     event_id = await first_divergent_task(history, client.data_converter)
     if event_id is None:
         raise ReplaysError(f"run {run_id}'s history replays on this code: nothing to recover")
-    await store.begin_recovery(
+    execution = described.run_id
+    # A cancel asked of the stalled run and not in the history the reset
+    # keeps: Temporal's reset carries signals and updates, not cancel
+    # requests, and one asked while a task fails is not even in the history
+    # yet (only the execution's description says so). It is asked again.
+    kept_cancel = any(
+        e.event_type == CANCEL_REQUESTED and e.event_id < event_id for e in history.events
+    )
+    asked = described.raw_description.workflow_extended_info.cancel_requested or any(
+        e.event_type == CANCEL_REQUESTED for e in history.events
+    )
+    cancel = asked and not kept_cancel
+    claim = await store.begin_recovery(
         run_id,
         from_execution=execution,
         by=operator,
@@ -209,35 +258,67 @@ async def recover_run(
         most=MOST_RECOVERIES,
         stale_after=CLAIM_STALE_AFTER,
     )
+    ended = {"claim": claim, "from_execution": execution}
+    reason = f"roundtable recover by {operator}: replay fails at event {event_id}"
     try:
-        # Under the claim: the execution must still be the one replayed (a
-        # reset by hand meanwhile would otherwise be reset again).
-        if (await client.get_workflow_handle(run_id).describe()).run_id != execution:
+        # Under the claim: still this execution, still stalled (a reset by
+        # hand, or a worker that got past the task, meanwhile).
+        again = await client.get_workflow_handle(run_id).describe()
+        if again.run_id != execution:
             raise ConflictError(f"run {run_id} moved on from execution {execution} meanwhile")
+        if again.raw_description.pending_workflow_task.attempt < STALLED_AFTER_ATTEMPTS:
+            raise ConflictError(f"run {run_id}'s workflow tasks stopped failing meanwhile")
+        new_execution = await _reset(client, run_id, execution, event_id, reason, operator)
+    except Exception as exc:
+        # Not reset: the claim is released.
+        await store.end_recovery(run_id, **ended, to_execution=None, failure=str(exc)[:500])
+        if isinstance(exc, RPCError):
+            raise _temporal_error(exc, run_id) from exc
+        raise
+    carried = False
+    if cancel:
+        with contextlib.suppress(RPCError):
+            await client.get_workflow_handle(run_id, run_id=new_execution).cancel()
+            carried = True
+    await store.end_recovery(run_id, **ended, to_execution=new_execution, cancel_carried=carried)
+    await nudge(client, run_id)  # the new execution re-reads what the store holds
+    if cancel and not carried:
+        raise ConflictError(
+            f"run {run_id} was reset to execution {new_execution}, but the cancel asked of "
+            "it while it was stalled could not be asked again: cancel it"
+        )
+    return {
+        "run_id": run_id,
+        "reset_to_event": event_id,
+        "from_execution": execution,
+        "execution": new_execution,
+    }
+
+
+async def _reset(
+    client: Client, run_id: str, execution: str, event_id: int, reason: str, operator: str
+) -> str:
+    """Reset ``execution`` to ``event_id``; the new execution's run id. If
+    the call raises, Temporal may have reset it all the same (the answer was
+    lost): then the old execution ended terminated with this reset's reason,
+    and the new one is current."""
+    try:
         response = await client.workflow_service.reset_workflow_execution(
             ResetWorkflowExecutionRequest(
                 namespace=client.namespace,
                 workflow_execution=WorkflowExecution(workflow_id=run_id, run_id=execution),
-                reason=f"roundtable recover by {operator}: replay fails at event {event_id}",
+                reason=reason,
                 workflow_task_finish_event_id=event_id,
                 request_id=str(uuid.uuid4()),
                 identity=operator,
             )
         )
-    except Exception as exc:
-        # Not reset, or not known to be: release the claim. A retry finds the
-        # run still stalled, or its new execution healthy and refuses.
-        await store.end_recovery(
-            run_id, from_execution=execution, to_execution=None, failure=str(exc)[:500]
-        )
-        if isinstance(exc, RPCError):
-            raise _temporal_error(exc, run_id) from exc
-        raise
-    await store.end_recovery(run_id, from_execution=execution, to_execution=response.run_id)
-    await nudge(client, run_id)  # the new execution re-reads what the store holds
-    return {
-        "run_id": run_id,
-        "reset_to_event": event_id,
-        "from_execution": execution,
-        "execution": response.run_id,
-    }
+        return response.run_id
+    except Exception:
+        history = await client.get_workflow_handle(run_id, run_id=execution).fetch_history()
+        last = history.events[-1] if history.events else None
+        if last is None or not last.HasField("workflow_execution_terminated_event_attributes"):
+            raise
+        if last.workflow_execution_terminated_event_attributes.reason != reason:
+            raise
+        return (await client.get_workflow_handle(run_id).describe()).run_id

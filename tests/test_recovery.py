@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import (
     HandleSignalInput,
     Interceptor,
@@ -204,9 +204,21 @@ async def test_a_stalled_run_is_recovered_and_its_write_runs_once(tmp_path) -> N
             ),
             (
                 "run.recovered",
-                {"from_execution": stalled_execution, "execution": done["execution"]},
+                {
+                    "claim": f"recovery:{stalled_execution}:0",
+                    "from_execution": stalled_execution,
+                    "execution": done["execution"],
+                    "cancel_carried": False,
+                },
             ),
         ]
+        # The stalled execution ended with the reset's own reason (recovery
+        # tells a reset whose answer was lost by it, roundtable/recovery.py _reset).
+        stalled = h.client.get_workflow_handle(handle.id, run_id=stalled_execution)
+        last = (await stalled.fetch_history()).events[-1]
+        assert last.workflow_execution_terminated_event_attributes.reason == (
+            f"roundtable recover by ops: replay fails at event {diverged_at}"
+        )
         # The recovered execution replays on this code, strictly.
         await replays_strictly(await recovered.fetch_history(), h.client.data_converter)
 
@@ -420,3 +432,29 @@ async def test_a_model_turn_in_the_dropped_tail_is_not_asked_again(tmp_path, mon
         ]
         assert done["reset_to_event"] > 0
         await replays_strictly(await recovered.fetch_history(), h.client.data_converter)
+
+
+@pytest.mark.timeout(240)
+async def test_a_cancel_asked_while_stalled_is_carried_to_the_recovered_run(tmp_path) -> None:
+    """Found in review: Temporal's reset carries signals and updates but not a
+    cancel request, so a run cancelled while stalled went on after recovery
+    and could still run its write."""
+    async with harness(tmp_path, dev_server=True) as h:
+        handle = await h.start(task_text="t", script=one_write())
+        await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        await stall(h, handle)
+        await handle.cancel()
+        done = await recover_run(h.client, h.store, handle.id, "op-7", WHY["note"])
+        recovered = h.client.get_workflow_handle(handle.id, result_type=RunResult)
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(recovered.result(), 60)
+        assert (await recovered.describe()).status == WorkflowExecutionStatus.CANCELED
+        assert (await h.store.get_run(handle.id))["status"] == "cancelled"
+        assert await h.tickets.write_log() == []  # the write never ran
+        (approval,) = await h.store.list_approvals(run_id=handle.id)
+        assert approval["status"] == "withdrawn"
+        recovered_event = [
+            e for e in await h.store.list_events(handle.id) if e["event_type"] == "run.recovered"
+        ]
+        assert recovered_event[0]["payload"]["cancel_carried"] is True
+        assert recovered_event[0]["payload"]["execution"] == done["execution"]

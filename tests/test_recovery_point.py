@@ -7,16 +7,30 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
 from chaos.stack import SECRET
 from roundtable.codec import DEFAULT_KEY_ID, EncryptionCodec, derive_payload_key
-from roundtable.recovery import NotRecoverableError, first_divergent_task
+from roundtable.recovery import (
+    MACHINES_REFUSED,
+    NONDETERMINISTIC,
+    NOT_RECORDED,
+    TIMING_OUT,
+    NotRecoverableError,
+    first_divergent_task,
+    not_stalled_by_divergence,
+)
+from roundtable.states import STALLED_AFTER_ATTEMPTS
 from roundtable.temporal import data_converter
 
 HERE = Path(__file__).parent
 STALLED = HERE / "histories_nondeterministic" / "chaos-client-4.json"
 # Sealed with the chaos harness's throwaway secret, as the stall was.
+FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+DONE = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+TIMED_OUT = EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+NONDET = NONDETERMINISTIC
 CHAOS_KEYS = data_converter(EncryptionCodec([(DEFAULT_KEY_ID, derive_payload_key(SECRET))]))
 
 
@@ -66,3 +80,39 @@ async def test_a_history_no_key_opens_is_not_recoverable() -> None:
     """A reset does not mend a payload this worker cannot open: say so, reset nothing."""
     with pytest.raises(NotRecoverableError, match="does not replay"):
         await first_divergent_task(stalled(), data_converter())
+
+
+def _event(event_id: int, kind: int, message: str = "", cause: int = 0) -> HistoryEvent:
+    event = HistoryEvent(event_id=event_id, event_type=kind)  # type: ignore[arg-type]
+    if kind == FAILED:
+        event.workflow_task_failed_event_attributes.failure.message = message
+        event.workflow_task_failed_event_attributes.cause = cause  # type: ignore[assignment]
+    return event
+
+
+def test_the_stall_is_evidence_and_a_task_not_yet_failing_thrice_is_not() -> None:
+    assert not_stalled_by_divergence(STALLED_AFTER_ATTEMPTS, stalled()) is None
+    assert "not failing" in (not_stalled_by_divergence(2, stalled()) or "")
+
+
+@pytest.mark.parametrize(
+    ("events", "why"),
+    [
+        # Found in review: an old nondeterminism a later task got past, and a
+        # current task that only times out (a frozen worker), is no evidence.
+        (
+            [_event(5, FAILED, "[TMPRL1100] x", NONDET), _event(9, DONE), _event(12, TIMED_OUT)],
+            TIMING_OUT,
+        ),
+        ([_event(5, FAILED, "[TMPRL1100] x", NONDET), _event(9, DONE)], NOT_RECORDED),
+        ([_event(9, DONE), _event(12, FAILED, "KeyError: 'x'")], "another reason"),
+    ],
+)
+def test_only_the_current_task_failing_by_a_divergence_is_evidence(events, why) -> None:  # type: ignore[no-untyped-def]
+    history = WorkflowHistory("synthetic", events)
+    assert why in (not_stalled_by_divergence(STALLED_AFTER_ATTEMPTS + 2, history) or "")
+
+
+def test_core_refusing_an_event_is_evidence_too() -> None:
+    events = [_event(9, DONE), _event(12, FAILED, f"{MACHINES_REFUSED}: TimerMachine …")]
+    assert not_stalled_by_divergence(STALLED_AFTER_ATTEMPTS, WorkflowHistory("s", events)) is None

@@ -15,8 +15,8 @@ from tests.helpers import new_run
 FRESH = timedelta(minutes=5)
 
 
-async def begin(store, run, execution: str = "exec-1", by: str = "op-1", most: int = 3) -> None:  # type: ignore[no-untyped-def]
-    await store.begin_recovery(
+async def begin(store, run, execution: str = "exec-1", by: str = "op-1", most: int = 3) -> str:  # type: ignore[no-untyped-def]
+    return await store.begin_recovery(
         run["id"],
         from_execution=execution,
         by=by,
@@ -43,10 +43,12 @@ async def test_two_operators_at_once_claim_once(store) -> None:
 
 async def test_a_failed_reset_releases_the_claim_and_a_recovered_execution_is_done(store) -> None:
     run = await new_run(store)
-    await begin(store, run)
-    await store.end_recovery(run["id"], from_execution="exec-1", to_execution=None, failure="x")
-    await begin(store, run, by="op-2")  # claimable again
-    await store.end_recovery(run["id"], from_execution="exec-1", to_execution="exec-2")
+    claim = await begin(store, run)
+    await store.end_recovery(
+        run["id"], claim=claim, from_execution="exec-1", to_execution=None, failure="x"
+    )
+    claim = await begin(store, run, by="op-2")  # claimable again
+    await store.end_recovery(run["id"], claim=claim, from_execution="exec-1", to_execution="exec-2")
     with pytest.raises(ConflictError, match="recovered already"):
         await begin(store, run, by="op-3")
     await begin(store, run, execution="exec-2")  # its new execution stalled in turn
@@ -82,9 +84,38 @@ async def test_a_claim_left_unfinished_goes_stale(store) -> None:
 async def test_a_run_recovered_too_often_is_left_to_a_person(store) -> None:
     run = await new_run(store)
     for n in range(2):
-        await begin(store, run, execution=f"exec-{n}", most=2)
+        claim = await begin(store, run, execution=f"exec-{n}", most=2)
         await store.end_recovery(
-            run["id"], from_execution=f"exec-{n}", to_execution=f"exec-{n + 1}"
+            run["id"], claim=claim, from_execution=f"exec-{n}", to_execution=f"exec-{n + 1}"
         )
     with pytest.raises(ConflictError, match="recovered 2 times"):
         await begin(store, run, execution="exec-2", most=2)
+
+
+async def test_a_stale_claimers_end_does_not_release_the_live_claim(store) -> None:
+    """Found in review: A's claim went stale, B claimed, then A's reset failed
+    and its end released B's claim, so C could reset beside B."""
+    run = await new_run(store)
+    stale = timedelta(0)
+    a = await store.begin_recovery(
+        run["id"],
+        from_execution="exec-1",
+        by="op-a",
+        note="a",
+        reset_to_event=49,
+        most=3,
+        stale_after=stale,
+    )
+    b = await store.begin_recovery(  # A's claim is stale to B
+        run["id"],
+        from_execution="exec-1",
+        by="op-b",
+        note="b",
+        reset_to_event=49,
+        most=3,
+        stale_after=stale,
+    )
+    assert a != b
+    await store.end_recovery(run["id"], claim=a, from_execution="exec-1", to_execution=None)
+    with pytest.raises(ConflictError, match=r"under way \(begun by op-b"):
+        await begin(store, run, by="op-c")  # B's claim still holds

@@ -26,9 +26,10 @@ async def test_the_first_answer_kept_is_the_only_one(store) -> None:
     turn = {"run_id": run["id"], "role": "seat", "seat": "seat-1", "round_number": 1}
     assert await store.kept_turn(**turn) is None
     kept = await asyncio.gather(*(store.keep_turn(**turn, response=answer(n)) for n in range(4)))
-    assert len({k["text"] for k in kept}) == 1  # every attempt gets the winner's
-    again = await store.keep_turn(**turn, response=answer(9))
-    assert again == kept[0] == await store.kept_turn(**turn)
+    assert len({k["text"] for k, _ in kept}) == 1  # every attempt gets the winner's
+    assert [ours for _, ours in kept].count(True) == 1  # and knows whether it won
+    again, ours = await store.keep_turn(**turn, response=answer(9))
+    assert not ours and again == kept[0][0] == await store.kept_turn(**turn)
     # Another round, role or seat is another turn.
     for other in ({"round_number": 2}, {"role": "manager"}, {"seat": "seat-2"}):
         assert await store.kept_turn(**{**turn, **other}) is None

@@ -95,9 +95,10 @@ class ToolResults:
 
     async def keep_turn(
         self, *, run_id: str, role: str, seat: str, round_number: int, response: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Keep the turn's ``response`` unless one is kept already; returns the
-        kept one (of two attempts at once, the first to commit wins)."""
+    ) -> tuple[dict[str, Any], bool]:
+        """Keep the turn's ``response`` unless one is kept already: ``(the kept
+        one, whether it is this one)`` (of two attempts at once, the first to
+        commit wins)."""
         require_text("run_id", run_id)
         result_id = turn_result_id(run_id, role, seat, round_number)
         body = {"content": response}
@@ -116,12 +117,12 @@ class ToolResults:
                 },
             )
             if written.scalar_one_or_none() is not None:
-                return response  # ours is the kept one
+                return response, True
         # Another attempt kept its answer first: that one stands.
         kept = await self.kept_turn(run_id=run_id, role=role, seat=seat, round_number=round_number)
         if kept is None:
             raise NotFoundError(f"turn {result_id} was kept but cannot be read back")
-        return kept
+        return kept, False
 
     async def kept_turn(
         self, *, run_id: str, role: str, seat: str, round_number: int

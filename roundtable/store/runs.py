@@ -346,48 +346,52 @@ class Runs:
         reset_to_event: int,
         most: int,
         stale_after: timedelta,
-    ) -> None:
+    ) -> str:
         """Claim the recovery of the run's stalled execution before its reset
         (roundtable/recovery.py), audited as ``run.recovery_begun``: who, why,
-        which execution, from which event. Under the run's lock, so of two
-        operators at once one claims and the other is refused (ConflictError):
-        while a claim on the same execution is unfinished (neither recovered
-        nor failed) and younger than ``stale_after``; once that execution was
-        recovered; or once the run was recovered ``most`` times."""
+        which execution, from which event; returns the claim, which only its
+        own end_recovery closes. Under the run's lock, so of two operators at
+        once one claims and the other is refused (ConflictError): while a
+        claim on the same execution is open and younger than ``stale_after``;
+        once that execution was recovered; or once the run was recovered
+        ``most`` times."""
         async with self.db.transaction() as session:
             run = await self.db.lock_run(session, run_id)
             now = await database_now(session)
-            rows = (
-                await session.execute(
-                    select(AuditEventRow)
-                    .where(
-                        AuditEventRow.run_id == run_id,
-                        AuditEventRow.event_type.in_(RECOVERY_EVENTS),
+            rows = list(
+                (
+                    await session.execute(
+                        select(AuditEventRow)
+                        .where(
+                            AuditEventRow.run_id == run_id,
+                            AuditEventRow.event_type.in_(RECOVERY_EVENTS),
+                        )
+                        .order_by(AuditEventRow.seq)
                     )
-                    .order_by(AuditEventRow.seq)
-                )
-            ).scalars()
-            mine: list[AuditEventRow] = []
-            recovered = 0
-            for row in rows:
-                recovered += row.event_type == "run.recovered"
-                if row.payload.get("from_execution") == from_execution:
-                    mine.append(row)
-            if any(row.event_type == "run.recovered" for row in mine):
+                ).scalars()
+            )
+            recovered = [r for r in rows if r.event_type == "run.recovered"]
+            if any(r.payload.get("from_execution") == from_execution for r in recovered):
                 raise ConflictError(f"execution {from_execution} was recovered already")
-            if recovered >= most:
+            if len(recovered) >= most:
                 raise ConflictError(
-                    f"run {run_id} was recovered {recovered} times; "
+                    f"run {run_id} was recovered {len(recovered)} times; "
                     "look at why it keeps stalling before resetting it again"
                 )
-            begun = [row for row in mine if row.event_type == "run.recovery_begun"]
-            if mine and mine[-1].event_type == "run.recovery_begun":
-                last = mine[-1]
-                if now - last.created_at < stale_after:
+            ended = {r.payload.get("claim") for r in rows if r.event_type != "run.recovery_begun"}
+            begun = [
+                r
+                for r in rows
+                if r.event_type == "run.recovery_begun"
+                and r.payload.get("from_execution") == from_execution
+            ]
+            for claim in begun:
+                if claim.dedupe_key not in ended and now - claim.created_at < stale_after:
                     raise ConflictError(
                         f"a recovery of execution {from_execution} is under way "
-                        f"(begun by {last.payload.get('by')} at {last.created_at.isoformat()})"
+                        f"(begun by {claim.payload.get('by')} at {claim.created_at.isoformat()})"
                     )
+            key = f"recovery:{from_execution}:{len(begun)}"[:255]
             await self.db.audit(
                 session,
                 run,
@@ -399,30 +403,39 @@ class Runs:
                     "reset_to_event": reset_to_event,
                 },
                 now,
-                dedupe_key=f"recovery:{from_execution}:{len(begun)}"[:255],
+                dedupe_key=key,
             )
+        return key
 
     async def end_recovery(
         self,
         run_id: str,
         *,
+        claim: str,
         from_execution: str,
         to_execution: str | None,
         failure: str | None = None,
+        cancel_carried: bool = False,
     ) -> None:
-        """The claimed recovery's end: ``run.recovered`` with the new execution,
-        or ``run.recovery_failed`` with why (the claim is then released)."""
+        """The end of the recovery that took ``claim``: ``run.recovered`` with
+        the new execution (and whether a cancel requested during the stall
+        was carried to it), or ``run.recovery_failed`` with why. Either closes
+        that claim only; once per claim."""
+        if to_execution is not None:
+            kind = "run.recovered"
+            payload: dict[str, Any] = {
+                "claim": claim,
+                "from_execution": from_execution,
+                "execution": to_execution,
+                "cancel_carried": cancel_carried,
+            }
+        else:
+            kind = "run.recovery_failed"
+            payload = {"claim": claim, "from_execution": from_execution, "failure": failure or ""}
+        key = f"{kind}:{claim}"[:255]
         async with self.db.transaction() as session:
             run = await self.db.lock_run(session, run_id)
-            if to_execution is not None:
-                kind = "run.recovered"
-                payload = {"from_execution": from_execution, "execution": to_execution}
-                key = f"run.recovered:{to_execution}"
-            else:
-                kind = "run.recovery_failed"
-                payload = {"from_execution": from_execution, "failure": failure or ""}
-                key = None
-            if key is None or not await logged(session, run_id, key):
+            if not await logged(session, run_id, key):
                 await self.db.audit(
                     session, run, kind, payload, await database_now(session), dedupe_key=key
                 )
