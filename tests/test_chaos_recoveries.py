@@ -3,7 +3,6 @@ among the runs its operator bot recovered (chaos/recoveries.py)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
@@ -11,6 +10,7 @@ from temporalio.client import WorkflowHistory
 
 from chaos.recoveries import after_a_timed_out_task, judge, the_known_finding
 from tests.helpers import new_run
+from tests.test_store_recovery_claims import begin
 
 HERE = Path(__file__).parent
 STALLED = (HERE / "histories_nondeterministic" / "chaos-client-4.json").read_text()
@@ -51,15 +51,7 @@ async def test_claims_never_ended_and_recoveries_without_one_are_violations(
     store, tmp_path
 ) -> None:
     run = await new_run(store)
-    await store.begin_recovery(
-        run["id"],
-        from_execution="exec-1",
-        by="op-1",
-        note="stalled",
-        reset_to_event=49,
-        most=3,
-        stale_after=timedelta(minutes=5),
-    )
+    await begin(store, run)
     await store.end_recovery(
         run["id"], claim="no-such-claim", from_execution="exec-0", to_execution="exec-9"
     )

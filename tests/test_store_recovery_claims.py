@@ -15,15 +15,23 @@ from tests.helpers import new_run
 FRESH = timedelta(minutes=5)
 
 
-async def begin(store, run, execution: str = "exec-1", by: str = "op-1", most: int = 3) -> str:  # type: ignore[no-untyped-def]
+async def begin(  # type: ignore[no-untyped-def]
+    store,
+    run,
+    execution: str = "exec-1",
+    by: str = "op-1",
+    most: int = 3,
+    stale_after: timedelta = FRESH,
+) -> str:
+    """A claim on ``execution``'s recovery, as recover_run takes one."""
     return await store.begin_recovery(
         run["id"],
         from_execution=execution,
         by=by,
-        note="tasks fail: nondeterminism",
+        note=f"{by}: tasks fail with a nondeterminism",
         reset_to_event=49,
         most=most,
-        stale_after=FRESH,
+        stale_after=stale_after,
     )
 
 
@@ -70,15 +78,7 @@ async def test_a_claim_left_unfinished_goes_stale(store) -> None:
     with pytest.raises(ConflictError, match="under way"):
         await begin(store, run, by="op-2")
     # Stale at once: the same claim, judged with no time allowed to it.
-    await store.begin_recovery(
-        run["id"],
-        from_execution="exec-1",
-        by="op-2",
-        note="the first claimer is gone",
-        reset_to_event=49,
-        most=3,
-        stale_after=timedelta(0),
-    )
+    await begin(store, run, by="op-2", stale_after=timedelta(0))
 
 
 async def test_a_run_recovered_too_often_is_left_to_a_person(store) -> None:
@@ -96,25 +96,8 @@ async def test_a_stale_claimers_end_does_not_release_the_live_claim(store) -> No
     """Found in review: A's claim went stale, B claimed, then A's reset failed
     and its end released B's claim, so C could reset beside B."""
     run = await new_run(store)
-    stale = timedelta(0)
-    a = await store.begin_recovery(
-        run["id"],
-        from_execution="exec-1",
-        by="op-a",
-        note="a",
-        reset_to_event=49,
-        most=3,
-        stale_after=stale,
-    )
-    b = await store.begin_recovery(  # A's claim is stale to B
-        run["id"],
-        from_execution="exec-1",
-        by="op-b",
-        note="b",
-        reset_to_event=49,
-        most=3,
-        stale_after=stale,
-    )
+    a = await begin(store, run, by="op-a")
+    b = await begin(store, run, by="op-b", stale_after=timedelta(0))  # A's is stale to B
     assert a != b
     await store.end_recovery(run["id"], claim=a, from_execution="exec-1", to_execution=None)
     with pytest.raises(ConflictError, match=r"under way \(begun by op-b"):
