@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -50,6 +51,7 @@ STARTED = EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
 TASK_FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
 TASK_TIMED_OUT = EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
 CANCEL_REQUESTED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED
+RUNNING = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
 NONDETERMINISTIC = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR
 # The SDK's core says a history holds commands this code does not make in one
 # of two ways: a nondeterminism (a command of another kind or id than the
@@ -65,6 +67,13 @@ MOST_RECOVERIES = 3
 # (a reset answers within seconds): another recovery may claim again.
 CLAIM_STALE_AFTER = timedelta(minutes=5)
 MAX_NOTE = 2000
+# A reset call is given well under CLAIM_STALE_AFTER, so no claim goes stale
+# while its own reset may still land; after one that raised, Temporal is asked
+# this often whether it reset the run all the same.
+RESET_TIMEOUT = timedelta(seconds=30)
+OUTCOME_POLLS = 10
+OUTCOME_POLL_SECONDS = 1.0
+END_ATTEMPTS = 3
 # Why a task failing for the third time or more is not yet evidence: its
 # failure is not in the history (only the first of a row is written), or it
 # timed out. Recovery's signal makes the next failure show.
@@ -161,8 +170,6 @@ def not_stalled_by_divergence(attempt: int, history: WorkflowHistory) -> str | N
     STALLED_AFTER_ATTEMPTS times, and since the last task that completed,
     the last task to end failed with a nondeterminism. An old nondeterminism
     a later task got past, or a task now timing out, is no such evidence."""
-    if attempt < STALLED_AFTER_ATTEMPTS:
-        return f"its workflow tasks are not failing (attempt {attempt})"
     last_end = None
     for event in history.events:
         if event.event_type == COMPLETED:
@@ -174,34 +181,59 @@ def not_stalled_by_divergence(attempt: int, history: WorkflowHistory) -> str | N
     if last_end.event_type == TASK_TIMED_OUT:
         return TIMING_OUT
     failed = last_end.workflow_task_failed_event_attributes
-    if failed.cause == NONDETERMINISTIC or failed.failure.message.startswith(MACHINES_REFUSED):
-        return None
-    return f"its workflow tasks fail for another reason: {failed.failure.message[:300]}"
+    if failed.cause != NONDETERMINISTIC and not failed.failure.message.startswith(MACHINES_REFUSED):
+        return f"its workflow tasks fail for another reason: {failed.failure.message[:300]}"
+    if attempt < STALLED_AFTER_ATTEMPTS:
+        # A signal makes Temporal start the failing task afresh (attempt 1).
+        return (
+            f"its current workflow task has failed {max(attempt - 1, 1)} times with a "
+            f"nondeterminism, fewer than {STALLED_AFTER_ATTEMPTS}: try again shortly"
+        )
+    return None
+
+
+async def _read(
+    client: Client, run_id: str
+) -> tuple[WorkflowExecutionDescription, WorkflowHistory]:
+    described = await client.get_workflow_handle(run_id).describe()
+    if described.raw_description.workflow_execution_info.status != RUNNING:
+        raise ConflictError(f"run {run_id}'s workflow is not running: nothing to recover")
+    history = await client.get_workflow_handle(run_id, run_id=described.run_id).fetch_history()
+    return described, history
+
+
+def _task_ended_after(history: WorkflowHistory, after: int) -> bool:
+    """Whether a workflow task completed or failed after event ``after``."""
+    return any(
+        event.event_id > after and event.event_type in (COMPLETED, TASK_FAILED)
+        for event in history.events
+    )
 
 
 async def _evidence(
     client: Client, run_id: str
 ) -> tuple[WorkflowExecutionDescription, WorkflowHistory, str | None]:
-    """``(description, history, why not)``, after asking the run to look at the
-    store: Temporal writes only the first of a task's failures in a row, so a
-    signal makes the current one show (a healthy run just completes a task).
-    Waits a little for the task the signal brings to end."""
-    handle = client.get_workflow_handle(run_id)
+    """``(description, history, why not)``. The history holds only the first
+    failure of a row of failing tasks (and a task that timed out first holds
+    none): then the run is signalled, which makes Temporal write its next
+    task afresh (attempt 1), and that task's failure, written after the
+    signal, is the evidence; a task that completes instead says the run is
+    healthy. Waits a little for that task."""
+    described, history = await _read(client, run_id)
+    attempt = described.raw_description.pending_workflow_task.attempt
+    why_not = not_stalled_by_divergence(attempt, history)
+    if why_not not in (NOT_RECORDED, TIMING_OUT):
+        return described, history, why_not
+    if attempt < STALLED_AFTER_ATTEMPTS:
+        return described, history, f"its workflow tasks are not failing (attempt {attempt})"
+    before = history.events[-1].event_id
     await nudge(client, run_id)
-    why_not: str | None = "not looked at yet"
     for _ in range(EVIDENCE_POLLS):
-        described = await handle.describe()
-        if described.raw_description.workflow_execution_info.status != (
-            WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
-        ):
-            raise ConflictError(f"run {run_id}'s workflow is not running: nothing to recover")
-        execution = described.run_id
-        history = await client.get_workflow_handle(run_id, run_id=execution).fetch_history()
-        attempt = described.raw_description.pending_workflow_task.attempt
-        why_not = not_stalled_by_divergence(attempt, history)
-        if why_not not in (NOT_RECORDED, TIMING_OUT):
-            break  # the evidence is in, either way
         await asyncio.sleep(EVIDENCE_POLL_SECONDS)
+        described, history = await _read(client, run_id)
+        if _task_ended_after(history, before):
+            # A fresh task's own failure counts whatever its attempt number.
+            return described, history, not_stalled_by_divergence(STALLED_AFTER_ATTEMPTS, history)
     return described, history, why_not
 
 
@@ -238,17 +270,6 @@ async def recover_run(
     if event_id is None:
         raise ReplaysError(f"run {run_id}'s history replays on this code: nothing to recover")
     execution = described.run_id
-    # A cancel asked of the stalled run and not in the history the reset
-    # keeps: Temporal's reset carries signals and updates, not cancel
-    # requests, and one asked while a task fails is not even in the history
-    # yet (only the execution's description says so). It is asked again.
-    kept_cancel = any(
-        e.event_type == CANCEL_REQUESTED and e.event_id < event_id for e in history.events
-    )
-    asked = described.raw_description.workflow_extended_info.cancel_requested or any(
-        e.event_type == CANCEL_REQUESTED for e in history.events
-    )
-    cancel = asked and not kept_cancel
     claim = await store.begin_recovery(
         run_id,
         from_execution=execution,
@@ -258,67 +279,151 @@ async def recover_run(
         most=MOST_RECOVERIES,
         stale_after=CLAIM_STALE_AFTER,
     )
-    ended = {"claim": claim, "from_execution": execution}
-    reason = f"roundtable recover by {operator}: replay fails at event {event_id}"
-    try:
-        # Under the claim: still this execution, still stalled (a reset by
-        # hand, or a worker that got past the task, meanwhile).
-        again = await client.get_workflow_handle(run_id).describe()
-        if again.run_id != execution:
-            raise ConflictError(f"run {run_id} moved on from execution {execution} meanwhile")
-        if again.raw_description.pending_workflow_task.attempt < STALLED_AFTER_ATTEMPTS:
-            raise ConflictError(f"run {run_id}'s workflow tasks stopped failing meanwhile")
-        new_execution = await _reset(client, run_id, execution, event_id, reason, operator)
-    except Exception as exc:
-        # Not reset: the claim is released.
-        await store.end_recovery(run_id, **ended, to_execution=None, failure=str(exc)[:500])
-        if isinstance(exc, RPCError):
-            raise _temporal_error(exc, run_id) from exc
-        raise
-    carried = False
-    if cancel:
-        with contextlib.suppress(RPCError):
-            await client.get_workflow_handle(run_id, run_id=new_execution).cancel()
-            carried = True
-    await store.end_recovery(run_id, **ended, to_execution=new_execution, cancel_carried=carried)
-    await nudge(client, run_id)  # the new execution re-reads what the store holds
-    if cancel and not carried:
-        raise ConflictError(
-            f"run {run_id} was reset to execution {new_execution}, but the cancel asked of "
-            "it while it was stalled could not be asked again: cancel it"
+    # Under the claim, to its end even if the caller goes away (a client
+    # that hangs up must not leave a reset unrecorded).
+    claimed = _Claimed(client, store, run_id, execution, event_id, claim, operator)
+    return await asyncio.shield(claimed.recover(seen=history.events[-1].event_id))
+
+
+class RecoveryOutcomeUnknownError(TemporalUnavailableError):
+    """Temporal did not say whether it reset the run, and could not be asked:
+    the claim stays until it goes stale, so nobody resets the run meanwhile."""
+
+
+@dataclass
+class _Claimed:
+    client: Client
+    store: Store
+    run_id: str
+    execution: str
+    event_id: int
+    claim: str
+    operator: str
+
+    @property
+    def reason(self) -> str:
+        # The claim makes the reason this reset's alone (_outcome reads it back).
+        return (
+            f"roundtable recover ({self.claim}) by {self.operator}: "
+            f"replay fails at event {self.event_id}"
         )
-    return {
-        "run_id": run_id,
-        "reset_to_event": event_id,
-        "from_execution": execution,
-        "execution": new_execution,
-    }
 
-
-async def _reset(
-    client: Client, run_id: str, execution: str, event_id: int, reason: str, operator: str
-) -> str:
-    """Reset ``execution`` to ``event_id``; the new execution's run id. If
-    the call raises, Temporal may have reset it all the same (the answer was
-    lost): then the old execution ended terminated with this reset's reason,
-    and the new one is current."""
-    try:
-        response = await client.workflow_service.reset_workflow_execution(
-            ResetWorkflowExecutionRequest(
-                namespace=client.namespace,
-                workflow_execution=WorkflowExecution(workflow_id=run_id, run_id=execution),
-                reason=reason,
-                workflow_task_finish_event_id=event_id,
-                request_id=str(uuid.uuid4()),
-                identity=operator,
+    async def recover(self, seen: int) -> dict[str, Any]:
+        try:
+            described, history = await _read(self.client, self.run_id)
+            if described.run_id != self.execution:
+                raise ConflictError(f"run {self.run_id} moved on from execution {self.execution}")
+            if any(e.event_id > seen and e.event_type == COMPLETED for e in history.events):
+                raise ConflictError(f"run {self.run_id} completed a workflow task meanwhile")
+        except Exception as exc:
+            await self._failed(exc)
+            raise
+        try:
+            response = await self.client.workflow_service.reset_workflow_execution(
+                ResetWorkflowExecutionRequest(
+                    namespace=self.client.namespace,
+                    workflow_execution=WorkflowExecution(
+                        workflow_id=self.run_id, run_id=self.execution
+                    ),
+                    reason=self.reason,
+                    workflow_task_finish_event_id=self.event_id,
+                    request_id=str(uuid.uuid4()),
+                    identity=self.operator,
+                ),
+                timeout=RESET_TIMEOUT,
             )
+            new_execution: str | None = response.run_id
+        except Exception as exc:
+            new_execution = await self._outcome()
+            if new_execution is None:
+                await self._failed(exc)
+                if isinstance(exc, RPCError):
+                    raise _temporal_error(exc, self.run_id) from exc
+                raise
+        return await self._recovered(new_execution)
+
+    async def _failed(self, exc: BaseException) -> None:
+        await self.store.end_recovery(
+            self.run_id,
+            claim=self.claim,
+            from_execution=self.execution,
+            to_execution=None,
+            failure=str(exc)[:500],
         )
-        return response.run_id
-    except Exception:
-        history = await client.get_workflow_handle(run_id, run_id=execution).fetch_history()
-        last = history.events[-1] if history.events else None
-        if last is None or not last.HasField("workflow_execution_terminated_event_attributes"):
-            raise
-        if last.workflow_execution_terminated_event_attributes.reason != reason:
-            raise
-        return (await client.get_workflow_handle(run_id).describe()).run_id
+
+    async def _outcome(self) -> str | None:
+        """After a reset call that raised: the new execution if Temporal reset
+        the run all the same (the old one ended terminated with this reset's
+        reason), None if it did not (the old one still runs, well past the
+        call's deadline). Raises RecoveryOutcomeUnknownError if Temporal
+        cannot be asked."""
+        for _ in range(OUTCOME_POLLS):
+            try:
+                old = self.client.get_workflow_handle(self.run_id, run_id=self.execution)
+                last = (await old.fetch_history()).events[-1]
+                if last.HasField("workflow_execution_terminated_event_attributes"):
+                    if last.workflow_execution_terminated_event_attributes.reason != self.reason:
+                        return None  # ended otherwise: not by this reset
+                    return (await self.client.get_workflow_handle(self.run_id).describe()).run_id
+                info = (await old.describe()).raw_description.workflow_execution_info
+                if info.status == RUNNING:
+                    return None
+            except RPCError:
+                pass
+            await asyncio.sleep(OUTCOME_POLL_SECONDS)
+        raise RecoveryOutcomeUnknownError(
+            f"run {self.run_id}: Temporal did not say whether it reset execution "
+            f"{self.execution}; the recovery's claim holds for "
+            f"{CLAIM_STALE_AFTER.total_seconds() / 60:.0f} minutes: look at the run"
+        )
+
+    async def _recovered(self, new_execution: str) -> dict[str, Any]:
+        carried = False
+        cancel = await self._cancel_to_carry()
+        if cancel:
+            with contextlib.suppress(Exception):
+                await self.client.get_workflow_handle(self.run_id, run_id=new_execution).cancel()
+                carried = True
+        for attempt in range(END_ATTEMPTS):  # the reset happened: it must be recorded
+            try:
+                await self.store.end_recovery(
+                    self.run_id,
+                    claim=self.claim,
+                    from_execution=self.execution,
+                    to_execution=new_execution,
+                    cancel_carried=carried,
+                )
+                break
+            except Exception:
+                if attempt == END_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(1)
+        with contextlib.suppress(RPCError):
+            await nudge(self.client, self.run_id)  # the new execution re-reads the store
+        if cancel and not carried:
+            raise ConflictError(
+                f"run {self.run_id} was reset to execution {new_execution}, but the cancel "
+                "asked of it while it was stalled could not be asked again: cancel it"
+            )
+        return {
+            "run_id": self.run_id,
+            "reset_to_event": self.event_id,
+            "from_execution": self.execution,
+            "execution": new_execution,
+        }
+
+    async def _cancel_to_carry(self) -> bool:
+        """Whether a cancel was asked of the old execution that the history
+        the reset kept does not hold. Temporal's reset carries signals and
+        updates, not cancel requests; one asked while a task fails is not even
+        in the history (the execution's description says so), and one asked
+        while this recovery ran is read here, after the reset."""
+        try:
+            old = self.client.get_workflow_handle(self.run_id, run_id=self.execution)
+            asked = (await old.describe()).raw_description.workflow_extended_info.cancel_requested
+            events = (await old.fetch_history()).events
+        except RPCError:
+            return False
+        requests = [e.event_id for e in events if e.event_type == CANCEL_REQUESTED]
+        kept = any(event_id < self.event_id for event_id in requests)
+        return (asked or bool(requests)) and not kept

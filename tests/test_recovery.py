@@ -19,6 +19,7 @@ import pytest
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import (
     HandleSignalInput,
     Interceptor,
@@ -29,9 +30,10 @@ from temporalio.worker import (
 
 from activities.sweep_activities import SweepActivities
 from chaos.operator_bot import OperatorBot
+from roundtable import recovery
 from roundtable.agents.scripted import ScriptedModel
 from roundtable.models import RunResult
-from roundtable.operations import nudge
+from roundtable.operations import TemporalUnavailableError, nudge
 from roundtable.recovery import MACHINES_REFUSED, NONDETERMINISTIC, NotRecoverableError, recover_run
 from roundtable.states import STALLED_AFTER_ATTEMPTS
 from roundtable.store import ConflictError
@@ -217,7 +219,8 @@ async def test_a_stalled_run_is_recovered_and_its_write_runs_once(tmp_path) -> N
         stalled = h.client.get_workflow_handle(handle.id, run_id=stalled_execution)
         last = (await stalled.fetch_history()).events[-1]
         assert last.workflow_execution_terminated_event_attributes.reason == (
-            f"roundtable recover by ops: replay fails at event {diverged_at}"
+            f"roundtable recover (recovery:{stalled_execution}:0) by ops: "
+            f"replay fails at event {diverged_at}"
         )
         # The recovered execution replays on this code, strictly.
         await replays_strictly(await recovered.fetch_history(), h.client.data_converter)
@@ -458,3 +461,70 @@ async def test_a_cancel_asked_while_stalled_is_carried_to_the_recovered_run(tmp_
         ]
         assert recovered_event[0]["payload"]["cancel_carried"] is True
         assert recovered_event[0]["payload"]["execution"] == done["execution"]
+
+
+@pytest.mark.timeout(240)
+async def test_a_reset_whose_answer_is_lost_is_known_for_what_it_did(tmp_path, monkeypatch) -> None:
+    """Found in review: a reset call that raised was recorded as failed even
+    when Temporal had reset the run. Once the call fails before the reset
+    (the claim is released, 503), once after it (recorded as recovered)."""
+    async with harness(tmp_path, dev_server=True) as h:
+        handle = await h.start(task_text="t", script=one_write())
+        await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        await stall(h, handle)
+        stalled_execution = (await handle.describe()).run_id
+        service = h.client.workflow_service
+        real_reset = service.reset_workflow_execution
+        lost = RPCError("connection reset", RPCStatusCode.UNAVAILABLE, b"")
+
+        async def fails_first(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise lost
+
+        monkeypatch.setattr(service, "reset_workflow_execution", fails_first)
+        monkeypatch.setattr("roundtable.recovery.OUTCOME_POLLS", 2)
+        with pytest.raises(TemporalUnavailableError):
+            await recover_run(h.client, h.store, handle.id, "op-7", WHY["note"])
+        assert (await handle.describe()).run_id == stalled_execution  # not reset
+
+        async def applies_then_fails(*args, **kwargs):  # type: ignore[no-untyped-def]
+            await real_reset(*args, **kwargs)
+            raise lost
+
+        monkeypatch.setattr(service, "reset_workflow_execution", applies_then_fails)
+        done = await recover_run(h.client, h.store, handle.id, "op-7", WHY["note"])
+        assert done["execution"] == (await handle.describe()).run_id != stalled_execution
+        kinds = [
+            e["event_type"]
+            for e in await h.store.list_events(handle.id)
+            if e["event_type"].startswith("run.recover")
+        ]
+        assert kinds == [
+            "run.recovery_begun",
+            "run.recovery_failed",
+            "run.recovery_begun",
+            "run.recovered",
+        ]
+
+
+@pytest.mark.timeout(240)
+async def test_a_cancel_asked_while_recovery_runs_is_carried_too(tmp_path, monkeypatch) -> None:
+    """Found in review: the cancel was judged from what recovery read before
+    its replays; one asked meanwhile was dropped by the reset."""
+    async with harness(tmp_path, dev_server=True) as h:
+        handle = await h.start(task_text="t", script=one_write())
+        await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        await stall(h, handle)
+        search = recovery.first_divergent_task
+
+        async def cancelled_meanwhile(*args, **kwargs):  # type: ignore[no-untyped-def]
+            found = await search(*args, **kwargs)
+            await handle.cancel()
+            return found
+
+        monkeypatch.setattr(recovery, "first_divergent_task", cancelled_meanwhile)
+        await recover_run(h.client, h.store, handle.id, "op-7", WHY["note"])
+        recovered = h.client.get_workflow_handle(handle.id, result_type=RunResult)
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(recovered.result(), 60)
+        assert (await h.store.get_run(handle.id))["status"] == "cancelled"
+        assert await h.tickets.write_log() == []
