@@ -170,7 +170,13 @@ class RunActivities:
             prompt = round_prompt(inp.round, inp.others)
             messages = [*history, prompt]
             new_messages = ([] if inp.thread else history) + [prompt]
-        turn = {"run_id": inp.run_id, "role": inp.role, "seat": inp.seat, "round_number": inp.round}
+        turn = {
+            "run_id": inp.run_id,
+            "role": inp.role,
+            "seat": inp.seat,
+            "round_number": inp.round,
+            "chain": inp.chain,
+        }
         kept = await self.store.kept_turn(**turn)
         if kept is None:
             asked = await self._ask(adapter, inp, messages)

@@ -376,10 +376,14 @@ class TakeTurnInput(Model):
     # this digest grants it (read once per worker, not carried each turn).
     tools_of: str | None = None
     script: ScriptDocument | None = None
+    # The run's first execution: turns are kept per chain of executions
+    # (activities/run_activities.py take_turn), so a reset or continue-as-new
+    # meets its kept answers and a new start under the same run id does not.
+    chain: str | None = None
 
     @model_serializer(mode="wrap")
     def _rollout(self, handler: Any) -> Any:
-        return omitted_while_none(handler(self), "tools_of")
+        return omitted_while_none(handler(self), "tools_of", "chain")
 
 
 class TakeTurnOutput(Model):

@@ -61,6 +61,13 @@ EXPECTED: dict[tuple[str, str], dict[str, int]] = {
         "operator": 409,
         "service": 403,
     },
+    # The run is healthy: operators reach the refusal, nothing is reset.
+    ("post", "/v1/runs/{run_id}/recover"): {
+        "owner": 403,
+        "other": 404,
+        "operator": 409,
+        "service": 403,
+    },
     ("get", "/v1/webhook-deliveries"): {
         "owner": 403,
         "other": 403,
@@ -92,6 +99,7 @@ BODIES: dict[str, Any] = {
     },
     "/v1/approvals/{approval_id}/extend": {"seconds": 60},
     "/v1/actions/{action_id}/reconcile": {"outcome": "failed", "note": "checked"},
+    "/v1/runs/{run_id}/recover": {"note": "checked"},
     "/codec/encode": {"payloads": []},
     "/codec/decode": {"payloads": []},
 }

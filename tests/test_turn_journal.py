@@ -23,15 +23,17 @@ def answer(n: int) -> dict:
 
 async def test_the_first_answer_kept_is_the_only_one(store) -> None:
     run = await new_run(store)
-    turn = {"run_id": run["id"], "role": "seat", "seat": "seat-1", "round_number": 1}
+    turn = {"run_id": run["id"], "role": "seat", "seat": "seat-1", "round_number": 1, "chain": "c1"}
     assert await store.kept_turn(**turn) is None
     kept = await asyncio.gather(*(store.keep_turn(**turn, response=answer(n)) for n in range(4)))
     assert len({k["text"] for k, _ in kept}) == 1  # every attempt gets the winner's
     assert [ours for _, ours in kept].count(True) == 1  # and knows whether it won
     again, ours = await store.keep_turn(**turn, response=answer(9))
     assert not ours and again == kept[0][0] == await store.kept_turn(**turn)
-    # Another round, role or seat is another turn.
-    for other in ({"round_number": 2}, {"role": "manager"}, {"seat": "seat-2"}):
+    # Another round, role or seat is another turn; so is another chain of
+    # executions (a new start under the run's id; a reset or continue-as-new
+    # keeps its chain, tests/test_recovery.py).
+    for other in ({"round_number": 2}, {"role": "manager"}, {"seat": "seat-2"}, {"chain": "c2"}):
         assert await store.kept_turn(**{**turn, **other}) is None
 
 

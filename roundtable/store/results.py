@@ -33,9 +33,15 @@ from roundtable.store.text import escape_text
 _RESULTS = ToolResultRow.__table__
 
 
-def turn_result_id(run_id: str, role: str, seat: str, round_number: int) -> str:
-    """The journal's id for one turn (the id column holds 64 characters)."""
-    digest = hashlib.sha256(json.dumps([run_id, role, seat, round_number]).encode())
+def turn_result_id(
+    run_id: str, role: str, seat: str, round_number: int, chain: str | None = None
+) -> str:
+    """The journal's id for one turn of one chain of executions (the id
+    column holds 64 characters); runs from before chains name none."""
+    key: list[Any] = [run_id, role, seat, round_number]
+    if chain is not None:
+        key.append(chain)
+    digest = hashlib.sha256(json.dumps(key).encode())
     return f"turn-{digest.hexdigest()[:59]}"
 
 
@@ -94,13 +100,20 @@ class ToolResults:
         }
 
     async def keep_turn(
-        self, *, run_id: str, role: str, seat: str, round_number: int, response: dict[str, Any]
+        self,
+        *,
+        run_id: str,
+        role: str,
+        seat: str,
+        round_number: int,
+        response: dict[str, Any],
+        chain: str | None = None,
     ) -> tuple[dict[str, Any], bool]:
         """Keep the turn's ``response`` unless one is kept already: ``(the kept
         one, whether it is this one)`` (of two attempts at once, the first to
         commit wins)."""
         require_text("run_id", run_id)
-        result_id = turn_result_id(run_id, role, seat, round_number)
+        result_id = turn_result_id(run_id, role, seat, round_number, chain)
         body = {"content": response}
         sealed = encrypt_arguments(body, associated_data=result_id.encode())
         async with self.db.transaction() as session:
@@ -119,16 +132,18 @@ class ToolResults:
             if written.scalar_one_or_none() is not None:
                 return response, True
         # Another attempt kept its answer first: that one stands.
-        kept = await self.kept_turn(run_id=run_id, role=role, seat=seat, round_number=round_number)
+        kept = await self.kept_turn(
+            run_id=run_id, role=role, seat=seat, round_number=round_number, chain=chain
+        )
         if kept is None:
             raise NotFoundError(f"turn {result_id} was kept but cannot be read back")
         return kept, False
 
     async def kept_turn(
-        self, *, run_id: str, role: str, seat: str, round_number: int
+        self, *, run_id: str, role: str, seat: str, round_number: int, chain: str | None = None
     ) -> dict[str, Any] | None:
         """The response kept for this turn, or None if it has not been taken."""
-        result_id = turn_result_id(run_id, role, seat, round_number)
+        result_id = turn_result_id(run_id, role, seat, round_number, chain)
         async with self.db.reader() as session:
             sealed = (
                 await session.execute(
