@@ -34,7 +34,7 @@ TURN = {"run_id": "r", "seat": "seat-1", "round": 1, "role": "seat", "model": "m
 ADDED = [
     (EnsureRunOutput, OPENED, {"run_status": "running", "snapshot_digest": "d" * 64}),
     (EnsureRunInput, OPENING, {"open_as": "running", "keep_snapshot": True}),
-    (TakeTurnInput, TURN, {"tools_of": "d" * 64}),
+    (TakeTurnInput, TURN, {"tools_of": "d" * 64, "chain": "first-execution-run-id"}),
     (RunState, {"run_id": "r"}, {"snapshot_digest": "d" * 64}),
 ]
 
