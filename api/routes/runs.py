@@ -156,8 +156,10 @@ async def recover_run(
     run_id: str, body: RecoverBody, caller: Caller, ctx: Context
 ) -> dict[str, Any]:
     """Reset a stalled run (its workflow tasks fail because its history holds
-    commands this code does not make) to the first task that does not
-    replay; 409 if the run has ended or replays. Operators only; audited."""
+    commands this code does not make) to the first task a replay fails at.
+    409 if the run has ended, is not stalled by a nondeterminism, or is being
+    recovered; 503 if Temporal is unavailable or did not say whether it reset
+    the run. Operators only; audited."""
     await visible_run(ctx, caller, run_id)
     if caller.role != "operator":
         raise Problem(403, "forbidden", "only operators recover runs")
