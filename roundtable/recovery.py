@@ -104,6 +104,13 @@ def diverges(failure: Exception) -> bool:
     return text.startswith(_FATAL) and MACHINES_REFUSED in text
 
 
+def failed_by_divergence(event: HistoryEvent) -> bool:
+    """Whether a recorded workflow task failure says the history's commands
+    are not the worker's code's (as a worker's task failure says it)."""
+    failed = event.workflow_task_failed_event_attributes
+    return failed.cause == NONDETERMINISTIC or failed.failure.message.startswith(MACHINES_REFUSED)
+
+
 async def _failure(
     workflow_id: str, events: Sequence[HistoryEvent], converter: DataConverter
 ) -> Exception | None:
@@ -180,9 +187,9 @@ def not_stalled_by_divergence(attempt: int, history: WorkflowHistory) -> str | N
         return NOT_RECORDED
     if last_end.event_type == TASK_TIMED_OUT:
         return TIMING_OUT
-    failed = last_end.workflow_task_failed_event_attributes
-    if failed.cause != NONDETERMINISTIC and not failed.failure.message.startswith(MACHINES_REFUSED):
-        return f"its workflow tasks fail for another reason: {failed.failure.message[:300]}"
+    if not failed_by_divergence(last_end):
+        message = last_end.workflow_task_failed_event_attributes.failure.message
+        return f"its workflow tasks fail for another reason: {message[:300]}"
     if attempt < STALLED_AFTER_ATTEMPTS:
         # A signal makes Temporal start the failing task afresh (attempt 1).
         return (

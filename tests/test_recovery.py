@@ -34,7 +34,12 @@ from roundtable import recovery
 from roundtable.agents.scripted import ScriptedModel
 from roundtable.models import RunResult
 from roundtable.operations import TemporalUnavailableError, nudge
-from roundtable.recovery import MACHINES_REFUSED, NONDETERMINISTIC, NotRecoverableError, recover_run
+from roundtable.recovery import (
+    MACHINES_REFUSED,
+    NotRecoverableError,
+    failed_by_divergence,
+    recover_run,
+)
 from roundtable.states import STALLED_AFTER_ATTEMPTS
 from roundtable.store import ConflictError
 from tests.api_server import serve_api
@@ -106,17 +111,9 @@ def _timer_then_task(seen: list[Any]) -> bool:
 
 def _failing(seen: list[Any]) -> bool:
     """A task failed as this code meets the other build's timer: where this
-    code cancels a timer, core's machines refuse the event
-    (roundtable/recovery.py, MACHINES_REFUSED); where it makes another
-    command, a nondeterminism."""
-    for event in seen:
-        if event.event_type == FAILED:
-            failed = event.workflow_task_failed_event_attributes
-            if failed.cause == NONDETERMINISTIC or failed.failure.message.startswith(
-                MACHINES_REFUSED
-            ):
-                return True
-    return False
+    code cancels a timer, core's machines refuse the event; where it makes
+    another command, a nondeterminism (roundtable/recovery.py)."""
+    return any(e.event_type == FAILED and failed_by_divergence(e) for e in seen)
 
 
 async def until_stalled(handle: WorkflowHandle) -> None:

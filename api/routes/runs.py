@@ -144,7 +144,9 @@ async def get_run(run_id: str, caller: Caller, ctx: Context) -> dict[str, Any]:
 
 class RecoverBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    note: str = Field(min_length=1, max_length=2000, description="Why (kept in the audit log).")
+    note: str = Field(
+        min_length=1, max_length=recovery.MAX_NOTE, description="Why (kept in the audit log)."
+    )
 
 
 @router.post(
