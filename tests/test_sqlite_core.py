@@ -18,6 +18,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -185,6 +186,76 @@ async def test_writes_left_for_later_go_with_the_next_statement_or_before_the_co
             "b",
             "c",
         ]
+
+
+async def test_a_last_statement_goes_with_the_commit_in_one_trip(engine, trips) -> None:
+    """execute_and_commit: the BEGIN, the writes left for later, the statement
+    and the commit in one trip; its result read; nothing goes after it; the
+    commit's listeners told before the commit is sent, once."""
+    await _warm(engine)
+    told: list[str] = []
+    event.listen(engine.sync_engine, "after_cursor_execute", lambda *a: told.append(a[2][:6]))
+    event.listen(engine.sync_engine, "commit", lambda *_: told.append("COMMIT"))
+    trips.clear()
+    async with fast(engine) as conn:
+        conn.later(insert(_KINDS), _row("a") | {"name": "a"})
+        returned = await conn.execute_and_commit(
+            insert(_KINDS).returning(_KINDS.c.id), _row("b") | {"name": "b"}
+        )
+        assert returned.scalar_one() == "b"
+        with pytest.raises(RuntimeError, match="has committed"):
+            await conn.execute(select(_KINDS.c.id))
+        with pytest.raises(RuntimeError, match="has committed"):
+            conn.later(insert(_KINDS), _row("c"))
+    assert trips == ["_steps"]  # no commit's trip, no rollback: the pool's is not sent either
+    assert told == ["BEGIN ", "COMMIT", "INSERT", "INSERT"]
+    async with sqlite_core.reading(engine, alone=True) as conn:
+        assert (await conn.execute(select(_KINDS.c.id).order_by(_KINDS.c.id))).scalars().all() == [
+            "a",
+            "b",
+        ]
+
+
+async def test_a_last_statement_that_fails_commits_nothing(engine) -> None:
+    """The statement fails: the writes before it and the commit are not
+    made, the block rolls back, and the connection serves the next one. An
+    error raised in the block after the commit leaves the commit standing."""
+    async with fast(engine) as conn:
+        await conn.execute(insert(_KINDS), _row("taken"))
+    with pytest.raises(exc.IntegrityError) as failed:
+        async with fast(engine) as conn:
+            conn.later(insert(_KINDS), _row("fresh") | {"name": "fresh"})
+            await conn.execute_and_commit(insert(_KINDS), _row("taken"))
+    assert "INSERT" in str(failed.value)
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        async with fast(engine) as conn:
+            await conn.execute_and_commit(insert(_KINDS), _row("kept") | {"name": "kept"})
+            raise Boom
+    async with asyncio.timeout(10), fast(engine) as conn:
+        ids = (await conn.execute(select(_KINDS.c.id).order_by(_KINDS.c.id))).scalars().all()
+    assert ids == ["kept", "taken"]
+
+
+async def test_a_commit_that_fails_in_the_trip_is_the_commits_error(engine) -> None:
+    """A deferred foreign key is checked at the commit: the commit fails in
+    the statement's trip, is reported as the commit's, and nothing stays."""
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql("CREATE TABLE parent (id TEXT PRIMARY KEY)")
+        await conn.exec_driver_sql(
+            "CREATE TABLE child (id TEXT PRIMARY KEY, parent TEXT "
+            "REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+    child = text("INSERT INTO child (id, parent) VALUES (:id, 'nobody') RETURNING id")
+    with pytest.raises(exc.IntegrityError) as failed:
+        async with fast(engine) as conn:
+            await conn.execute_and_commit(child, {"id": "orphan"})
+    assert "COMMIT" in str(failed.value)
+    async with fast(engine) as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM child"))).scalar_one() == 0
 
 
 async def test_a_write_left_for_later_fails_where_it_is_sent_and_nothing_stays(engine) -> None:

@@ -106,6 +106,7 @@ def chained_event(
     event_type: str,
     payload: Mapping[str, Any],
     now: datetime,
+    dedupe_key: str | None = None,
 ) -> dict[str, Any]:
     """The next event of a run whose chain head is (``last_seq``,
     ``last_hash``), as column values, for callers that write the event and the
@@ -122,7 +123,7 @@ def chained_event(
         "payload": dict(payload),
         "prev_hash": last_hash,
         "hash": event_hash(last_hash, run_id, seq, event_type, payload, now),
-        "dedupe_key": None,
+        "dedupe_key": dedupe_key,
         "created_at": now,
     }
 

@@ -84,6 +84,16 @@ async def write_later(connection: CoreConnection, statement: Any, parameters: An
         await connection.execute(statement, parameters)
 
 
+async def execute_last(connection: CoreConnection, statement: Any, parameters: Any = None) -> Any:
+    """The transaction's last statement, whose answer it needs: on SQLite
+    sent with the commit, in one trip (and the writes left for later before
+    it); on PostgreSQL sent at once, committed when the block ends. Nothing
+    may be sent after it."""
+    if isinstance(connection, SQLiteCoreConnection):
+        return await connection.execute_and_commit(statement, parameters)
+    return await connection.execute(statement, parameters)
+
+
 @dataclass
 class ChainedRun:
     """A run locked by this transaction, as the transaction leaves it: the
@@ -96,8 +106,16 @@ class ChainedRun:
     events: list[dict[str, Any]] = field(default_factory=list)
     changes: dict[str, Any] = field(default_factory=dict)
 
-    def append(self, event_type: str, payload: Mapping[str, Any], now: datetime) -> None:
-        event = chained_event(self.id, self.last_seq, self.last_hash, event_type, payload, now)
+    def append(
+        self,
+        event_type: str,
+        payload: Mapping[str, Any],
+        now: datetime,
+        dedupe_key: str | None = None,
+    ) -> None:
+        event = chained_event(
+            self.id, self.last_seq, self.last_hash, event_type, payload, now, dedupe_key
+        )
         self.events.append(event)
         self.last_seq, self.last_hash = event["seq"], event["hash"]
 

@@ -56,6 +56,8 @@ class SQLiteCoreConnection(CoreStatements):
         # One statement only, outside any transaction (reading(alone=True)).
         self._alone = alone
         self._sent = 0
+        # Committed by execute_and_commit: nothing more is sent.
+        self._committed = False
         # Set once its block has ended: a handle kept past it is refused
         # (its statements would run on a connection the pool has taken back,
         # outside any transaction or inside another borrower's).
@@ -63,6 +65,7 @@ class SQLiteCoreConnection(CoreStatements):
 
     async def execute(self, statement: Any, parameters: Any = None) -> CoreResult:
         self._refuse_if_ended()
+        self._refuse_if_committed()
         if self._alone and self._sent:
             raise RuntimeError("a lone read runs one statement; use a reading transaction")
         self._sent += 1
@@ -71,6 +74,32 @@ class SQLiteCoreConnection(CoreStatements):
         steps, self._later = [*self._later, step], []
         description, rows, rowcount = (await self._send(steps))[-1]
         return self._result(compiled, statement, description, rows, rowcount)
+
+    async def execute_and_commit(self, statement: Any, parameters: Any = None) -> CoreResult:
+        """The transaction's last statement and its commit, in one trip, with
+        the writes left for later before it: the statement's result. The
+        commit's listeners are told first, as :meth:`commit` tells them (one
+        that raises stops it); the block's own commit then sends nothing,
+        and a statement after this one is refused. If the statement or the
+        commit fails, nothing is committed and the block rolls back. An
+        await cancelled while the trip runs cannot tell whether the commit
+        was made (the thread finishes it): for the store's calls only, which
+        run to their own end (roundtable/completion.py)."""
+        self._refuse_if_ended()
+        self._refuse_if_committed()
+        if self._read_only:
+            raise RuntimeError("a reading connection does not write; use a transaction")
+        self._sent += 1
+        step, compiled = self._step(statement, parameters)
+        steps, self._later = [*self._later, step], []
+        self._engine.dispatch.commit(self._sync_connection)
+        description, rows, rowcount = (await self._send(steps, commit=True))[-1]
+        self._committed = True
+        return self._result(compiled, statement, description, rows, rowcount)
+
+    def _refuse_if_committed(self) -> None:
+        if self._committed:
+            raise RuntimeError("this transaction has committed; nothing more goes in it")
 
     def later(self, statement: Any, parameters: Any = None) -> None:
         """A write whose answer the transaction does not need (an INSERT, an
@@ -81,21 +110,25 @@ class SQLiteCoreConnection(CoreStatements):
         raised there. A reader's connection refuses it: nothing would send
         it."""
         self._refuse_if_ended()
+        self._refuse_if_committed()
         if self._read_only:
             raise RuntimeError("a reading connection does not write; use a transaction")
         self._later.append(self._step(statement, parameters)[0])
 
-    async def _send(self, steps: list[tuple[str, Any, bool]]) -> list[tuple[Any, list[Any], int]]:
-        """The statements in one trip to SQLite's thread, told to the
-        after-listeners (with what the cursor gave: description and row
-        count); an error raised as SQLAlchemy raises it, for the statement
-        that failed."""
+    async def _send(
+        self, steps: list[tuple[str, Any, bool]], commit: bool = False
+    ) -> list[tuple[Any, list[Any], int]]:
+        """The statements in one trip to SQLite's thread (with ``commit``,
+        the commit after them), told to the after-listeners (with what the
+        cursor gave: description and row count); an error raised as
+        SQLAlchemy raises it, for the statement that failed."""
         error_class = self.dialect.loaded_dbapi.Error
         sent = [("executemany" if many else "execute", sql, bound) for sql, bound, many in steps]
         try:
-            done = await self._driver.run_steps(sent)
+            done = await self._driver.run_steps(sent, commit)
         except error_class as error:
-            sql, bound, many = steps[getattr(error, "step", -1)]
+            failed = getattr(error, "step", -1)
+            sql, bound, many = ("COMMIT", (), False) if failed == len(steps) else steps[failed]
             raise exc.DBAPIError.instance(
                 sql,
                 bound,
@@ -125,6 +158,8 @@ class SQLiteCoreConnection(CoreStatements):
             raise exc.ResourceClosedError("this connection's transaction has ended")
 
     async def commit(self) -> None:
+        if self._committed:  # by execute_and_commit
+            return
         # Writes left for later go in one trip before the commit's: the
         # listeners hear of them before the transaction commits, and a
         # transaction cancelled while they run rolls back, as before.
@@ -142,6 +177,8 @@ class SQLiteCoreConnection(CoreStatements):
             ) from error
 
     async def rollback(self) -> None:
+        if self._committed:  # an error after execute_and_commit: nothing to undo
+            return
         self._later = []  # never sent
         self._engine.dispatch.rollback(self._sync_connection)
         await self._driver.rollback()

@@ -27,6 +27,10 @@ Two more trips per transaction are saved where nothing can differ:
   cancelled or failed, forgets it, and the rollback is sent as before (queued
   behind whatever the thread still runs).
 
+A transaction's last statement may also take the commit with it
+(``run_steps(..., commit=True)``, sqlite_core's ``execute_and_commit``): one
+trip for BEGIN, statement and COMMIT, the connection known idle after it.
+
 What does not change: every sqlite3 call still runs on the connection's own
 thread, in order, through aiosqlite's queue (``Connection._execute``), so
 transactions, errors and the writer lock behave as before; close is
@@ -165,12 +169,13 @@ class OneTripConnection(aiosqlite.core.Connection):
         self._conn.execute(begin)
 
     def _steps(
-        self, steps: list[tuple[str, str, Any]]
+        self, steps: list[tuple[str, str, Any]], commit: bool = False
     ) -> tuple[list[tuple[Any, list[Any], int]], bool]:
         """On the thread: each statement in its order, with every row of
-        each; each one's (description, rows, row count), and whether a
-        transaction is open after them. A statement that fails stops the
-        rest; its error carries its index as ``step``."""
+        each, then (with ``commit``) the commit; each one's (description,
+        rows, row count), and whether a transaction is open after them. A
+        statement that fails stops the rest, the commit too; its error
+        carries its index as ``step`` (the commit's: ``len(steps)``)."""
         done = []
         for index, (method, sql, parameters) in enumerate(steps):
             cursor = self._conn.cursor()
@@ -183,18 +188,25 @@ class OneTripConnection(aiosqlite.core.Connection):
                 raise
             finally:
                 cursor.close()
+        if commit:
+            try:
+                self._conn.commit()
+            except sqlite3.Error as error:
+                error.step = len(steps)  # type: ignore[attr-defined]
+                raise
         return done, self._conn.in_transaction
 
     async def run_steps(
-        self, steps: list[tuple[str, str, Any]]
+        self, steps: list[tuple[str, str, Any]], commit: bool = False
     ) -> list[tuple[Any, list[Any], int]]:
         """Several statements in one trip (a held BEGIN first, as with any
-        call); see :meth:`_steps`. Statements sent outside a transaction (a
-        lone read, in SQLite's autocommit) leave the connection known idle
-        outside one, by the rule of :meth:`_end`, so the pool's rollback
-        after them is not sent."""
+        call), with ``commit`` the transaction's commit after them; see
+        :meth:`_steps`. Statements sent outside a transaction (a lone read,
+        in SQLite's autocommit), or committed, leave the connection known
+        idle outside one, by the rule of :meth:`_end`, so the pool's
+        rollback after them is not sent."""
         queued = self._queued
-        done, still_open = await self._execute(self._steps, steps)
+        done, still_open = await self._execute(self._steps, steps, commit)
         self._idle_outside_transaction = not still_open and self._queued == queued + 1
         return done
 
