@@ -177,7 +177,7 @@ class RunActivities:
             "round_number": inp.round,
             "chain": inp.chain,
         }
-        kept = await self.store.kept_turn(**turn)
+        kept = await self.store.kept_turn(**turn) if _may_have_been_taken(inp) else None
         if kept is None:
             asked = await self._ask(adapter, inp, messages)
             kept, ours = await self.store.keep_turn(**turn, response=asked.model_dump(mode="json"))
@@ -328,6 +328,23 @@ def pinned_snapshot(
             type="snapshot_not_pinned",
             non_retryable=True,
         )
+
+
+def _may_have_been_taken(inp: TakeTurnInput) -> bool:
+    """Whether this turn may have an answer kept already, so that it is read
+    before the model is asked: a retry (its first attempt may have kept one
+    and lost its result), or an execution other than its chain's first (a
+    reset's, whose dropped tail may hold the turn; a continue-as-new's). A
+    first attempt in the chain's first execution is this turn's first ask:
+    the workflow schedules each turn once, and another chain keeps its turns
+    under other ids. Only a saving, never what makes the first answer the
+    only one: keeping the answer refuses a second and returns the first
+    (Turns.keep), so a turn wrongly judged new costs one model call, not a
+    write. Runs from before chains (no ``chain``) are always read."""
+    if inp.chain is None:
+        return True
+    info = activity.info()
+    return info.attempt > 1 or info.workflow_run_id != inp.chain
 
 
 def require_own_run(run_id: str) -> None:

@@ -1,14 +1,25 @@
-"""The journal of model turns (ToolResults.keep_turn): a turn's first answer
-is its only answer, kept encrypted; on SQLite and PostgreSQL."""
+"""Model turns (roundtable/store/turns.py): a turn's first answer is its only
+answer, kept encrypted, and its usage is logged once; on SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 
-from sqlalchemy import select
+import pytest
+from sqlalchemy import exc, select
+from temporalio.testing import ActivityEnvironment
 
+from activities.run_activities import RunActivities
+from roundtable.agents.scripted import ScriptedModel
+from roundtable.models import TakeTurnInput
+from roundtable.store import NotFoundError
 from roundtable.store.schema import ToolResultRow
+from roundtable.tools.registry import ToolRegistry
 from tests.helpers import new_run
+from tests.workflow_harness import TRUSTING
 
 SECRET_ARG = "sk-live-CANARY-turn-5d1e"
 
@@ -46,3 +57,112 @@ async def test_a_kept_turn_is_encrypted_at_rest(store) -> None:
     (row,) = rows
     assert SECRET_ARG not in row.content_encrypted and "answer 1" not in row.content_encrypted
     assert (await store.kept_turn(**turn))["tool_calls"][0]["args"]["k"] == SECRET_ARG
+
+
+async def usage_events(store, run_id: str) -> list[dict]:
+    return [e for e in await store.list_events(run_id) if e["event_type"] == "turn.completed"]
+
+
+async def test_a_turns_usage_is_logged_once_and_the_chain_holds(store) -> None:
+    """Whichever attempts record a turn's usage, at once or one after another
+    (a turn taken again gets the kept answer and records its usage again),
+    the log holds it once."""
+    run = await new_run(store)
+    usage = {"model": "m", "prompt_tokens": 100, "completion_tokens": 20}
+    turn = {"seat": "seat-1", "round_number": 1, **usage}
+    recorded = await asyncio.gather(*(store.record_turn(run["id"], **turn) for _ in range(4)))
+    assert sorted(recorded) == [False, False, False, True]
+    assert not await store.record_turn(run["id"], **turn)
+    assert await store.record_turn(run["id"], **{**turn, "role": "manager"})
+    (seat, manager) = await usage_events(store, run["id"])
+    assert seat["payload"] == {"seat": "seat-1", "round": 1, **usage}
+    assert manager["payload"] == seat["payload"]
+    assert await store.verify_audit_chain(run["id"])
+    with pytest.raises(NotFoundError):
+        await store.record_turn("no-such-run", **turn)
+
+
+async def test_keeping_a_turn_of_a_run_that_is_not_there_keeps_nothing(store) -> None:
+    """The insert fails with its commit not made (on SQLite they go in one
+    trip), and the next keep goes through."""
+    turn = {"run_id": "no-such-run", "role": "seat", "seat": "seat-1", "round_number": 1}
+    with pytest.raises(exc.IntegrityError):
+        await store.keep_turn(**turn, response=answer(1))
+    assert await store.kept_turn(**turn) is None
+    run = await new_run(store)
+    assert (await store.keep_turn(**{**turn, "run_id": run["id"]}, response=answer(2)))[1]
+
+
+def taking(run_id: str, execution: str, attempt: int) -> ActivityEnvironment:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info, workflow_id=run_id, workflow_run_id=execution, attempt=attempt
+    )
+    return env
+
+
+@pytest.mark.parametrize(
+    ("execution", "attempt", "asked"),
+    [
+        ("first", 1, 1),  # the chain's first execution, a first attempt: asked
+        ("first", 2, 0),  # a retry: read first, not asked
+        ("after-a-reset", 1, 0),  # another execution of the chain: read first
+    ],
+)
+async def test_a_turn_already_kept_gives_its_answer_whether_or_not_it_was_read_first(
+    store, monkeypatch, execution, attempt, asked
+) -> None:
+    """take_turn reads the journal before asking the model only where an
+    answer may be kept already (a retry, an execution after the chain's
+    first): a turn's first attempt in the chain's first execution is asked
+    without the read. Wherever the read is left out, the kept answer still
+    wins over the new one."""
+    asks = []
+    respond = ScriptedModel.respond
+
+    async def counted(self, request):  # type: ignore[no-untyped-def]
+        asks.append(request.seat)
+        return await respond(self, request)
+
+    monkeypatch.setattr(ScriptedModel, "respond", counted)
+    run = await new_run(store)
+    turn = {"run_id": run["id"], "role": "seat", "seat": "seat-1", "round_number": 1}
+    usage = {"prompt_tokens": 100, "completion_tokens": 20}
+    first = {
+        "text": "the first answer",
+        "tool_calls": [{"id": "c-1", "name": "ticket_update", "arguments": {"k": SECRET_ARG}}],
+        "usage": usage,
+    }
+    await store.keep_turn(**turn, chain="first", response=first)
+    await store.record_turn(run["id"], seat="seat-1", round_number=1, model="m", **usage)
+    taken = await taking(run["id"], execution, attempt).run(
+        RunActivities(store, ToolRegistry(), authority=TRUSTING).take_turn,
+        TakeTurnInput(
+            run_id=run["id"], seat="seat-1", round=1, role="seat", model="scripted",
+            task_text="t", chain="first",
+            script={"turns": [{"seat": "seat-1", "round": 1, "text": "a new answer"}]},
+        ),
+    )  # fmt: skip
+    assert len(asks) == asked
+    assert taken.response.text == "the first answer"
+    assert [c.arguments for c in taken.response.tool_calls] == [{"k": SECRET_ARG}]
+    assert len(await usage_events(store, run["id"])) == 1
+
+
+async def test_a_keep_cancelled_anywhere_keeps_its_answer_whole_or_not_at_all(store) -> None:
+    """On SQLite the insert and its commit go in one trip: a caller cancelled
+    while it runs must not be told nothing was kept when it was. Store calls
+    run to their own end (tests/test_store_cancellation.py), so the answer a
+    cancelled keep sent is the kept one, or none was kept and the next keep's
+    is; the database is never left holding its write lock."""
+    run = await new_run(store)
+    for n in range(30):
+        turn = {"run_id": run["id"], "role": "seat", "seat": "seat-1", "round_number": n}
+        call = asyncio.ensure_future(store.keep_turn(**turn, response=answer(n)))
+        await asyncio.sleep(0.0005 * (n % 7))
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        again, ours = await asyncio.wait_for(store.keep_turn(**turn, response=answer(99)), 5)
+        assert again["text"] == ("answer 99" if ours else f"answer {n}")
+        assert await store.kept_turn(**turn) == again

@@ -43,6 +43,7 @@ from roundtable.store.results import ToolResults
 from roundtable.store.runs import RunGrant, Runs
 from roundtable.store.sessions import Sessions
 from roundtable.store.tokens import Tokens
+from roundtable.store.turns import Turns
 from roundtable.store.webhooks import Webhooks
 
 __all__ = [
@@ -77,7 +78,7 @@ def _on(repository: str, method: Callable[..., Any]) -> Any:
 
 class Store:
     """Sessions, runs, actions, approvals, leases, events, tokens, webhooks,
-    tool results and the tool catalog: one repository each (``store.actions``,
+    tool results, model turns and the tool catalog: one repository each (``store.actions``,
     ``store.leases``, …), each owning its rows and their transitions, over one :class:`Database`
     (transactions, row locks, compare-and-set, the audit append). Every
     method is one or more atomic transactions and returns plain dicts or
@@ -102,6 +103,7 @@ class Store:
         self.tokens = Tokens(self.db)
         self.webhooks = Webhooks(self.db)
         self.results = ToolResults(self.db)
+        self.turns = Turns(self.db)
         self.reads = Reads(self.db)
         self.catalog = ToolCatalog(self.db)
         self.inbox_sessions = InboxSessions(self.db)
@@ -121,7 +123,6 @@ class Store:
     record_refusal = _on("runs", Runs.record_refusal)
     begin_recovery = _on("runs", Runs.begin_recovery)
     end_recovery = _on("runs", Runs.end_recovery)
-    record_turn = _on("runs", Runs.record_turn)
     settle_closed_run = _on("runs", Runs.settle_closed)
 
     create_action = _on("actions", Actions.create)
@@ -166,8 +167,9 @@ class Store:
 
     save_tool_result = _on("results", ToolResults.save)
     get_tool_result = _on("results", ToolResults.get)
-    keep_turn = _on("results", ToolResults.keep_turn)
-    kept_turn = _on("results", ToolResults.kept_turn)
+    keep_turn = _on("turns", Turns.keep)
+    kept_turn = _on("turns", Turns.kept)
+    record_turn = _on("turns", Turns.record_usage)
 
     run_snapshot = _on("reads", Reads.run_snapshot)
     approvals_with_actions = _on("reads", Reads.approvals_with_actions)

@@ -440,42 +440,6 @@ class Runs:
                     session, run, kind, payload, await database_now(session), dedupe_key=key
                 )
 
-    async def record_turn(
-        self,
-        run_id: str,
-        *,
-        seat: str,
-        round_number: int,
-        model: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        role: str = "seat",
-    ) -> bool:
-        """A model turn's token usage, in the run's audit log (summed by views).
-        Once per turn: a retried turn activity finds its event and adds none
-        (False), so the log's usage matches the workflow's."""
-        key = escape_text(f"turn.completed:{role}:{seat}:{round_number}")
-        async with self.db.transaction() as session:
-            run = await self.db.lock_run(session, run_id)
-            seen = await logged(session, run_id, key)
-            if seen:
-                return False
-            await self.db.audit(
-                session,
-                run,
-                "turn.completed",
-                {
-                    "seat": seat,
-                    "round": round_number,
-                    "model": model,
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                },
-                await database_now(session),
-                dedupe_key=key,
-            )
-        return True
-
     async def settle_closed(
         self, run_id: str, status: str, failure: dict[str, Any] | None = None
     ) -> dict[str, Any]:

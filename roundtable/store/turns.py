@@ -1,0 +1,186 @@
+"""Model turns: the journal of each turn's first answer, kept encrypted, and
+each turn's token usage in the run's log.
+
+A turn run again (a reset that dropped its completion, a retry after its
+result was lost) gets the answer the run may already have acted on, not a
+new one whose tool calls the store would take for new writes
+(roundtable/recovery.py). The answer is kept under an id derived from the
+run, role, seat, round and chain of executions, in the tool results' table
+(its rows are sealed alike).
+
+Keeping an answer is one statement sent with its commit, and the read
+before the model call is made only where an answer can be kept already
+(run_activities.take_turn): the journal as first written (a read, then an
+insert, each an ORM session) cost a fifth of a throughput run's worker CPU
+(bench/README). Each turn's token usage goes to the run's audit log, once
+(:meth:`Turns.record_usage`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cache
+from typing import Any
+
+from sqlalchemy import bindparam, select
+
+from roundtable.completion import complete_every_public_coroutine
+from roundtable.security import decrypt_arguments, encrypt_arguments
+from roundtable.store.core_writes import ChainedRun, execute_last, facts_read, locked_facts
+from roundtable.store.database import Database
+from roundtable.store.engine import database_now, dialect_insert, is_postgresql
+from roundtable.store.errors import NotFoundError
+from roundtable.store.rows import require_text
+from roundtable.store.schema import AuditEventRow, RunRow, ToolResultRow
+from roundtable.store.text import escape_text
+
+_RESULTS = ToolResultRow.__table__
+_EVENTS = AuditEventRow.__table__
+_RUNS = RunRow.__table__
+TURN_COMPLETED = "turn.completed"
+
+
+def turn_result_id(
+    run_id: str, role: str, seat: str, round_number: int, chain: str | None = None
+) -> str:
+    """The journal's id for one turn of one chain of executions (the id
+    column holds 64 characters); runs from before chains name none."""
+    key: list[Any] = [run_id, role, seat, round_number]
+    if chain is not None:
+        key.append(chain)
+    digest = hashlib.sha256(json.dumps(key).encode())
+    return f"turn-{digest.hexdigest()[:59]}"
+
+
+def usage_key(role: str, seat: str, round_number: int) -> str:
+    """The log's key for a turn's usage: one event per turn of a run."""
+    return escape_text(f"{TURN_COMPLETED}:{role}:{seat}:{round_number}")
+
+
+def usage_payload(
+    seat: str, round_number: int, model: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    return {
+        "seat": seat,
+        "round": round_number,
+        "model": model,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+@cache
+def _keep_once(postgresql: bool) -> Any:
+    return (
+        dialect_insert(postgresql, _RESULTS)
+        .on_conflict_do_nothing(index_elements=["id"])
+        .returning(_RESULTS.c.id)
+    )
+
+
+@cache
+def _chain_head(postgresql: bool) -> Any:
+    """The run's chain head and the clock, read under its lock: not the
+    whole row, which a turn's usage has no use for."""
+    return facts_read(postgresql, _RUNS, _RUNS, [_RUNS.c.id])
+
+
+@cache
+def _usage_logged() -> Any:
+    return select(_EVENTS.c.id).where(
+        _EVENTS.c.run_id == bindparam("run_id"), _EVENTS.c.dedupe_key == bindparam("key")
+    )
+
+
+@cache
+def _kept_body() -> Any:
+    return select(_RESULTS.c.content_encrypted).where(_RESULTS.c.id == bindparam("turn_id"))
+
+
+@complete_every_public_coroutine
+class Turns:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def keep(
+        self,
+        *,
+        run_id: str,
+        role: str,
+        seat: str,
+        round_number: int,
+        response: dict[str, Any],
+        chain: str | None = None,
+    ) -> tuple[dict[str, Any], bool]:
+        """Keep the turn's ``response`` unless one is kept already: ``(the kept
+        one, whether it is this one)`` (of two attempts at once, the first to
+        commit wins). One statement, sent with its commit (one trip on
+        SQLite): the insert that refuses a second answer says whose stands."""
+        require_text("run_id", run_id)
+        turn_id = turn_result_id(run_id, role, seat, round_number, chain)
+        body = {"content": response}
+        sealed = encrypt_arguments(body, associated_data=turn_id.encode())
+        async with self.db.core_transaction() as (connection, _):
+            written = await execute_last(
+                connection,
+                _keep_once(is_postgresql(connection)),
+                {
+                    "id": turn_id,
+                    "run_id": run_id,
+                    "seat": escape_text(seat)[:255],
+                    "call_id": escape_text(f"turn:{role}:r{round_number}")[:255],
+                    "size_bytes": len(json.dumps(body, default=str)),
+                    "content_encrypted": sealed,
+                    "created_at": await database_now(connection),
+                },
+            )
+            ours = written.scalar_one_or_none() is not None
+        if ours:
+            return response, True
+        # Another attempt kept its answer first: that one stands.
+        kept = await self.kept(
+            run_id=run_id, role=role, seat=seat, round_number=round_number, chain=chain
+        )
+        if kept is None:
+            raise NotFoundError(f"turn {turn_id} was kept but cannot be read back")
+        return kept, False
+
+    async def kept(
+        self, *, run_id: str, role: str, seat: str, round_number: int, chain: str | None = None
+    ) -> dict[str, Any] | None:
+        """The response kept for this turn, or None if it has not been taken."""
+        turn_id = turn_result_id(run_id, role, seat, round_number, chain)
+        async with self.db.core_reader(alone=True) as connection:
+            sealed = (
+                await connection.execute(_kept_body(), {"turn_id": turn_id})
+            ).scalar_one_or_none()
+        if sealed is None:
+            return None
+        return decrypt_arguments(sealed, associated_data=turn_id.encode())["content"]
+
+    async def record_usage(
+        self,
+        run_id: str,
+        *,
+        seat: str,
+        round_number: int,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        role: str = "seat",
+    ) -> bool:
+        """A model turn's token usage, in the run's audit log (summed by
+        views). Once per turn: a turn taken again finds its event and adds
+        none (False), so the log's usage matches the workflow's."""
+        key = usage_key(role, seat, round_number)
+        async with self.db.core_transaction() as (connection, _):
+            held, now = await locked_facts(connection, _RUNS, run_id, _chain_head, "run")
+            seen = await connection.execute(_usage_logged(), {"run_id": run_id, "key": key})
+            if seen.scalar_one_or_none() is not None:
+                return False
+            run = ChainedRun(held["id"], held["last_event_seq"], held["last_event_hash"])
+            payload = usage_payload(seat, round_number, model, prompt_tokens, completion_tokens)
+            run.append(TURN_COMPLETED, payload, now, dedupe_key=key)
+            await run.write(connection, now)
+        return True
