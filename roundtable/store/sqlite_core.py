@@ -81,10 +81,17 @@ class SQLiteCoreConnection(CoreStatements):
         commit's listeners are told first, as :meth:`commit` tells them (one
         that raises stops it); the block's own commit then sends nothing,
         and a statement after this one is refused. If the statement or the
-        commit fails, nothing is committed and the block rolls back. An
-        await cancelled while the trip runs cannot tell whether the commit
-        was made (the thread finishes it): for the store's calls only, which
-        run to their own end (roundtable/completion.py)."""
+        commit fails, nothing is committed and the block rolls back. Unlike
+        SQLAlchemy's, the after-listeners hear of the statement once it is
+        committed, so one that raises cannot undo it; and an await cancelled
+        while the trip runs cannot tell whether the commit was made (the
+        thread finishes it). So this is for a write that is safe to find
+        made when its caller was told of an error, as the turn journal's
+        insert is (its retry reads the answer kept), and for the store's
+        calls only, which run to their own end (roundtable/completion.py).
+        The transaction's other commits keep their own trip for that reason
+        (a listener raising after a write left for later, or a cut before
+        the commit, leaves nothing: tests/test_review_core_writes.py)."""
         self._refuse_if_ended()
         self._refuse_if_committed()
         if self._read_only:
