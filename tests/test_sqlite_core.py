@@ -240,6 +240,29 @@ async def test_a_last_statement_that_fails_commits_nothing(engine) -> None:
     assert ids == ["kept", "taken"]
 
 
+async def test_an_after_listener_raising_cannot_undo_a_last_statements_commit(engine) -> None:
+    """Found in review: the after-listeners hear of the statement once it is
+    committed. One that raises is the caller's error, the row stays, and no
+    rollback is told for a transaction that committed (as documented: the
+    write must be safe to find made after an error)."""
+    heard: list[str] = []
+
+    def raising(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.startswith("INSERT"):
+            raise RuntimeError("a listener's own failure")
+
+    event.listen(engine.sync_engine, "commit", lambda *_: heard.append("commit"))
+    event.listen(engine.sync_engine, "rollback", lambda *_: heard.append("rollback"))
+    event.listen(engine.sync_engine, "after_cursor_execute", raising)
+    with pytest.raises(RuntimeError, match="own failure"):
+        async with fast(engine) as conn:
+            await conn.execute_and_commit(insert(_KINDS), _row("made") | {"name": "made"})
+    event.remove(engine.sync_engine, "after_cursor_execute", raising)
+    assert heard == ["commit"]
+    async with sqlite_core.reading(engine, alone=True) as conn:
+        assert (await conn.execute(select(_KINDS.c.id))).scalars().all() == ["made"]
+
+
 async def test_a_commit_that_fails_in_the_trip_is_the_commits_error(engine) -> None:
     """A deferred foreign key is checked at the commit: the commit fails in
     the statement's trip, is reported as the commit's, and nothing stays."""

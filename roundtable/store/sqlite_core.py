@@ -101,7 +101,6 @@ class SQLiteCoreConnection(CoreStatements):
         steps, self._later = [*self._later, step], []
         self._engine.dispatch.commit(self._sync_connection)
         description, rows, rowcount = (await self._send(steps, commit=True))[-1]
-        self._committed = True
         return self._result(compiled, statement, description, rows, rowcount)
 
     def _refuse_if_committed(self) -> None:
@@ -145,6 +144,10 @@ class SQLiteCoreConnection(CoreStatements):
                 dialect=self.dialect,
                 ismulti=many,
             ) from error
+        if commit:
+            # Known before any after-listener runs: one that raises then
+            # leaves the block's rollback nothing to undo or tell.
+            self._committed = True
         dispatch = self._engine.dispatch
         for (sql, bound, many), (description, _, rowcount) in zip(steps, done, strict=True):
             cursor = CursorFacts(description, rowcount)

@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, func, select
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.security import decrypt_arguments, encrypt_arguments
 from roundtable.store.core_writes import ChainedRun, execute_last, facts_read, locked_facts
 from roundtable.store.database import Database
-from roundtable.store.engine import database_now, dialect_insert, is_postgresql
+from roundtable.store.engine import dialect_insert, is_postgresql
 from roundtable.store.errors import NotFoundError
 from roundtable.store.rows import require_text
 from roundtable.store.schema import AuditEventRow, RunRow, ToolResultRow
@@ -72,11 +73,12 @@ def usage_payload(
 
 @cache
 def _keep_once(postgresql: bool) -> Any:
-    return (
-        dialect_insert(postgresql, _RESULTS)
-        .on_conflict_do_nothing(index_elements=["id"])
-        .returning(_RESULTS.c.id)
-    )
+    """The keep, one statement: PostgreSQL reads its clock in it (no trip of
+    its own); SQLite's clock is this process's, bound as ``created_at``."""
+    statement = dialect_insert(postgresql, _RESULTS)
+    if postgresql:
+        statement = statement.values(created_at=func.clock_timestamp())
+    return statement.on_conflict_do_nothing(index_elements=["id"]).returning(_RESULTS.c.id)
 
 
 @cache
@@ -122,9 +124,10 @@ class Turns:
         body = {"content": response}
         sealed = encrypt_arguments(body, associated_data=turn_id.encode())
         async with self.db.core_transaction() as (connection, _):
+            postgresql = is_postgresql(connection)
             written = await execute_last(
                 connection,
-                _keep_once(is_postgresql(connection)),
+                _keep_once(postgresql),
                 {
                     "id": turn_id,
                     "run_id": run_id,
@@ -132,7 +135,7 @@ class Turns:
                     "call_id": escape_text(f"turn:{role}:r{round_number}")[:255],
                     "size_bytes": len(json.dumps(body, default=str)),
                     "content_encrypted": sealed,
-                    "created_at": await database_now(connection),
+                    **({} if postgresql else {"created_at": datetime.now(UTC)}),
                 },
             )
             ours = written.scalar_one_or_none() is not None
