@@ -162,13 +162,20 @@ async def _warm(engine: AsyncEngine) -> None:
         await conn.execute(select(_KINDS.c.id))
 
 
-async def test_writes_left_for_later_go_with_the_next_statement_or_before_the_commit(
-    engine, trips
-) -> None:
+async def _warm_and_listen(engine: AsyncEngine) -> list[str]:
+    """The pool warmed; what the listeners are told from now: each statement
+    (its first six characters) once sent, and each commit before it is."""
     await _warm(engine)
     told: list[str] = []
     event.listen(engine.sync_engine, "after_cursor_execute", lambda *a: told.append(a[2][:6]))
     event.listen(engine.sync_engine, "commit", lambda *_: told.append("COMMIT"))
+    return told
+
+
+async def test_writes_left_for_later_go_with_the_next_statement_or_before_the_commit(
+    engine, trips
+) -> None:
+    told = await _warm_and_listen(engine)
     trips.clear()
     async with fast(engine) as conn:
         conn.later(insert(_KINDS), _row("a") | {"name": "a"})
@@ -192,10 +199,7 @@ async def test_a_last_statement_goes_with_the_commit_in_one_trip(engine, trips) 
     """execute_and_commit: the BEGIN, the writes left for later, the statement
     and the commit in one trip; its result read; nothing goes after it; the
     commit's listeners told before the commit is sent, once."""
-    await _warm(engine)
-    told: list[str] = []
-    event.listen(engine.sync_engine, "after_cursor_execute", lambda *a: told.append(a[2][:6]))
-    event.listen(engine.sync_engine, "commit", lambda *_: told.append("COMMIT"))
+    told = await _warm_and_listen(engine)
     trips.clear()
     async with fast(engine) as conn:
         conn.later(insert(_KINDS), _row("a") | {"name": "a"})
