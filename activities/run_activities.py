@@ -338,10 +338,11 @@ def _may_have_been_taken(inp: TakeTurnInput) -> bool:
     first attempt in the chain's first execution is normally this turn's
     first ask: the workflow schedules each turn once, and another chain keeps
     its turns under other ids (an operator's activity reset puts the attempt
-    back to 1, and the turn is asked again). Only a saving, never what makes the first answer the
-    only one: keeping the answer refuses a second and returns the first
-    (Turns.keep), so a turn wrongly judged new costs one model call, not a
-    write. Runs from before chains (no ``chain``) are always read."""
+    back to 1, and the turn is asked again). Only a saving, never what makes
+    the first answer the only one: keeping the answer refuses a second and
+    returns the first (Turns.keep), so a turn wrongly judged new costs one
+    model call, not a write. Runs from before chains (no ``chain``) are
+    always read."""
     if inp.chain is None:
         return True
     info = activity.info()
