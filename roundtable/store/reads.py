@@ -23,8 +23,7 @@ from roundtable.store.database import Database, found
 from roundtable.store.errors import InvalidInputError, NotFoundError
 from roundtable.store.rows import page_after, row_to_dict
 from roundtable.store.schema import ActionRow, ApprovalRow, AuditEventRow, RunRow
-
-TURN_EVENT = "turn.completed"
+from roundtable.store.turns import TURN_COMPLETED
 
 
 @complete_every_public_coroutine
@@ -54,7 +53,7 @@ class Reads:
             approvals_list = [row_to_dict(r) for r in approvals.scalars()]
             turns = await session.execute(
                 select(AuditEventRow.payload)
-                .where(AuditEventRow.run_id == run_id, AuditEventRow.event_type == TURN_EVENT)
+                .where(AuditEventRow.run_id == run_id, AuditEventRow.event_type == TURN_COMPLETED)
                 .order_by(AuditEventRow.seq)
             )
             return {
