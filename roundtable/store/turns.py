@@ -54,23 +54,6 @@ def turn_result_id(
     return f"turn-{digest.hexdigest()[:59]}"
 
 
-def usage_key(role: str, seat: str, round_number: int) -> str:
-    """The log's key for a turn's usage: one event per turn of a run."""
-    return escape_text(f"{TURN_COMPLETED}:{role}:{seat}:{round_number}")
-
-
-def usage_payload(
-    seat: str, round_number: int, model: str, prompt_tokens: int, completion_tokens: int
-) -> dict[str, Any]:
-    return {
-        "seat": seat,
-        "round": round_number,
-        "model": model,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-    }
-
-
 @cache
 def _keep_once(postgresql: bool) -> Any:
     """The keep, one statement: PostgreSQL reads its clock in it (no trip of
@@ -176,14 +159,21 @@ class Turns:
         """A model turn's token usage, in the run's audit log (summed by
         views). Once per turn: a turn taken again finds its event and adds
         none (False), so the log's usage matches the workflow's."""
-        key = usage_key(role, seat, round_number)
+        # One event per turn of a run.
+        key = escape_text(f"{TURN_COMPLETED}:{role}:{seat}:{round_number}")
         async with self.db.core_transaction() as (connection, _):
             held, now = await locked_facts(connection, _RUNS, run_id, _chain_head, "run")
             seen = await connection.execute(_usage_logged(), {"run_id": run_id, "key": key})
             if seen.scalar_one_or_none() is not None:
                 return False
             run = ChainedRun(held["id"], held["last_event_seq"], held["last_event_hash"])
-            payload = usage_payload(seat, round_number, model, prompt_tokens, completion_tokens)
+            payload = {
+                "seat": seat,
+                "round": round_number,
+                "model": model,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+            }
             run.append(TURN_COMPLETED, payload, now, dedupe_key=key)
             await run.write(connection, now)
         return True
