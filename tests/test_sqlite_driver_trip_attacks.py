@@ -643,6 +643,7 @@ def static_pool_engine(path: Path, driver: str) -> AsyncEngine:
     def shared(*args: Any, **kwargs: Any) -> AsyncEngine:
         if driver == PLAIN:
             kwargs.pop("connect_args", None)
+        kwargs.pop("pool_use_lifo", None)  # a queue pool's option
         return real(*args, poolclass=StaticPool, **kwargs)
 
     with mock.patch.object(engine_module, "create_async_engine", shared):
