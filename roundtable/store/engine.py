@@ -157,10 +157,19 @@ def _sqlite_engine(database_url: str) -> AsyncEngine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        wal = cursor.fetchone()[0] == "wal"
+        # In WAL mode the driver runs a call on the event loop while the
+        # connection's thread is idle, and the event loop must never wait
+        # for a lock: there the connection's own timeout is 0, and the
+        # driver's thread waits as long as this says (sqlite_driver.py).
+        cursor.execute(f"PRAGMA busy_timeout={0 if wal else SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
+        if wal and not sqlite_driver.run_here_when_idle(dbapi_connection, SQLITE_BUSY_TIMEOUT_MS):
+            cursor = dbapi_connection.cursor()  # another driver's: it waits itself
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:

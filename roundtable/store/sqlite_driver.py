@@ -1,4 +1,4 @@
-"""aiosqlite with one trip to its thread per statement, not four.
+"""aiosqlite, one call per statement (not four), on the event loop when it can.
 
 aiosqlite runs every sqlite3 call on a thread of its own and hands each
 result back to the event loop. SQLAlchemy's adapter makes four such calls
@@ -31,18 +31,45 @@ A transaction's last statement may also take the commit with it
 (``run_steps(..., commit=True)``, sqlite_core's ``execute_and_commit``): one
 trip for BEGIN, statement and COMMIT, the connection known idle after it.
 
-What does not change: every sqlite3 call still runs on the connection's own
-thread, in order, through aiosqlite's queue (``Connection._execute``), so
-transactions, errors and the writer lock behave as before; close is
-aiosqlite's own. This relies on aiosqlite's ``Connection``
-constructor and ``_execute``, which is why pyproject pins aiosqlite's
-minor version; ``tests/test_sqlite_driver.py`` checks the cursor's contract.
+Calls run on the event loop while the thread is idle. Handing a call to
+the thread and its answer back cost more CPU than most statements do (a
+queue, two wake-ups, the GIL passed twice): on a loaded worker, about a
+sixth of a run's CPU (bench/README, "What was cut"). So this module's calls
+(a statement, a trip of them, a commit or rollback) run on the event loop
+when nothing of the connection's is queued or running on its thread
+(counted by the thread's queue), on a connection the engine allowed it on
+(``run_here_when_idle``: WAL mode, checked at connect). Otherwise, and for
+aiosqlite's own calls, the thread runs them, in order, as before.
+
+The event loop must never wait for a lock, so the connection's busy
+timeout is 0 and the thread sets its own around each call it runs. On the
+event loop, SQLite's busy error (a lock another connection holds: another
+process's writer; this process's writers meet it only while one of them
+waits on the thread) is not raised: what is left of the call goes to the
+thread, from the statement that met it (which had no effect), and waits
+there as before. In WAL mode a writer holding the lock and any commit or
+rollback never wait; a reader waits only for what a WAL reader waits for (a
+checkpoint restarting the log, recovery after a crash). Outside a
+transaction only a single statement runs on the event loop: there each
+statement commits alone, and a lock found taken at the second could not
+send the first again. What the event loop gives up: a long statement holds
+it for its length (the store's statements are by key); a commit that
+checkpoints the log writes the pages on it.
+
+Close and connect are aiosqlite's own. This relies on aiosqlite's
+``Connection`` constructor, queue, worker thread and ``_execute``, which is
+why pyproject pins aiosqlite's minor version; ``tests/test_sqlite_driver.py``
+checks the cursor's contract, ``tests/test_sqlite_on_the_event_loop.py``
+where calls run and how a lock found taken is waited for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from functools import partial
+from queue import SimpleQueue
+from threading import Thread
 from typing import Any
 
 import aiosqlite.core
@@ -71,13 +98,11 @@ class OneTripCursor:
         self.description = None
         self.rowcount = -1
 
-    def _run(self, method: str, sql: str, parameters: Any, begin: str | None) -> None:
-        """On the connection's thread: the held-back BEGIN if any, the
-        statement, all its rows, and the cursor closed, so no statement is
-        left half-stepped."""
+    def _run(self, method: str, sql: str, parameters: Any) -> None:
+        """The statement, all its rows, and the cursor closed, so no
+        statement is left half-stepped (a held-back BEGIN goes first: the
+        connection's ``_begun``)."""
         self._reset()
-        if begin is not None:
-            self._connection._open(begin)
         cursor = self._connection._conn.cursor()
         try:
             getattr(cursor, method)(sql, parameters)
@@ -85,6 +110,9 @@ class OneTripCursor:
             self._rows = cursor.fetchall() if cursor.description else []
             self.rowcount = cursor.rowcount
             self.lastrowid = cursor.lastrowid
+        except sqlite3.Error as error:
+            self._connection._wait_on_the_thread(error, partial(self._run, method, sql, parameters))
+            raise
         finally:
             cursor.close()
 
@@ -96,13 +124,11 @@ class OneTripCursor:
         if not parameters and self._connection._hold_begin(sql):
             self._reset()
             return self
-        begin = self._connection._take_begin()
-        await self._connection._execute(self._run, "execute", sql, parameters, begin)
+        await self._connection._execute(self._run, "execute", sql, parameters)
         return self
 
     async def executemany(self, sql: str, parameters: Any) -> OneTripCursor:
-        begin = self._connection._take_begin()
-        await self._connection._execute(self._run, "executemany", sql, parameters, begin)
+        await self._connection._execute(self._run, "executemany", sql, parameters)
         return self
 
     async def fetchall(self) -> list[Any]:
@@ -136,10 +162,35 @@ class OneTripConnection(aiosqlite.core.Connection):
     # Calls queued for the thread so far: an end knows the state it found
     # only if nothing was queued after it.
     _queued = 0
+    # The busy timeout the thread waits with, once the engine has let this
+    # connection's calls run on the event loop (``run_here_when_idle``);
+    # None: every call goes to the thread, as aiosqlite's own do.
+    _busy_timeout_ms: int | None = None
+    # Set while a call runs on the event loop.
+    _here = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # aiosqlite's queue to its thread, replaced before the thread starts
+        # by one that counts what the thread was handed and has finished,
+        # whoever queued it (aiosqlite's own connect and stop queue theirs
+        # directly).
+        self._tx = _CountedQueue()
+        self._thread = Thread(target=aiosqlite.core._connection_worker_thread, args=(self._tx,))
 
     def cursor(self) -> OneTripCursor:  # type: ignore[override]
-        # No trip: the sqlite3 cursor is made on the thread, per statement.
+        # No trip: the sqlite3 cursor is made per statement.
         return OneTripCursor(self)
+
+    def run_here_when_idle(self, busy_timeout_ms: int) -> None:
+        """Let this module's calls run on the event loop while the thread
+        is idle (the module's docstring says when, and why that is safe);
+        the connection's busy timeout must be 0 from now on, and the thread
+        waits ``busy_timeout_ms`` for a lock, as before. For a database in
+        WAL mode only: there a writer's statements and any commit never
+        wait for a lock, and a reader waits only for what a reader waits
+        for, which the event loop refuses and the thread waits for."""
+        self._busy_timeout_ms = busy_timeout_ms
 
     async def _execute(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         # Forgotten before anything is queued: a call cancelled or failed
@@ -147,25 +198,82 @@ class OneTripConnection(aiosqlite.core.Connection):
         self._idle_outside_transaction = False
         self._queued += 1
         begin = self._take_begin()
+        here = self._may_run_here(fn, args, begin)
+        call = partial(fn, *args, **kwargs)
         if begin is not None:
-            # One of aiosqlite's own calls (execute, executemany,
-            # execute_insert, ...; the cursor and the ends take the BEGIN
-            # before they get here): the held BEGIN goes first, in its trip,
-            # so the call runs inside the transaction, as it did when the
-            # BEGIN was sent at once. Left held, the call ran outside it
-            # (autocommit), and a rollback finding only the BEGIN sent nothing.
-            fn = partial(self._begun, begin, partial(fn, *args, **kwargs))
-            args, kwargs = (), {}
-        return await super()._execute(fn, *args, **kwargs)
+            # The held BEGIN goes first, in the call's trip, so the call runs
+            # inside the transaction, as it did when the BEGIN was sent at
+            # once (aiosqlite's own calls too: execute, executemany, ...; left
+            # held, such a call ran outside it, in autocommit, and a rollback
+            # finding only the BEGIN sent nothing).
+            call = partial(self._begun, begin, call)
+        if here:
+            self._here = True
+            try:
+                return call()
+            except _WaitOnTheThread as busy:
+                call = busy.rest  # what is left, after what already ran
+            finally:
+                self._here = False
+        return await super()._execute(self._on_the_thread, call)
+
+    def _may_run_here(self, fn: Any, args: tuple[Any, ...], begin: str | None) -> bool:
+        """Whether a call may run on the event loop now: one of this
+        module's, on a connection the engine allowed it on, whose thread is
+        idle (nothing of it is running or queued). Outside a transaction
+        only one statement may: each statement there commits on its own, so
+        a lock found taken at the second could not send the first again."""
+        if (
+            self._busy_timeout_ms is None
+            or not self._running
+            or self._connection is None
+            or self._tx.handed != self._tx.finished
+        ):
+            return False
+        function = getattr(fn, "__func__", None)
+        if function is OneTripConnection._ended:
+            return True
+        if begin is not None or self._connection.in_transaction:
+            return function in _RUN_HERE
+        if function is OneTripConnection._steps:
+            return len(args[0]) == 1
+        return function is OneTripCursor._run and args[0] == "execute"
+
+    def _on_the_thread(self, call: Any) -> Any:
+        """On the thread: the call, with the busy timeout it waits for a lock
+        with (0 while the event loop may run calls: it must never wait)."""
+        if self._busy_timeout_ms is None:
+            return call()
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        try:
+            return call()
+        finally:
+            if self._connection is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA busy_timeout = 0")
+
+    def _wait_on_the_thread(self, error: sqlite3.Error, rest: Any) -> None:
+        """On the event loop, a lock found taken (SQLite's busy error, which
+        nothing ran before: a statement that meets it has no effect) leaves
+        ``rest`` to the thread, where it waits for the lock as before. Any
+        other error, or anything on the thread, is the caller's to raise."""
+        code = getattr(error, "sqlite_errorcode", None)
+        if self._here and code is not None and code & 0xFF == sqlite3.SQLITE_BUSY:
+            raise _WaitOnTheThread(rest) from error
 
     def _begun(self, begin: str, call: Any) -> Any:
-        """On the thread: the held-back BEGIN, then the call."""
-        self._open(begin)
+        """The held-back BEGIN, then the call."""
+        try:
+            self._open(begin)
+        except sqlite3.Error as error:
+            self._wait_on_the_thread(error, partial(self._begun, begin, call))
+            raise
         return call()
 
     def _open(self, begin: str) -> None:
-        """On the thread: a held-back BEGIN, sent at last (where a writer
-        waits for SQLite's write lock)."""
+        """A held-back BEGIN, sent at last (where a writer waits for
+        SQLite's write lock, on the thread)."""
         self._conn.execute(begin)
 
     def _steps(
@@ -176,14 +284,28 @@ class OneTripConnection(aiosqlite.core.Connection):
         rows, row count), and whether a transaction is open after them. A
         statement that fails stops the rest, the commit too; its error
         carries its index as ``step`` (the commit's: ``len(steps)``)."""
-        done = []
-        for index, (method, sql, parameters) in enumerate(steps):
+        return self._steps_from(steps, commit, 0, [])
+
+    def _steps_from(
+        self,
+        steps: list[tuple[str, str, Any]],
+        commit: bool,
+        start: int,
+        done: list[tuple[Any, list[Any], int]],
+    ) -> tuple[list[tuple[Any, list[Any], int]], bool]:
+        """:meth:`_steps` from step ``start`` on, after ``done`` (a lock
+        found taken on the event loop leaves the rest to the thread)."""
+        for index in range(start, len(steps)):
+            method, sql, parameters = steps[index]
             cursor = self._conn.cursor()
             try:
                 getattr(cursor, method)(sql, parameters)
                 rows = cursor.fetchall() if cursor.description else []
                 done.append((cursor.description, rows, cursor.rowcount))
             except sqlite3.Error as error:
+                self._wait_on_the_thread(
+                    error, partial(self._steps_from, steps, commit, index, done)
+                )
                 error.step = index  # type: ignore[attr-defined]
                 raise
             finally:
@@ -192,6 +314,8 @@ class OneTripConnection(aiosqlite.core.Connection):
             try:
                 self._conn.commit()
             except sqlite3.Error as error:
+                rest = partial(self._steps_from, steps, commit, len(steps), done)
+                self._wait_on_the_thread(error, rest)
                 error.step = len(steps)  # type: ignore[attr-defined]
                 raise
         return done, self._conn.in_transaction
@@ -223,9 +347,13 @@ class OneTripConnection(aiosqlite.core.Connection):
         return begin
 
     def _ended(self, end: str) -> bool:
-        """On the thread: commit or roll back; whether a transaction is
-        still open (it is, if the commit failed)."""
-        getattr(self._conn, end)()
+        """Commit or roll back; whether a transaction is still open (it is,
+        if the commit failed)."""
+        try:
+            getattr(self._conn, end)()
+        except sqlite3.Error as error:
+            self._wait_on_the_thread(error, partial(self._ended, end))
+            raise
         return self._conn.in_transaction
 
     async def _end(self, end: str) -> None:
@@ -254,9 +382,62 @@ class OneTripConnection(aiosqlite.core.Connection):
         await super().close()
 
 
+class _CountedQueue(SimpleQueue):  # type: ignore[type-arg]
+    """A queue to a connection's thread that counts the calls put in it
+    (by the event loop) and those the thread has finished (by the thread):
+    the thread is idle when the two are equal."""
+
+    def __init__(self) -> None:
+        self.handed = 0
+        self.finished = 0
+
+    def put_nowait(self, item: tuple[Any, Any]) -> None:
+        future, function = item
+        self.handed += 1
+        super().put_nowait((future, partial(self._finishing, function)))
+
+    def put(self, item: tuple[Any, Any], block: bool = True, timeout: float | None = None) -> None:
+        self.put_nowait(item)
+
+    def _finishing(self, function: Any) -> Any:
+        try:
+            return function()
+        finally:
+            self.finished += 1
+
+
+class _WaitOnTheThread(Exception):
+    """A call on the event loop met a lock taken: ``rest`` goes to the thread."""
+
+    def __init__(self, rest: Any) -> None:
+        super().__init__("SQLite's lock is taken: the thread waits for it")
+        self.rest = rest
+
+
+# The calls that may run on the event loop inside a transaction (and, one
+# statement long, outside one): this module's own.
+_RUN_HERE = frozenset({OneTripConnection._steps, OneTripCursor._run})
+
+
+def run_here_when_idle(dbapi_connection: Any, busy_timeout_ms: int) -> bool:
+    """For the engine's connect listener, given SQLAlchemy's adapter over
+    a connection in WAL mode whose busy timeout it set to 0: let this
+    module's calls on it run on the event loop while its thread is idle
+    (:meth:`OneTripConnection.run_here_when_idle`). False for a connection
+    of another driver, left as it is."""
+    driver = getattr(dbapi_connection, "_connection", None)
+    if not isinstance(driver, OneTripConnection):
+        return False
+    driver.run_here_when_idle(busy_timeout_ms)
+    return True
+
+
 def connect(database: str, **kwargs: Any) -> OneTripConnection:
     """As ``aiosqlite.connect``, for SQLAlchemy's ``async_creator_fn``: it
-    receives the arguments the dialect would have given aiosqlite."""
+    receives the arguments the dialect would have given aiosqlite. The
+    connection is used from the event loop too, never while its thread
+    runs a call (``_may_run_here``), hence ``check_same_thread``."""
+    kwargs["check_same_thread"] = False
     connection = OneTripConnection(partial(sqlite3.connect, database, **kwargs), _ITER_CHUNK_SIZE)
     # As SQLAlchemy does for aiosqlite's own: the thread must not keep a
     # process alive that forgot to dispose of its engine.
