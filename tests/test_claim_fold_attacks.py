@@ -57,6 +57,19 @@ async def sqlite_store(tmp_path) -> Any:
         yield store
 
 
+PLACES = ["event_loop", "thread"]
+
+
+def place_calls(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Where SQLite's calls run: as shipped (on the event loop while the
+    connection's thread is idle: a claim's calls never suspend, so a
+    cancellation requested at one is seen after the claim), or all on the
+    thread (as when it is busy, or waits for another writer's lock), where
+    a cancellation lands between two calls and cuts the claim."""
+    if where == "thread":
+        monkeypatch.setattr(OneTripConnection, "_may_run_here", lambda *_a, **_k: False)
+
+
 async def head_of(store: Any, run_id: str) -> tuple[int, str]:
     async with store.session_factory() as session:
         row = (
@@ -338,9 +351,10 @@ async def test_a_commit_that_lands_but_reports_an_error_is_whole_and_settles_unk
 # ------------------------------------------------------------ cancellation
 
 
+@pytest.mark.parametrize("where", PLACES)
 @pytest.mark.parametrize("shielded", [False, True])
 async def test_a_claim_cancelled_at_every_turn_is_whole_or_absent(
-    sqlite_store, shielded: bool
+    sqlite_store, monkeypatch, shielded: bool, where: str
 ) -> None:
     """Attack: the claim's task cancelled after k turns of the event loop,
     k = 0..40 and longer: through the public call (run to completion, the caller sees
@@ -348,6 +362,7 @@ async def test_a_claim_cancelled_at_every_turn_is_whole_or_absent(
     cancellation lands at whatever await the claim is at). Every time, the
     claim is whole or absent, the pool and the writer queue are left clean,
     and the target answers the next claim consistently."""
+    place_calls(monkeypatch, where)
     store = sqlite_store
     run = await new_run(store)
     outcomes: dict[str, int] = {}
@@ -430,15 +445,18 @@ async def two_on_one_target(store: Any, name: str) -> tuple[Any, Any, Any, dict[
     return run, action, follower, await snapshot_of(store, run, action)
 
 
+@pytest.mark.parametrize("where", PLACES)
 @pytest.mark.parametrize("before_queueing", [False, True])
 @pytest.mark.parametrize("trip", [1, 2, 3, 4, 5])
 async def test_a_claim_cancelled_at_each_trip_is_whole_or_absent(
-    sqlite_store, monkeypatch, trip: int, before_queueing: bool
+    sqlite_store, monkeypatch, trip: int, before_queueing: bool, where: str
 ) -> None:
     """Attack: the unshielded claim (``Leases._claim``) cancelled exactly at
     its n-th trip to SQLite's thread (the read, the writes with the action's
     move, the commit, the rollback): either as the call is queued (the thread
-    runs it, the task no longer waits) or just before it is queued."""
+    runs it, the task no longer waits) or just before it is queued. Each
+    with SQLite's calls where they run (``place_calls``)."""
+    place_calls(monkeypatch, where)
     store = sqlite_store
     run, action, follower, before = await two_on_one_target(store, f"trip-{trip}-{before_queueing}")
     seen = [0]
@@ -464,14 +482,16 @@ async def test_a_claim_cancelled_at_each_trip_is_whole_or_absent(
     assert await store.claim_action_for_execution(follower["id"], 30) == expected
 
 
+@pytest.mark.parametrize("where", PLACES)
 @pytest.mark.parametrize("before_queueing", [False, True])
 async def test_a_failed_claim_cancelled_during_its_rollback_leaves_nothing(
-    sqlite_store, monkeypatch, before_queueing: bool
+    sqlite_store, monkeypatch, before_queueing: bool, where: str
 ) -> None:
     """Attack: the writes' trip fails (the event collides: a trigger), and the
     unshielded claim is cancelled at its rollback's trip (as it is queued, or
     before it is). Nothing of the claim may stay, the connection must go back
     to the pool rolled back, and the writer queue must be free."""
+    place_calls(monkeypatch, where)
     store = sqlite_store
     run, action, follower, before = await two_on_one_target(store, f"rb-{before_queueing}")
 

@@ -44,17 +44,25 @@ aiosqlite's own calls, the thread runs them, in order, as before.
 The event loop must never wait for a lock, so the connection's busy
 timeout is 0 and the thread sets its own around each call it runs. On the
 event loop, SQLite's busy error (a lock another connection holds: another
-process's writer; this process's writers meet it only while one of them
-waits on the thread) is not raised: what is left of the call goes to the
-thread, from the statement that met it (which had no effect), and waits
-there as before. In WAL mode a writer holding the lock and any commit or
-rollback never wait; a reader waits only for what a WAL reader waits for (a
-checkpoint restarting the log, recovery after a crash). Outside a
-transaction only a single statement runs on the event loop: there each
-statement commits alone, and a lock found taken at the second could not
-send the first again. What the event loop gives up: a long statement holds
-it for its length (the store's statements are by key); a commit that
-checkpoints the log writes the pages on it.
+process's writer, or one of this process's transactions holding it across
+a wait, on the thread or between two statements) is not raised: what is
+left of the call goes to the thread, from the statement that met it (which
+had no effect), and waits there as before. ``executemany``'s sets of
+parameters are a list, so the thread can send them again. In WAL mode a
+writer holding the lock and any commit or rollback never wait; a reader
+waits only for what a WAL reader waits for, which SQLite does itself
+whatever the timeout (a checkpoint in another process restarting the log,
+recovery after a crash: rare, and short). Outside a transaction only one
+statement with one set of parameters runs on the event loop: there each
+commits alone, and a lock found taken at the second could not send the
+first again. What the event loop gives up: a long statement holds it for
+its length (the store's statements are by key); a commit that checkpoints
+the log writes the pages on it. And a caller cancelled while such a call
+runs sees the cancellation once the call is done, as a caller cancelled
+while the thread ran it did; but since a transaction's calls on the event
+loop never suspend, a cancellation requested during an unshielded store
+transaction is now usually seen after its commit (the store's public calls
+run to their end anyway: roundtable/completion.py).
 
 Close and connect are aiosqlite's own. This relies on aiosqlite's
 ``Connection`` constructor, queue, worker thread and ``_execute``, which is
@@ -111,7 +119,8 @@ class OneTripCursor:
             self.rowcount = cursor.rowcount
             self.lastrowid = cursor.lastrowid
         except sqlite3.Error as error:
-            self._connection._wait_on_the_thread(error, partial(self._run, method, sql, parameters))
+            rest = partial(self._run, method, sql, parameters)
+            self._connection._wait_on_the_thread(error, rest, method)
             raise
         finally:
             cursor.close()
@@ -128,7 +137,9 @@ class OneTripCursor:
         return self
 
     async def executemany(self, sql: str, parameters: Any) -> OneTripCursor:
-        await self._connection._execute(self._run, "executemany", sql, parameters)
+        # A list: a call handed to the thread after meeting a lock sends
+        # its parameters again (an iterator would have lost those taken).
+        await self._connection._execute(self._run, "executemany", sql, _listed(parameters))
         return self
 
     async def fetchall(self) -> list[Any]:
@@ -221,8 +232,9 @@ class OneTripConnection(aiosqlite.core.Connection):
         """Whether a call may run on the event loop now: one of this
         module's, on a connection the engine allowed it on, whose thread is
         idle (nothing of it is running or queued). Outside a transaction
-        only one statement may: each statement there commits on its own, so
-        a lock found taken at the second could not send the first again."""
+        only one statement with one set of parameters may: each commits on
+        its own there, so a lock found taken at the second could not send
+        the first again."""
         if (
             self._busy_timeout_ms is None
             or not self._running
@@ -236,7 +248,7 @@ class OneTripConnection(aiosqlite.core.Connection):
         if begin is not None or self._connection.in_transaction:
             return function in _RUN_HERE
         if function is OneTripConnection._steps:
-            return len(args[0]) == 1
+            return len(args[0]) == 1 and args[0][0][0] == "execute"
         return function is OneTripCursor._run and args[0] == "execute"
 
     def _on_the_thread(self, call: Any) -> Any:
@@ -253,14 +265,20 @@ class OneTripConnection(aiosqlite.core.Connection):
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.execute("PRAGMA busy_timeout = 0")
 
-    def _wait_on_the_thread(self, error: sqlite3.Error, rest: Any) -> None:
-        """On the event loop, a lock found taken (SQLite's busy error, which
-        nothing ran before: a statement that meets it has no effect) leaves
-        ``rest`` to the thread, where it waits for the lock as before. Any
-        other error, or anything on the thread, is the caller's to raise."""
+    def _wait_on_the_thread(self, error: sqlite3.Error, rest: Any, method: str = "") -> None:
+        """On the event loop, a lock found taken (SQLite's busy error: the
+        statement that meets it has no effect) leaves ``rest`` to the
+        thread, where it waits for the lock as before. Any other error, or
+        anything on the thread, is the caller's to raise. So is a lock met
+        by ``executemany`` outside a transaction: each set of parameters
+        commits alone there, and those before it cannot be sent again
+        (inside one, the lock is taken at the first set, and kept)."""
         code = getattr(error, "sqlite_errorcode", None)
-        if self._here and code is not None and code & 0xFF == sqlite3.SQLITE_BUSY:
-            raise _WaitOnTheThread(rest) from error
+        if not self._here or code is None or code & 0xFF != sqlite3.SQLITE_BUSY:
+            return
+        if method == "executemany" and not self._conn.in_transaction:
+            return
+        raise _WaitOnTheThread(rest) from error
 
     def _begun(self, begin: str, call: Any) -> Any:
         """The held-back BEGIN, then the call."""
@@ -303,9 +321,8 @@ class OneTripConnection(aiosqlite.core.Connection):
                 rows = cursor.fetchall() if cursor.description else []
                 done.append((cursor.description, rows, cursor.rowcount))
             except sqlite3.Error as error:
-                self._wait_on_the_thread(
-                    error, partial(self._steps_from, steps, commit, index, done)
-                )
+                rest = partial(self._steps_from, steps, commit, index, done)
+                self._wait_on_the_thread(error, rest, method)
                 error.step = index  # type: ignore[attr-defined]
                 raise
             finally:
@@ -330,6 +347,10 @@ class OneTripConnection(aiosqlite.core.Connection):
         idle outside one, by the rule of :meth:`_end`, so the pool's
         rollback after them is not sent."""
         queued = self._queued
+        steps = [
+            (method, sql, _listed(parameters) if method == "executemany" else parameters)
+            for method, sql, parameters in steps
+        ]
         done, still_open = await self._execute(self._steps, steps, commit)
         self._idle_outside_transaction = not still_open and self._queued == queued + 1
         return done
@@ -380,6 +401,12 @@ class OneTripConnection(aiosqlite.core.Connection):
         self._begin = None
         self._idle_outside_transaction = False
         await super().close()
+
+
+def _listed(parameters: Any) -> Any:
+    """``executemany``'s sets of parameters, as a sequence that can be sent
+    twice (an iterator, once handed over, had lost the sets it gave)."""
+    return parameters if isinstance(parameters, list | tuple) else list(parameters)
 
 
 class _CountedQueue(SimpleQueue):  # type: ignore[type-arg]
