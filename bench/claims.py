@@ -106,10 +106,11 @@ def _counting(engine: Any) -> Iterator[list[int]]:
 
     Statements: SQLAlchemy's cursor events (every statement, BEGIN IMMEDIATE
     on SQLite included; on PostgreSQL asyncpg also sends BEGIN and COMMIT,
-    which these do not see). Round trips: on SQLite, the calls handed to the
-    connection's thread (sqlite_driver.py: several statements may go in one,
-    the commit goes in its own); on PostgreSQL, each statement is one, and
-    asyncpg's BEGIN and COMMIT two more."""
+    which these do not see). Round trips: on SQLite, the driver's calls
+    into SQLite (sqlite_driver.py: several statements may go in one, the
+    commit goes in its own; each runs on the event loop while the
+    connection's thread is idle, else on the thread); on PostgreSQL, each
+    statement is one, and asyncpg's BEGIN and COMMIT two more."""
     seen = [0, 0]
     postgresql = engine.dialect.name == "postgresql"
 
