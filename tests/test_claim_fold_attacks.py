@@ -445,20 +445,13 @@ async def two_on_one_target(store: Any, name: str) -> tuple[Any, Any, Any, dict[
     return run, action, follower, await snapshot_of(store, run, action)
 
 
-@pytest.mark.parametrize("where", PLACES)
-@pytest.mark.parametrize("before_queueing", [False, True])
-@pytest.mark.parametrize("trip", [1, 2, 3, 4, 5])
-async def test_a_claim_cancelled_at_each_trip_is_whole_or_absent(
-    sqlite_store, monkeypatch, trip: int, before_queueing: bool, where: str
-) -> None:
-    """Attack: the unshielded claim (``Leases._claim``) cancelled exactly at
-    its n-th trip to SQLite's thread (the read, the writes with the action's
-    move, the commit, the rollback): either as the call is queued (the thread
-    runs it, the task no longer waits) or just before it is queued. Each
-    with SQLite's calls where they run (``place_calls``)."""
-    place_calls(monkeypatch, where)
-    store = sqlite_store
-    run, action, follower, before = await two_on_one_target(store, f"trip-{trip}-{before_queueing}")
+async def claim_cancelled_at(
+    store: Any, monkeypatch: pytest.MonkeyPatch, name: str, trip: int, before_queueing: bool
+) -> tuple[str, str, dict[str, Any]]:
+    """The unshielded claim of a write with a follower on its target,
+    cancelled at its ``trip``-th call into SQLite: how it ended (finished
+    or cancelled), what of it is kept, and the follower."""
+    run, action, follower, before = await two_on_one_target(store, name)
     seen = [0]
 
     def nth(_fn: Any, _args: tuple[Any, ...]) -> bool:
@@ -475,7 +468,48 @@ async def test_a_claim_cancelled_at_each_trip_is_whole_or_absent(
     cut.armed = False
     for _ in range(20):
         await asyncio.sleep(0)
-    whole = await assert_whole(store, run, action, before)
+    return ended, await assert_whole(store, run, action, before), follower
+
+
+async def test_on_the_thread_a_claim_cancelled_at_a_trip_is_cut_and_leaves_nothing(
+    sqlite_store, monkeypatch
+) -> None:
+    """Coverage for the attack below: on the event loop a claim's calls
+    never suspend, so a cancellation requested at one is seen after the
+    claim committed; the claim is cut between its calls (and must leave
+    nothing) only where they run on the thread (the thread busy, or a lock
+    waited for), which its ``thread`` placement forces. There some trip
+    must end with the claim cancelled and nothing kept, or the
+    rollback-on-cancel path goes untested (found by the review of the
+    calls on the event loop)."""
+    place_calls(monkeypatch, "thread")
+    outcomes = []
+    for trip in range(2, 6):
+        with monkeypatch.context() as patch:
+            ended, whole, _ = await claim_cancelled_at(
+                sqlite_store, patch, f"cut-{trip}", trip, before_queueing=False
+            )
+        outcomes.append((trip, ended, whole))
+    assert ("cancelled", "nothing") in {(ended, whole) for _, ended, whole in outcomes}, outcomes
+
+
+@pytest.mark.parametrize("where", PLACES)
+@pytest.mark.parametrize("before_queueing", [False, True])
+@pytest.mark.parametrize("trip", [1, 2, 3, 4, 5])
+async def test_a_claim_cancelled_at_each_trip_is_whole_or_absent(
+    sqlite_store, monkeypatch, trip: int, before_queueing: bool, where: str
+) -> None:
+    """Attack: the unshielded claim (``Leases._claim``) cancelled exactly at
+    its n-th trip to SQLite's thread (the read, the writes with the action's
+    move, the commit, the rollback): either as the call is queued (the thread
+    runs it, the task no longer waits) or just before it is queued. Each
+    with SQLite's calls where they run (``place_calls``)."""
+    place_calls(monkeypatch, where)
+    store = sqlite_store
+    name = f"trip-{trip}-{before_queueing}"
+    ended, whole, follower = await claim_cancelled_at(
+        store, monkeypatch, name, trip, before_queueing
+    )
     if ended == "finished":
         assert whole == "claimed"
     expected = "target_busy" if whole == "claimed" else "claimed"

@@ -263,6 +263,7 @@ async def test_defended_a_cancelled_statement_leaves_no_lock_and_no_write(tmp_pa
     the store against; probe in the review report)."""
     path = tmp_path / "cancel.db"
     engine = make_engine(f"sqlite+aiosqlite:///{path}", ONE_TRIP)
+    landed: list[bool] = []
     try:
         async with engine.begin() as conn:
             await conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
@@ -275,6 +276,10 @@ async def test_defended_a_cancelled_statement_leaves_no_lock_and_no_write(tmp_pa
 
             task = asyncio.ensure_future(job())
             await asyncio.sleep(pause)
+            # Whether this cancellation landed inside the transaction: its
+            # calls may run on the event loop without one suspension, and
+            # the attack is no attack if none ever lands.
+            landed.append(not task.done())
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -296,6 +301,7 @@ async def test_defended_a_cancelled_statement_leaves_no_lock_and_no_write(tmp_pa
                 await conn.execute(text("DELETE FROM t"))
     finally:
         await engine.dispose()
+    assert any(landed), "no cancellation landed inside the transaction"
 
 
 async def test_defended_a_closed_driver_connection_is_a_disconnect(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ returns the thread it runs on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
@@ -35,15 +36,27 @@ def which_thread(engine: AsyncEngine) -> None:
         dbapi_connection.create_function("thread", 0, threading.get_ident)
 
 
-@pytest.fixture
-async def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AsyncEngine]:
+@contextlib.asynccontextmanager
+async def loop_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[AsyncEngine]:
+    """The store's engine on a file with one table ``t``, its busy timeout
+    short, ``SELECT thread()`` answering where a statement runs."""
     monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", BUSY_TIMEOUT_MS)
     made = engine_module.create_engine_for(f"sqlite+aiosqlite:///{tmp_path / 'loop.db'}")
     which_thread(made)
-    async with made.begin() as conn:
-        await conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-    yield made
-    await made.dispose()
+    try:
+        async with made.begin() as conn:
+            await conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        yield made
+    finally:
+        await made.dispose()
+
+
+@pytest.fixture
+async def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AsyncEngine]:
+    async with loop_engine(tmp_path, monkeypatch) as made:
+        yield made
 
 
 class WriteLockHolder:

@@ -2,8 +2,8 @@
 f54b62e), from its adversarial review. FINDING tests failed on f54b62e and
 pass with the fix (executemany: a set of parameters sent twice, or lost,
 when a lock met on the event loop handed the rest to the thread); DEFENDED
-tests found nothing; the coverage probes check that the older cancellation
-attacks still land a cancellation where they say they do."""
+tests found nothing. (The review's coverage probes went into the attacks
+they probe: tests/test_claim_fold_attacks.py, test_sqlite_driver_attacks.py.)"""
 
 from __future__ import annotations
 
@@ -16,25 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-import roundtable.store.engine as engine_module
 from tests.test_sqlite_driver_trip_attacks import driver_of, known_idle
-from tests.test_sqlite_on_the_event_loop import WriteLockHolder, rows, which_thread
-
-BUSY_TIMEOUT_MS = 5_000
+from tests.test_sqlite_on_the_event_loop import WriteLockHolder, loop_engine, rows
 
 
 @pytest.fixture
 async def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AsyncEngine]:
-    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", BUSY_TIMEOUT_MS)
-    made = engine_module.create_engine_for(f"sqlite+aiosqlite:///{tmp_path / 'loop.db'}")
-    which_thread(made)
-    async with made.begin() as conn:
-        await conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-    yield made
-    await made.dispose()
+    async with loop_engine(tmp_path, monkeypatch) as made:
+        yield made
 
 
 class GrabsTheLockWhenBound:
@@ -137,92 +128,6 @@ async def test_a_lone_executemany_step_from_an_iterator_outside_a_transaction(
                 await asyncio.sleep(0.005)
         await task
     assert rows(path) == ["a", "b"]
-
-
-# ------------------------------------------- cancellation attacks made vacuous
-
-
-async def test_the_cancelled_statement_attack_still_cancels_anything(tmp_path: Path) -> None:
-    """Coverage probe for test_sqlite_driver_attacks.py::
-    test_defended_a_cancelled_statement_leaves_no_lock_and_no_write: the same
-    job and pauses, counting how often the task was still running when
-    cancelled. Its docstring says 'a caller cancelled while its statement
-    runs on the thread, inside a write transaction'. Its transaction may run
-    on the event loop without a single suspension, so a cancel finds it
-    done; some pause must still land inside it."""
-    from tests.test_sqlite_driver_attacks import HEAVY, ONE_TRIP, make_engine
-
-    path = tmp_path / "cancel.db"
-    engine = make_engine(f"sqlite+aiosqlite:///{path}", ONE_TRIP)
-    cut = []
-    try:
-        async with engine.begin() as conn:
-            await conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-        for pause in (0.001, 0.02, 0.1, 0.3):
-
-            async def job() -> None:
-                async with engine.begin() as conn:
-                    await conn.execute(text("INSERT INTO t (v) VALUES ('cancelled')"))
-                    await conn.execute(text(HEAVY))
-
-            task = asyncio.ensure_future(job())
-            await asyncio.sleep(pause)
-            cut.append(not task.done())
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    finally:
-        await engine.dispose()
-    assert any(cut), "no cancellation ever landed inside the transaction"
-
-
-async def test_on_the_thread_a_claim_cancelled_at_a_trip_is_cut_and_leaves_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Coverage probe for test_claim_fold_attacks.py::
-    test_a_claim_cancelled_at_each_trip_is_whole_or_absent: on the event
-    loop a claim's calls never suspend, so a cancellation requested at one
-    is seen after the claim committed; the claim is cut in the middle (and
-    must leave nothing) only where its calls run on the thread (the thread
-    busy, or a lock waited for), which that test's ``thread`` placement
-    forces. There, some trip must end with the claim cancelled and nothing
-    kept, or the rollback-on-cancel path goes untested."""
-    from roundtable.store import open_store
-    from tests.test_claim_fold_attacks import (
-        CancelAtTrip,
-        assert_whole,
-        place_calls,
-        two_on_one_target,
-    )
-
-    place_calls(monkeypatch, "thread")
-
-    outcomes = []
-    async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'fold.db'}") as store:
-        for trip in range(1, 6):
-            run, action, _, before = await two_on_one_target(store, f"trip-{trip}")
-            seen = [0]
-
-            def nth(_fn: Any, _args: tuple[Any, ...], trip: int = trip, seen: list = seen) -> bool:
-                seen[0] += 1
-                return seen[0] == trip
-
-            with monkeypatch.context() as patch:
-                cut = CancelAtTrip(patch, nth, False)
-                cut.armed = True
-                try:
-                    await store.leases._claim(action["id"], 30, hand_over=True)
-                    ended = "finished"
-                except asyncio.CancelledError:
-                    ended = "cancelled"
-                fired = not cut.armed
-                cut.armed = False
-            for _ in range(20):
-                await asyncio.sleep(0)
-            whole = await assert_whole(store, run, action, before)
-            outcomes.append((trip, fired, ended, whole))
-    cut = [o for o in outcomes[1:] if o[2] == "cancelled" and o[3] == "nothing"]
-    assert cut, outcomes
 
 
 # ------------------------------------------------------------------ defended
