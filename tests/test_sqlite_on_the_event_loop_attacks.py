@@ -19,7 +19,12 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.test_sqlite_driver_trip_attacks import driver_of, known_idle
-from tests.test_sqlite_on_the_event_loop import WriteLockHolder, loop_engine, rows
+from tests.test_sqlite_on_the_event_loop import (
+    WriteLockHolder,
+    loop_engine,
+    pending_for_a_while,
+    rows,
+)
 
 
 @pytest.fixture
@@ -103,8 +108,7 @@ async def test_an_executemany_over_an_iterator_loses_no_row_when_handed_over(
                     "INSERT INTO t (v) VALUES (?)", iter([("a",), ("b",), ("c",)])
                 )
             )
-            for _ in range(20):
-                await asyncio.sleep(0.005)
+            await pending_for_a_while(task)
         await task
         await raw.commit()
     assert rows(path) == ["a", "b", "c"]
@@ -124,8 +128,7 @@ async def test_a_lone_executemany_step_from_an_iterator_outside_a_transaction(
                     [("executemany", "INSERT INTO t (v) VALUES (?)", iter([("a",), ("b",)]))]
                 )
             )
-            for _ in range(20):
-                await asyncio.sleep(0.005)
+            await pending_for_a_while(task)
         await task
     assert rows(path) == ["a", "b"]
 
@@ -152,9 +155,7 @@ async def test_defended_an_executemany_list_in_a_deferred_transaction_is_sent_on
             task = asyncio.ensure_future(
                 raw.cursor().executemany("INSERT INTO t (v) VALUES (?)", [("a",), ("b",)])
             )
-            for _ in range(20):
-                await asyncio.sleep(0.005)
-            assert not task.done()
+            assert await pending_for_a_while(task)
         await task
         await raw.commit()
         assert await busy_timeout(raw) == 0
@@ -177,17 +178,14 @@ async def test_defended_a_cancelled_caller_whose_rest_waits_on_the_thread(
         await raw.cursor().execute("BEGIN IMMEDIATE")  # held
         with WriteLockHolder(path, row="theirs"):
             task = asyncio.ensure_future(raw.cursor().execute("INSERT INTO t (v) VALUES ('ours')"))
-            for _ in range(10):
-                await asyncio.sleep(0.005)
+            await pending_for_a_while(task)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             other = asyncio.ensure_future(
                 raw.run_steps([("execute", "SELECT thread(), count(*) FROM t", ())])
             )
-            for _ in range(10):
-                await asyncio.sleep(0.005)
-            assert not other.done()  # queued behind the waiting write
+            assert await pending_for_a_while(other)  # queued behind the waiting write
         ((_, seen, _),) = await other
         assert seen[0][0] != loop_thread and seen[0][1] == 2  # theirs + ours, in our txn
         await raw.rollback()
@@ -213,8 +211,7 @@ async def test_defended_the_busy_timeout_is_reset_after_a_failing_thread_call(
             task = asyncio.ensure_future(
                 raw.run_steps([("execute", "INSERT INTO t (v) VALUES ('dup')", ())])
             )
-            for _ in range(10):
-                await asyncio.sleep(0.005)
+            await pending_for_a_while(task)
         with pytest.raises(sqlite3.IntegrityError):
             await task
         await raw.rollback()
