@@ -25,39 +25,45 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, text
+from sqlalchemy import event, make_url, text
 
+from bench import claim_floor
 from roundtable.config import SECRET_ENV_VAR as SECRET_ENV
 from roundtable.store import open_store
+from roundtable.store.leases import ClaimOutcome
 from roundtable.store.sqlite_driver import OneTripConnection
+
+
+async def _claimable(store: Any, claims: int) -> list[dict[str, Any]]:
+    """``claims`` approved actions, each of a run of its own (an executor's
+    claims come from different runs; claims of one run would queue on its
+    lock, a cost of this setup, not of the claim) and on a fresh target (an
+    earlier pass's leases stay, nothing records a result here, and a taken
+    target would measure a refusal)."""
+    session = await store.create_session(user_id="bench", task_text="bench")
+    runs = [
+        await store.create_run(session_id=session["id"], user_id="bench") for _ in range(claims)
+    ]
+    return [
+        await store.create_action(
+            {
+                "session_id": session["id"],
+                "run_id": runs[i]["id"],
+                "agent_id": "seat",
+                "tool_name": "bench",
+                "idempotency_key": f"bench-{uuid.uuid4()}",
+                "target_key": f"target:v1:{uuid.uuid4().hex * 2}",
+                "risk_level": "R1",
+                "status": "approved",
+            }
+        )
+        for i in range(claims)
+    ]
 
 
 async def _store_claims(url: str, claims: int, concurrent: bool) -> tuple[float, float, float]:
     async with open_store(url) as store:
-        session = await store.create_session(user_id="bench", task_text="bench")
-        # A run each, as executors' claims come from different runs (a run's
-        # own writes run one at a time); claims of one run would queue on its
-        # lock, a cost of this setup, not of the claim.
-        runs = [
-            await store.create_run(session_id=session["id"], user_id="bench") for _ in range(claims)
-        ]
-        actions = [
-            await store.create_action(
-                {
-                    "session_id": session["id"],
-                    "run_id": runs[i]["id"],
-                    "agent_id": "seat",
-                    "tool_name": "bench",
-                    "idempotency_key": f"bench-{uuid.uuid4()}",
-                    # A fresh target each: an earlier pass's leases stay (nothing records a
-                    # result here), and a taken target would measure a refusal.
-                    "target_key": f"target:v1:{uuid.uuid4().hex * 2}",
-                    "risk_level": "R1",
-                    "status": "approved",
-                }
-            )
-            for i in range(claims)
-        ]
+        actions = await _claimable(store, claims)
         with _counting(store.engine) as statements:
             started = time.perf_counter()
             if concurrent:
@@ -98,6 +104,25 @@ async def _baseline_claims(url: str, claims: int, concurrent: bool) -> tuple[flo
                     await one(i)
             elapsed = time.perf_counter() - started
         return claims / elapsed, statements[0] / claims, statements[1] / claims
+
+
+async def _sqlite_seconds(url: str, claims: int) -> dict[str, float]:
+    """SQLite's own time for one claim and for one bare upsert
+    (claim_floor.py), from a pass of claims of its own, not timed: the
+    claims are recorded, then replayed on a copy taken before them."""
+    database = Path(str(make_url(url).database))
+    copy = database.with_name(f"{database.stem}-floor.db")
+    async with open_store(url) as store:
+        actions = await _claimable(store, claims)
+        claim_floor.snapshot(database, copy)
+        with claim_floor.recording() as sent:
+            for action in actions:
+                claim = await store.claim_for_execution(action["id"], 30)
+                if claim.outcome != ClaimOutcome.CLAIMED:
+                    raise RuntimeError(f"the floor's claim of {action['id']} was refused")
+    if len(sent) != claims:  # one transaction a claim, or the replay is not the claim
+        raise RuntimeError(f"{len(sent)} transactions recorded for {claims} claims")
+    return claim_floor.sqlite_seconds(copy, sent)
 
 
 @contextmanager
@@ -173,7 +198,7 @@ async def _compare(label: str, url: str, claims: int) -> dict[str, Any]:
             f"  statements/claim store {store_statements:4.1f} baseline {base_statements:3.1f}"
             f"  round trips/claim store {store_trips:4.1f} baseline {base_trips:3.1f}"
         )
-        figures["concurrent" if concurrent else "sequential"] = {
+        figure = figures["concurrent" if concurrent else "sequential"] = {
             "store_claims_per_s": round(store_rate),
             "baseline_per_s": round(base_rate),
             "ratio": round(store_rate / base_rate, 2),
@@ -182,6 +207,17 @@ async def _compare(label: str, url: str, claims: int) -> dict[str, Any]:
             "round_trips_per_claim": round(store_trips, 1),
             "baseline_round_trips": round(base_trips, 1),
         }
+        if label == "sqlite" and not concurrent:
+            sqlite = await _sqlite_seconds(url, claims)
+            floor = claim_floor.floor_ratio(base_rate, sqlite)
+            print(
+                f"{label:<11} {mode:<14} floor ratio {floor:5.2f}  SQLite alone: claim"
+                f" {sqlite['claim_s'] * 1e6:5.0f} µs, upsert {sqlite['upsert_s'] * 1e6:4.0f} µs"
+                f"  (baseline {1e6 / base_rate:4.0f} µs, store {1e6 / store_rate:4.0f} µs)"
+            )
+            figure["floor_ratio"] = round(floor, 2)
+            figure["sqlite_us_per_claim"] = round(sqlite["claim_s"] * 1e6)
+            figure["sqlite_us_per_upsert"] = round(sqlite["upsert_s"] * 1e6)
     return figures
 
 

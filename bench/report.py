@@ -72,6 +72,12 @@ def rows(figures: dict[str, Any]) -> list[str]:
                 f"| {m['store_claims_per_s']} | {m['ratio']} | ≥ 0.5 |"
             )
         s = claims["sequential"]
+        if "floor_ratio" in s:
+            out.append(
+                f"| SQLite's own time per claim, sequential; the ratio with no Python of the "
+                f"claim's own (bench/claim_floor.py) | {s['sqlite_us_per_upsert']} µs "
+                f"| {s['sqlite_us_per_claim']} µs | floor {s['floor_ratio']} | |"
+            )
         out.append(
             f"| statements per claim ({database}) | {s['baseline_statements']} "
             f"| {s['statements_per_claim']} | | |"

@@ -80,6 +80,9 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
             assert _positive(claim["store_claims_per_s"]) and _positive(claim["baseline_per_s"])
             assert _positive(claim["statements_per_claim"])
             assert claim["round_trips_per_claim"] >= 2  # a transaction's end is a trip of its own
+    floor = figures["claims"]["sqlite"]["sequential"]  # SQLite's own time, replayed
+    assert _positive(floor["floor_ratio"]) and _positive(floor["sqlite_us_per_upsert"])
+    assert floor["sqlite_us_per_claim"] > floor["sqlite_us_per_upsert"]  # 17 pages written, not 2
 
     memory = figures["waiting_memory"]
     assert isinstance(memory["ours"]["kib_per_run"], int | float)
