@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -45,31 +46,72 @@ def cpu_seconds(pid: int) -> float:
     return _stat_cpu(Path(f"/proc/{pid}/stat").read_text())
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds each kind of thread of a worker has used so far: the event
-    loop (the process's first thread, where our code, SQLAlchemy and the
-    SDK's Python run), the SDK's core (Rust, named tokio-*), the workflow
-    activations' thread, and the rest (aiosqlite's threads, one per pooled
-    connection, running the statements; thread pools). A profile's Python
-    samples cannot show this: a thread waiting for the GIL is not busy,
-    and SQLite and the SDK's core run without it."""
-    spent: dict[str, float] = {}
+def python_thread_names(pid: int) -> dict[str, str]:
+    """Each Python thread's name by its native id, from py-spy's dump of the
+    process. The kernel knows most of a worker's threads only by the
+    process's own name (Python 3.11 does not pass a thread's name down), so
+    from /proc alone the SDK's workflow task threads look like aiosqlite's;
+    until 2026-12-06 both were counted as "database and pool threads"."""
+    dump = subprocess.run(  # noqa: S603
+        [str(BIN / "py-spy"), "dump", "--pid", str(pid)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return dict(re.findall(r'^Thread (\d+) \([^)]*\): "([^"]*)"', dump.stdout, re.MULTILINE))
+
+
+def thread_kind(native_id: str, pid: int, kernel_name: str, python_name: str) -> str:
+    """What a worker's thread does, by its ids and names (see thread_cpu)."""
+    if native_id == str(pid):
+        return "event loop"
+    if kernel_name.startswith("tokio"):
+        return "SDK core (Rust)"
+    if kernel_name.startswith("workflow") or python_name.startswith("temporal_workflow"):
+        return "workflow activations"
+    if "_connection_worker_thread" in python_name:
+        return "SQLite's threads (aiosqlite)"
+    return "other threads (thread pools, unnamed)"
+
+
+def thread_times(pid: int) -> dict[str, tuple[str, float]]:
+    """Each thread's kernel name and CPU seconds so far, by its native id."""
+    times: dict[str, tuple[str, float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
         except FileNotFoundError:  # the thread ended meanwhile
             continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if task.name == str(pid):
-            kind = "event loop"
-        elif name.startswith("tokio"):
-            kind = "SDK core (Rust)"
-        elif name.startswith("workflow"):
-            kind = "workflow activations"
-        else:
-            kind = "database and pool threads"
-        spent[kind] = spent.get(kind, 0.0) + _stat_cpu(stat)
+        times[task.name] = (stat[stat.index("(") + 1 : stat.rindex(")")], _stat_cpu(stat))
+    return times
+
+
+def by_kind(
+    times: dict[str, tuple[str, float]], pid: int, python_names: dict[str, str] | None = None
+) -> dict[str, float]:
+    """:func:`thread_times` summed by :func:`thread_kind`."""
+    spent: dict[str, float] = {}
+    for native_id, (kernel_name, seconds) in times.items():
+        python_name = (python_names or {}).get(native_id, "")
+        kind = thread_kind(native_id, pid, kernel_name, python_name)
+        spent[kind] = spent.get(kind, 0.0) + seconds
     return spent
+
+
+def thread_cpu(pid: int, python_names: dict[str, str] | None = None) -> dict[str, float]:
+    """CPU seconds each kind of thread of a worker has used so far: the event
+    loop (the process's first thread, where our code, SQLAlchemy and the
+    SDK's Python run, and, while its connection's thread is idle, SQLite's
+    statements), the SDK's core (Rust, named tokio-*), the workflow
+    activations (the SDK's workflow task threads, ``temporal_workflow_*``),
+    aiosqlite's threads (one per pooled connection), and the rest. Threads
+    are told apart by their Python names when ``python_names`` has them
+    (:func:`python_thread_names`); without, the SDK's workflow task threads
+    and aiosqlite's fall in the rest. A profile's Python samples cannot show
+    this: a thread waiting for the GIL is not busy, and SQLite and the SDK's
+    core run without it."""
+    return by_kind(thread_times(pid), pid, python_names)
 
 
 def server_pid(address: str) -> int | None:
@@ -226,11 +268,11 @@ def sampled(pids: dict[str, int], directory: Path | None, figure: str) -> Iterat
     py-spy counted the event loop waiting for the GIL, just after handing a
     statement to SQLite's thread, as a quarter of the worker's time."""
     spies = []
-    threads_before: dict[str, dict[str, float]] = {}
+    threads_before: dict[str, dict[str, tuple[str, float]]] = {}
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
         for side, pid in pids.items():
-            threads_before[side] = thread_cpu(pid)
+            threads_before[side] = thread_times(pid)
             command = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw"]
             out = directory / f"{figure}-{side}.txt"
             command += ["--rate", "200", "--nonblocking", "--gil", "--output", str(out)]
@@ -245,8 +287,12 @@ def sampled(pids: dict[str, int], directory: Path | None, figure: str) -> Iterat
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
-        for side, before in threads_before.items():
-            after = thread_cpu(pids[side])
+        for side, times in threads_before.items():
+            # Named at the end, when the pool's threads all exist; the
+            # threads' CPU before the block is told apart by the same names.
+            names = python_thread_names(pids[side])
+            after = thread_cpu(pids[side], names)
+            before = by_kind(times, pids[side], names)
             lines = [f"{kind}\t{after[kind] - before.get(kind, 0.0):.2f}" for kind in sorted(after)]
             assert directory is not None
             (directory / f"{figure}-{side}-threads.txt").write_text("\n".join(lines) + "\n")

@@ -24,15 +24,21 @@ def test_idle_waits_are_left_out_and_busy_time_is_sorted(tmp_path: Path) -> None
                 f"{THREAD};_connection_worker_thread (aiosqlite/core.py:62) 10",
                 f"{LOOP};Session.execute (sqlalchemy/orm/session.py:2300) 30",
                 f"{LOOP};EncryptionCodec.encode (roundtable/codec.py:105) 10",
+                # A store call in a task of its own, its statement on the event loop:
+                f"{LOOP};Leases.claim (roundtable/store/leases.py:110);"
+                "OneTripConnection._steps_from (roundtable/store/sqlite_driver.py:320) 20",
+                f"{LOOP};Leases.claim (roundtable/store/leases.py:110);"
+                "_Grant.of (roundtable/store/leases.py:496) 10",
                 "not a sample line",
             ]
         )
     )
-    assert busy_samples([stacks]) == 50
+    assert busy_samples([stacks]) == 80
     assert summary([stacks]) == [
-        ("database: SQLAlchemy and the driver, on the event loop", 60.0),
-        ("database: SQLite's thread (aiosqlite, the statement itself)", 20.0),
-        ("payloads: conversion, encryption, visiting", 20.0),
+        ("database: the store, SQLAlchemy and the driver, on the event loop", 50.0),
+        ("database: SQLite's statements, on the event loop", 25.0),
+        ("database: SQLite's thread (aiosqlite, the statement itself)", 12.5),
+        ("payloads: conversion, encryption, visiting", 12.5),
     ]
 
 
@@ -54,3 +60,37 @@ def test_a_workers_threads_are_told_apart() -> None:
 
     spent = thread_cpu(os.getpid())
     assert "event loop" in spent and all(seconds >= 0 for seconds in spent.values())
+
+
+def test_the_sdks_workflow_threads_are_not_counted_as_the_databases() -> None:
+    """The kernel names these threads after the process; their Python names
+    (from py-spy) tell the SDK's workflow task threads from aiosqlite's."""
+    import os
+    import threading
+
+    from bench.stack import python_thread_names, thread_cpu
+
+    release = threading.Event()
+
+    def spin_then_wait() -> None:
+        spun = 0
+        while spun < 200_000:
+            spun += 1
+        release.wait()
+
+    threads = [
+        threading.Thread(target=spin_then_wait, name="temporal_workflow__0"),
+        threading.Thread(target=spin_then_wait, name="Thread-9 (_connection_worker_thread)"),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        names = python_thread_names(os.getpid())
+        assert names[str(threads[0].native_id)] == "temporal_workflow__0"
+        assert names[str(os.getpid())] == "MainThread"
+        spent = thread_cpu(os.getpid(), names)
+        assert {"event loop", "workflow activations", "SQLite's threads (aiosqlite)"} <= set(spent)
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
