@@ -197,6 +197,7 @@ class RunActivities:
                 prompt_tokens=response.usage.prompt_tokens,
                 completion_tokens=response.usage.completion_tokens,
                 role=inp.role,
+                chain=inp.chain,
             )
         reply = ChatMessage(
             role="assistant", name=inp.seat, content=response.text, tool_calls=response.tool_calls

@@ -14,7 +14,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.run_activities import RunActivities
 from roundtable.agents.scripted import ScriptedModel
-from roundtable.models import TakeTurnInput
+from roundtable.models import TakeTurnInput, TokenUsage
 from roundtable.store import NotFoundError
 from roundtable.store.schema import ToolResultRow
 from roundtable.tools.registry import ToolRegistry
@@ -82,6 +82,25 @@ async def test_a_turns_usage_is_logged_once_and_the_chain_holds(store) -> None:
         await store.record_turn("no-such-run", **turn)
 
 
+async def test_a_new_chain_under_the_runs_id_logs_its_own_turns_usage(store) -> None:
+    """Another chain of executions under the run's id (a new start; a reset
+    or continue-as-new keeps its chain) asks the model afresh, as its journal
+    is its own: those tokens were spent, and the log counts them. Keyed by
+    turn alone, the second chain's usage was taken for the first's and
+    dropped, and the run's logged usage fell short of what it spent."""
+    run = await new_run(store)
+    turn = {"seat": "seat-1", "round_number": 1, "model": "m"}
+    first = {**turn, "prompt_tokens": 100, "completion_tokens": 20, "chain": "c1"}
+    second = {**turn, "prompt_tokens": 300, "completion_tokens": 40, "chain": "c2"}
+    assert await store.record_turn(run["id"], **first)
+    assert not await store.record_turn(run["id"], **first)  # the same chain's turn again
+    assert await store.record_turn(run["id"], **second)
+    assert not await store.record_turn(run["id"], **second)
+    logged = [e["payload"] for e in await usage_events(store, run["id"])]
+    assert [(p["prompt_tokens"], p["chain"]) for p in logged] == [(100, "c1"), (300, "c2")]
+    assert await store.verify_audit_chain(run["id"])
+
+
 async def test_keeping_a_turn_of_a_run_that_is_not_there_keeps_nothing(store) -> None:
     """The insert fails with its commit not made (on SQLite they go in one
     trip), and the next keep goes through."""
@@ -134,7 +153,9 @@ async def test_a_turn_already_kept_gives_its_answer_whether_or_not_it_was_read_f
         "usage": usage,
     }
     await store.keep_turn(**turn, chain="first", response=first)
-    await store.record_turn(run["id"], seat="seat-1", round_number=1, model="m", **usage)
+    await store.record_turn(
+        run["id"], seat="seat-1", round_number=1, model="m", chain="first", **usage
+    )
     taken = await taking(run["id"], execution, attempt).run(
         RunActivities(store, ToolRegistry(), authority=TRUSTING).take_turn,
         TakeTurnInput(
@@ -147,6 +168,35 @@ async def test_a_turn_already_kept_gives_its_answer_whether_or_not_it_was_read_f
     assert taken.response.text == "the first answer"
     assert [c.arguments for c in taken.response.tool_calls] == [{"k": SECRET_ARG}]
     assert len(await usage_events(store, run["id"])) == 1
+
+
+async def test_take_turn_logs_each_chains_usage_and_a_retrys_once(store, monkeypatch) -> None:
+    """Through the activity: the first chain's turn, its retry, then the
+    same turn of a second chain under the run's id. The retry gets the kept
+    answer and logs nothing more; the second chain asks again and its
+    tokens are logged beside the first's."""
+    respond = ScriptedModel.respond
+    spent = iter([100, 300])
+
+    async def with_usage(self, request):  # type: ignore[no-untyped-def]
+        answer = await respond(self, request)
+        return answer.model_copy(
+            update={"usage": TokenUsage(prompt_tokens=next(spent), completion_tokens=5)}
+        )
+
+    monkeypatch.setattr(ScriptedModel, "respond", with_usage)
+    run = await new_run(store)
+    activities = RunActivities(store, ToolRegistry(), authority=TRUSTING)
+    for chain, attempt in (("first", 1), ("first", 2), ("second", 1)):
+        await taking(run["id"], chain, attempt).run(
+            activities.take_turn,
+            TakeTurnInput(
+                run_id=run["id"], seat="seat-1", round=1, role="seat", model="scripted",
+                task_text="t", chain=chain,
+            ),
+        )  # fmt: skip
+    logged = [e["payload"] for e in await usage_events(store, run["id"])]
+    assert [(p["chain"], p["prompt_tokens"]) for p in logged] == [("first", 100), ("second", 300)]
 
 
 async def test_a_keep_cancelled_anywhere_keeps_its_answer_whole_or_not_at_all(store) -> None:

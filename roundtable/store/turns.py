@@ -155,12 +155,17 @@ class Turns:
         prompt_tokens: int,
         completion_tokens: int,
         role: str = "seat",
+        chain: str | None = None,
     ) -> bool:
         """A model turn's token usage, in the run's audit log (summed by
-        views). Once per turn: a turn taken again finds its event and adds
-        none (False), so the log's usage matches the workflow's."""
-        # One event per turn of a run.
-        key = escape_text(f"{TURN_COMPLETED}:{role}:{seat}:{round_number}")
+        views). Once per turn of a chain of executions (``chain``, as
+        :meth:`keep` takes it): a turn taken again finds its event and adds
+        none (False), so the log's usage matches the workflow's; another
+        chain under the run's id asked the model afresh (its journal is its
+        own), and its turns' usage is logged apart."""
+        # One event per turn of a chain; runs from before chains name none.
+        turn = f"{TURN_COMPLETED}:{role}:{seat}:{round_number}"
+        key = escape_text(turn if chain is None else f"{turn}:{chain}")
         async with self.db.core_transaction() as (connection, _):
             held, now = await locked_facts(connection, _RUNS, run_id, _chain_head, "run")
             seen = await connection.execute(_usage_logged(), {"run_id": run_id, "key": key})
@@ -174,6 +179,8 @@ class Turns:
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
             }
+            if chain is not None:
+                payload["chain"] = chain
             run.append(TURN_COMPLETED, payload, now, dedupe_key=key)
             await run.write(connection, now)
         return True
