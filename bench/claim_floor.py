@@ -1,24 +1,29 @@
-"""The SQLite claim's floor: what a claim would cost if none of its Python
-ran, only its statements.
+"""The claim's floor: what a claim would cost if none of its Python ran,
+only its statements, on SQLite and on PostgreSQL.
 
-The claim's statements are recorded as the driver sends them to SQLite
-(with their parameters) while the store claims, then replayed with plain
-``sqlite3`` on a copy of the database taken before the claims, with the
-engine's pragmas: that is the time SQLite itself spends on a claim (its
-read, its six writes, the commit writing every page they touched). The bare
-upsert is replayed the same way. The floor of the claim, measured as the
-bench measures it, is then the bare upsert's whole time with its own SQLite
-time swapped for the claim's: what the store would cost if its claim added
-no Python to the one-statement transaction's.
+The claim's statements are recorded as the store sends them (with their
+parameters) while it claims, then replayed with the database's plainest
+client on a copy of the database taken before the claims: plain
+``sqlite3`` with the engine's pragmas; ``asyncpg`` alone, at READ
+COMMITTED, one connection or eight. That is the time the database (and the
+least of a client) spends on a claim: its read and six writes and the
+commit that writes every page they touched on SQLite, its locking
+statement and its checking-and-writing one on PostgreSQL. The bare upsert
+is replayed the same way. The floor of the claim, measured as the bench
+measures it, is then the bare upsert's whole time with its replayed time
+swapped for the claim's: what the store would cost if its claim added no
+Python to the one-statement transaction's.
 
-    floor ratio = baseline time / (baseline time - upsert's SQLite time + claim's SQLite time)
+    floor ratio = baseline time / (baseline time - upsert replayed + claim replayed)
 
+(times per claim; with eight claimers at once, the inverse of each rate).
 Cutting the claim's Python can bring its ratio up to this, no further;
-past it only fewer statements, or fewer pages written, would go.
+past it only fewer statements, or less work in them, would go.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sqlite3
 import statistics
@@ -29,12 +34,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
+from roundtable.store.pg_core import PostgresCoreConnection
 from roundtable.store.sqlite_driver import OneTripConnection
 
 # (method, sql, parameters); method "begin" for a transaction's BEGIN
 Statement = tuple[str, str, Any]
 
 REPLAYS = 3  # each on a fresh copy; the median taken
+CLAIMERS = 8  # as bench.claims' concurrent pass
 
 
 @contextmanager
@@ -139,8 +148,114 @@ def sqlite_seconds(copy: Path, claims: list[list[Statement]]) -> dict[str, float
     }
 
 
-def floor_ratio(baseline_per_s: float, sqlite: dict[str, float]) -> float:
+def floor_ratio(baseline_per_s: float, replayed: dict[str, float]) -> float:
     """The module docstring's formula: the bare upsert's rate against a claim
-    that costs the upsert's time with the claim's SQLite time for its own."""
+    that costs the upsert's time with the claim's replayed time for its own."""
     baseline_s = 1 / baseline_per_s
-    return baseline_s / (baseline_s - sqlite["upsert_s"] + sqlite["claim_s"])
+    return baseline_s / (baseline_s - replayed["upsert_s"] + replayed["claim_s"])
+
+
+# ----------------------------------------------------------- PostgreSQL
+
+# (SQL in asyncpg's $n style, its parameters, whether executemany)
+Sent = tuple[str, Any, bool]
+
+
+@contextmanager
+def recording_postgresql() -> Iterator[list[list[Sent]]]:
+    """Every statement the store's PostgreSQL connections send while the
+    block runs, one list per transaction (a new one where the statement
+    opens the transaction, as asyncpg's adapter does on the first)."""
+    sent: list[list[Sent]] = []
+    send = PostgresCoreConnection._send
+
+    async def recorded(self: Any, sql: str, bound: Any, many: bool) -> Any:
+        if self._adapted._transaction is None:
+            sent.append([])
+        sent[-1].append((sql, bound, many))
+        return await send(self, sql, bound, many)
+
+    PostgresCoreConnection._send = recorded  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        PostgresCoreConnection._send = send  # type: ignore[method-assign]
+
+
+async def copy_database(dsn: str, copy: str) -> None:
+    """``copy``, a new database made from ``dsn``'s (nobody may be connected
+    to it), through the cluster's template1."""
+    source = dsn.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(dsn.rsplit("/", 1)[0] + "/template1")
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{copy}"')
+        await admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{source}"')
+    finally:
+        await admin.close()
+
+
+async def drop_database(dsn: str, copy: str) -> None:
+    admin = await asyncpg.connect(dsn.rsplit("/", 1)[0] + "/template1")
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def _replayed_postgresql(dsn: str, transactions: list[list[Sent]], claimers: int) -> float:
+    """Seconds asyncpg alone takes for ``transactions``, each at READ
+    COMMITTED (as the claim's), by ``claimers`` connections at once."""
+    connections = [await asyncpg.connect(dsn) for _ in range(claimers)]
+    idle: asyncio.Queue[Any] = asyncio.Queue()
+    for connection in connections:
+        idle.put_nowait(connection)
+
+    async def one(statements: list[Sent]) -> None:
+        connection = await idle.get()
+        try:
+            async with connection.transaction(isolation="read_committed"):
+                for sql, bound, many in statements:
+                    if many:
+                        await connection.executemany(sql, bound)
+                    else:
+                        await connection.fetch(sql, *bound)
+        finally:
+            idle.put_nowait(connection)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(one(statements) for statements in transactions))
+        return time.perf_counter() - started
+    finally:
+        for connection in connections:
+            await connection.close()
+
+
+async def postgresql_seconds(
+    dsn: str, claims: list[list[Sent]], concurrent: bool
+) -> dict[str, float]:
+    """asyncpg's time alone (a claim's, a bare upsert's) replaying ``claims``
+    on ``dsn``, a copy taken before them, then as many upserts; per claim
+    sequentially, the inverse of the rate with :data:`CLAIMERS` at once."""
+    claimers = CLAIMERS if concurrent else 1
+    claim_s = await _replayed_postgresql(dsn, claims, claimers) / len(claims)
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(
+            "CREATE TABLE floor_leases (target_key VARCHAR(128) PRIMARY KEY, holder VARCHAR(64))"
+        )
+    finally:
+        await connection.close()
+    upserts: list[list[Sent]] = [
+        [
+            (
+                "INSERT INTO floor_leases (target_key, holder) VALUES ($1, $2) "
+                "ON CONFLICT (target_key) DO NOTHING",
+                (f"floor-{uuid.uuid4()}", "x"),
+                False,
+            )
+        ]
+        for _ in claims
+    ]
+    upsert_s = await _replayed_postgresql(dsn, upserts, claimers) / len(claims)
+    return {"claim_s": claim_s, "upsert_s": upsert_s}

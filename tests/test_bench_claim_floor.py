@@ -1,15 +1,18 @@
-"""bench.claim_floor: the SQLite claim's floor is only honest if the replay
-does the claim's whole work. Replayed on the copy taken before the claims,
-the recorded statements must leave the copy as the claims left the store:
-each action executing with its fencing token, its lease, its target's
-counter, its audit event and its run's chain head."""
+"""bench.claim_floor: a claim's floor is only honest if the replay does the
+claim's whole work. Replayed on the copy taken before the claims, the
+recorded statements must leave the copy as the claims left the store: each
+action executing with its fencing token, its lease, its target's counter,
+its audit event and its run's chain head; on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from pathlib import Path
 
+import asyncpg
 import pytest
+from sqlalchemy import make_url
 
 from bench import claim_floor
 from bench.claims import _claimable
@@ -53,6 +56,38 @@ async def test_the_replayed_claims_write_what_the_claims_wrote(tmp_path: Path) -
     assert after == _written(database)  # and wrote what the claims did
     statuses = {status for _, status, _, _ in after[0]}
     assert statuses == {"executing"}
+
+
+async def _written_postgresql(dsn: str) -> list[list[tuple[object, ...]]]:
+    connection = await asyncpg.connect(dsn)
+    try:
+        return [[tuple(r) for r in await connection.fetch(query)] for query in WRITTEN]
+    finally:
+        await connection.close()
+
+
+async def test_the_replayed_postgresql_claims_write_what_the_claims_did(postgres_url: str) -> None:
+    dsn = make_url(postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    copy = f"floor_{uuid.uuid4().hex[:12]}"
+    copy_dsn = dsn.rsplit("/", 1)[0] + f"/{copy}"
+    async with open_store(postgres_url) as store:
+        actions = await _claimable(store, 3)
+    await claim_floor.copy_database(dsn, copy)  # before the claims, nobody connected
+    try:
+        async with open_store(postgres_url) as store:
+            with claim_floor.recording_postgresql() as sent:
+                for action in actions:
+                    claim = await store.claim_for_execution(action["id"], 30)
+                    assert claim.outcome == ClaimOutcome.CLAIMED
+        assert len(sent) == 3 and all(len(statements) == 2 for statements in sent)
+
+        before = await _written_postgresql(copy_dsn)
+        await claim_floor._replayed_postgresql(copy_dsn, sent, claimers=1)
+        after = await _written_postgresql(copy_dsn)
+        assert after != before  # the replay wrote
+        assert after == await _written_postgresql(dsn)  # and wrote what the claims did
+    finally:
+        await claim_floor.drop_database(dsn, copy)
 
 
 def test_the_floor_swaps_the_upserts_sqlite_time_for_the_claims() -> None:
