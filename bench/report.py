@@ -78,6 +78,8 @@ def rows(figures: dict[str, Any]) -> list[str]:
                     f"| {m['replayed_us_per_upsert']} µs | {m['replayed_us_per_claim']} µs "
                     f"| {m['floor_ratio']} | |"
                 )
+            elif "floor" in m:
+                out.append(f"| its floor, {mode} ({database}) | | {m['floor']} | | |")
         s = claims["sequential"]
         out.append(
             f"| SQLite's own time per claim, sequential; the ratio with no Python of the "
