@@ -15,7 +15,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.run_activities import RunActivities
 from roundtable.agents.scripted import ScriptedModel
 from roundtable.models import TakeTurnInput, TokenUsage
-from roundtable.store import NotFoundError
+from roundtable.store import InvalidInputError, NotFoundError
 from roundtable.store.schema import ToolResultRow
 from roundtable.tools.registry import ToolRegistry
 from tests.helpers import new_run
@@ -99,6 +99,12 @@ async def test_a_new_chain_under_the_runs_id_logs_its_own_turns_usage(store) -> 
     logged = [e["payload"] for e in await usage_events(store, run["id"])]
     assert [(p["prompt_tokens"], p["chain"]) for p in logged] == [(100, "c1"), (300, "c2")]
     assert await store.verify_audit_chain(run["id"])
+    # A chain is a run id: one that is not text, or far too long for one, is
+    # refused the same way on both databases, and nothing is logged.
+    for hostile in ("c" * 200, "", 7):
+        with pytest.raises(InvalidInputError):
+            await store.record_turn(run["id"], **{**first, "chain": hostile})
+    assert len(await usage_events(store, run["id"])) == 2
 
 
 async def test_keeping_a_turn_of_a_run_that_is_not_there_keeps_nothing(store) -> None:

@@ -31,7 +31,7 @@ from roundtable.security import decrypt_arguments, encrypt_arguments
 from roundtable.store.core_writes import ChainedRun, execute_last, facts_read, locked_facts
 from roundtable.store.database import Database
 from roundtable.store.engine import dialect_insert, is_postgresql
-from roundtable.store.errors import NotFoundError
+from roundtable.store.errors import InvalidInputError, NotFoundError
 from roundtable.store.rows import require_text
 from roundtable.store.schema import AuditEventRow, RunRow, ToolResultRow
 from roundtable.store.text import escape_text
@@ -40,6 +40,8 @@ _RESULTS = ToolResultRow.__table__
 _EVENTS = AuditEventRow.__table__
 _RUNS = RunRow.__table__
 TURN_COMPLETED = "turn.completed"
+# A chain is a Temporal run id (a UUID): this is room to spare, not a guess.
+MAX_CHAIN_CHARS = 128
 
 
 def turn_result_id(
@@ -163,9 +165,18 @@ class Turns:
         none (False), so the log's usage matches the workflow's; another
         chain under the run's id asked the model afresh (its journal is its
         own), and its turns' usage is logged apart."""
-        # One event per turn of a chain; runs from before chains name none.
-        turn = f"{TURN_COMPLETED}:{role}:{seat}:{round_number}"
-        key = escape_text(turn if chain is None else f"{turn}:{chain}")
+        # One event per turn of a chain: keyed by the journal's id for it,
+        # whose length is bounded whatever the chain's; runs from before
+        # chains name none, and keep the key they were logged under.
+        if chain is None:
+            key = escape_text(f"{TURN_COMPLETED}:{role}:{seat}:{round_number}")
+        else:
+            if len(require_text("chain", chain)) > MAX_CHAIN_CHARS:
+                raise InvalidInputError(
+                    f"chain must be at most {MAX_CHAIN_CHARS} characters", field="chain"
+                )
+            turn = turn_result_id(run_id, role, seat, round_number, chain)
+            key = f"{TURN_COMPLETED}:{turn}"
         async with self.db.core_transaction() as (connection, _):
             held, now = await locked_facts(connection, _RUNS, run_id, _chain_head, "run")
             seen = await connection.execute(_usage_logged(), {"run_id": run_id, "key": key})
