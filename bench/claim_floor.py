@@ -49,29 +49,33 @@ CLAIMERS = 8  # as bench.claims' concurrent pass
 @contextmanager
 def recording() -> Iterator[list[list[Statement]]]:
     """Every statement the driver's trips send while the block runs, one
-    list per transaction (a new one at each BEGIN). Recorded below the
-    functions the driver decides where to run by (``_steps``, ``_run``),
-    so a call still runs where it would."""
+    list per transaction (a new one at each BEGIN). Recorded where a call is
+    made, once, above what a lock found taken would run again on the thread
+    (``_steps_from``, ``_begun``), and outside the functions the driver
+    decides where to run by (``_steps``, ``_run``), so a call still runs
+    where it would."""
     sent: list[list[Statement]] = []
-    steps_from, opened = OneTripConnection._steps_from, OneTripConnection._open
+    execute, run_steps = OneTripConnection._execute, OneTripConnection.run_steps
 
-    def recorded_steps(
-        self: Any, steps: list[Statement], commit: bool, start: int, done: list[Any]
-    ) -> Any:
-        sent[-1].extend(steps[start:])
-        return steps_from(self, steps, commit, start, done)
+    async def recorded_execute(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._begin is not None:  # held back, and sent first in this call's trip
+            sent.append([("begin", self._begin, None)])
+        return await execute(self, fn, *args, **kwargs)
 
-    def recorded_open(self: Any, begin: str) -> None:
-        sent.append([("begin", begin, None)])
-        opened(self, begin)
+    async def recorded_steps(self: Any, steps: list[Statement], commit: bool = False) -> Any:
+        if self._begin is None and not self._conn.in_transaction:
+            raise RuntimeError("statements outside a transaction: not a claim's")
+        answer = await run_steps(self, steps, commit)  # its BEGIN recorded first, by _execute
+        sent[-1].extend(steps)
+        return answer
 
-    OneTripConnection._steps_from = recorded_steps  # type: ignore[method-assign]
-    OneTripConnection._open = recorded_open  # type: ignore[method-assign]
+    OneTripConnection._execute = recorded_execute  # type: ignore[method-assign]
+    OneTripConnection.run_steps = recorded_steps  # type: ignore[method-assign]
     try:
         yield sent
     finally:
-        OneTripConnection._steps_from = steps_from  # type: ignore[method-assign]
-        OneTripConnection._open = opened  # type: ignore[method-assign]
+        OneTripConnection._execute = execute  # type: ignore[method-assign]
+        OneTripConnection.run_steps = run_steps  # type: ignore[method-assign]
 
 
 def snapshot(database: Path, copy: Path) -> None:

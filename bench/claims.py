@@ -117,18 +117,18 @@ async def _replayed(url: str, claims: int, concurrent: bool) -> dict[str, float]
             database = Path(str(make_url(url).database))
             copy = database.with_name(f"{database.stem}-floor.db")
             claim_floor.snapshot(database, copy)
-            with claim_floor.recording() as sent:
+            with _counting(store.engine) as counted, claim_floor.recording() as sent:
                 await _claim_all(store, actions)
-            _recorded(sent, claims)
+            _recorded(sent, claims, counted[0])
             return claim_floor.sqlite_seconds(copy, sent)
     # PostgreSQL copies a database only while nobody is connected to it.
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     await claim_floor.copy_database(dsn, FLOOR_COPY)
     try:
         async with open_store(url) as store:
-            with claim_floor.recording_postgresql() as pg_sent:
+            with _counting(store.engine) as counted, claim_floor.recording_postgresql() as pg_sent:
                 await _claim_all(store, actions)
-        _recorded(pg_sent, claims)
+        _recorded(pg_sent, claims, counted[0])
         copy_dsn = dsn.rsplit("/", 1)[0] + f"/{FLOOR_COPY}"
         return await claim_floor.postgresql_seconds(copy_dsn, pg_sent, concurrent)
     finally:
@@ -146,9 +146,15 @@ async def _claim_all(store: Any, actions: list[dict[str, Any]]) -> None:
             raise RuntimeError(f"the floor's claim of {action['id']} was refused")
 
 
-def _recorded(sent: list[Any], claims: int) -> None:
-    if len(sent) != claims:  # one transaction a claim, or the replay is not the claim
+def _recorded(sent: list[Any], claims: int, statements: int) -> None:
+    """The replay is the claims', or no floor: one transaction a claim, and
+    every statement the engine's cursor events saw (BEGIN included on
+    SQLite, as they count it), none twice."""
+    if len(sent) != claims:
         raise RuntimeError(f"{len(sent)} transactions recorded for {claims} claims")
+    recorded = sum(len(transaction) for transaction in sent)
+    if recorded != statements:
+        raise RuntimeError(f"{recorded} statements recorded, {statements} sent")
 
 
 @contextmanager

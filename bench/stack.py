@@ -59,7 +59,12 @@ def python_thread_names(pid: int) -> dict[str, str]:
         timeout=60,
         check=False,
     )
-    return dict(re.findall(r'^Thread (\d+) \([^)]*\): "([^"]*)"', dump.stdout, re.MULTILINE))
+    names = dict(re.findall(r'^Thread (\d+) \([^)]*\): "([^"]*)"', dump.stdout, re.MULTILINE))
+    if dump.returncode != 0 or str(pid) not in names:
+        # Without names every thread but the loop and the core's would be
+        # filed as "other": refuse rather than publish that.
+        raise RuntimeError(f"py-spy could not name {pid}'s threads: {dump.stderr.strip()}")
+    return names
 
 
 def thread_kind(native_id: str, pid: int, kernel_name: str, python_name: str) -> str:
@@ -96,6 +101,32 @@ def by_kind(
         python_name = (python_names or {}).get(native_id, "")
         kind = thread_kind(native_id, pid, kernel_name, python_name)
         spent[kind] = spent.get(kind, 0.0) + seconds
+    return spent
+
+
+ENDED = "threads that ended in the window (not told apart)"
+
+
+def window_by_kind(
+    pid: int,
+    before: dict[str, tuple[str, float]],
+    python_names: dict[str, str],
+    process_before: float,
+) -> dict[str, float]:
+    """Each kind of thread's CPU since ``before`` (:func:`thread_times`),
+    thread by thread: a thread born since counts from zero; one that ended
+    took its CPU with it (the kernel keeps no figure for it), so what the
+    process spent beyond the living threads' is reported as :data:`ENDED`
+    (SQLAlchemy's overflow connections, each with its thread, come and go
+    under load). ``python_names``: taken at both ends of the window."""
+    spent: dict[str, float] = {}
+    for native_id, (kernel_name, seconds) in thread_times(pid).items():
+        kind = thread_kind(native_id, pid, kernel_name, python_names.get(native_id, ""))
+        earlier = before.get(native_id, (kernel_name, 0.0))[1]
+        spent[kind] = spent.get(kind, 0.0) + seconds - earlier
+    ended = cpu_seconds(pid) - process_before - sum(spent.values())
+    if ended > 0.05:  # each thread's figure is in 10 ms ticks: below this is rounding
+        spent[ENDED] = ended
     return spent
 
 
@@ -268,11 +299,11 @@ def sampled(pids: dict[str, int], directory: Path | None, figure: str) -> Iterat
     py-spy counted the event loop waiting for the GIL, just after handing a
     statement to SQLite's thread, as a quarter of the worker's time."""
     spies = []
-    threads_before: dict[str, dict[str, tuple[str, float]]] = {}
+    threads_before: dict[str, tuple[dict[str, tuple[str, float]], dict[str, str], float]] = {}
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
         for side, pid in pids.items():
-            threads_before[side] = thread_times(pid)
+            threads_before[side] = (thread_times(pid), python_thread_names(pid), cpu_seconds(pid))
             command = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw"]
             out = directory / f"{figure}-{side}.txt"
             command += ["--rate", "200", "--nonblocking", "--gil", "--output", str(out)]
@@ -287,13 +318,10 @@ def sampled(pids: dict[str, int], directory: Path | None, figure: str) -> Iterat
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
-        for side, times in threads_before.items():
-            # Named at the end, when the pool's threads all exist; the
-            # threads' CPU before the block is told apart by the same names.
-            names = python_thread_names(pids[side])
-            after = thread_cpu(pids[side], names)
-            before = by_kind(times, pids[side], names)
-            lines = [f"{kind}\t{after[kind] - before.get(kind, 0.0):.2f}" for kind in sorted(after)]
+        for side, (times, names, process) in threads_before.items():
+            pid = pids[side]
+            spent = window_by_kind(pid, times, {**names, **python_thread_names(pid)}, process)
+            lines = [f"{kind}\t{seconds:.2f}" for kind, seconds in sorted(spent.items())]
             assert directory is not None
             (directory / f"{figure}-{side}-threads.txt").write_text("\n".join(lines) + "\n")
 

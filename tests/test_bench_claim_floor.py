@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import make_url
 
 from bench import claim_floor
-from bench.claims import _claimable
+from bench.claims import _claimable, _counting
 from roundtable.store import open_store
 from roundtable.store.leases import ClaimOutcome
 
@@ -42,12 +42,15 @@ async def test_the_replayed_claims_write_what_the_claims_wrote(tmp_path: Path) -
     async with open_store(f"sqlite+aiosqlite:///{database}") as store:
         actions = await _claimable(store, 3)
         claim_floor.snapshot(database, copy)
-        with claim_floor.recording() as sent:
+        with _counting(store.engine) as counted, claim_floor.recording() as sent:
             for action in actions:
                 claim = await store.claim_for_execution(action["id"], 30)
                 assert claim.outcome == ClaimOutcome.CLAIMED
     assert len(sent) == 3  # one transaction a claim, its BEGIN first
     assert all(statements[0] == ("begin", "BEGIN IMMEDIATE", None) for statements in sent)
+    # Every statement sent is replayed, the read included (its time is the
+    # claim's too, and the tables it leaves would not show it missing).
+    assert sum(len(statements) for statements in sent) == counted[0] == 3 * 7
 
     before = _written(copy)
     claim_floor._replayed(copy, sent)
@@ -75,11 +78,12 @@ async def test_the_replayed_postgresql_claims_write_what_the_claims_did(postgres
     await claim_floor.copy_database(dsn, copy)  # before the claims, nobody connected
     try:
         async with open_store(postgres_url) as store:
-            with claim_floor.recording_postgresql() as sent:
+            with _counting(store.engine) as counted, claim_floor.recording_postgresql() as sent:
                 for action in actions:
                     claim = await store.claim_for_execution(action["id"], 30)
                     assert claim.outcome == ClaimOutcome.CLAIMED
         assert len(sent) == 3 and all(len(statements) == 2 for statements in sent)
+        assert counted[0] == 3 * 2
 
         before = await _written_postgresql(copy_dsn)
         await claim_floor._replayed_postgresql(copy_dsn, sent, claimers=1)

@@ -29,16 +29,20 @@ def test_idle_waits_are_left_out_and_busy_time_is_sorted(tmp_path: Path) -> None
                 "OneTripConnection._steps_from (roundtable/store/sqlite_driver.py:320) 20",
                 f"{LOOP};Leases.claim (roundtable/store/leases.py:110);"
                 "_Grant.of (roundtable/store/leases.py:496) 10",
+                # The ticket system's statements go through the same driver:
+                f"{LOOP};TicketSystem._finish (roundtable/tools/tickets.py:300);"
+                "OneTripConnection._steps_from (roundtable/store/sqlite_driver.py:320) 20",
                 "not a sample line",
             ]
         )
     )
-    assert busy_samples([stacks]) == 80
+    assert busy_samples([stacks]) == 100
     assert summary([stacks]) == [
-        ("database: the store, SQLAlchemy and the driver, on the event loop", 50.0),
-        ("database: SQLite's statements, on the event loop", 25.0),
-        ("database: SQLite's thread (aiosqlite, the statement itself)", 12.5),
-        ("payloads: conversion, encryption, visiting", 12.5),
+        ("database: the store, SQLAlchemy and the driver, on the event loop", 40.0),
+        ("database: SQLite's statements, on the event loop", 20.0),
+        ("the demo ticket system", 20.0),
+        ("database: SQLite's thread (aiosqlite, the statement itself)", 10.0),
+        ("payloads: conversion, encryption, visiting", 10.0),
     ]
 
 
@@ -94,3 +98,27 @@ def test_the_sdks_workflow_threads_are_not_counted_as_the_databases() -> None:
         release.set()
         for thread in threads:
             thread.join()
+
+
+def test_a_thread_that_ends_in_the_window_is_not_lost() -> None:
+    """Its CPU goes with it from /proc/PID/task, not from the process's own
+    figure: what the process spent beyond its living threads is reported."""
+    import os
+    import threading
+    import time
+
+    from bench.stack import ENDED, cpu_seconds, python_thread_names, thread_times, window_by_kind
+
+    pid = os.getpid()
+    before, names, process = thread_times(pid), python_thread_names(pid), cpu_seconds(pid)
+
+    def spin() -> None:
+        until = time.thread_time() + 0.4
+        while time.thread_time() < until:
+            pass
+
+    worker = threading.Thread(target=spin, name="Thread-7 (_connection_worker_thread)")
+    worker.start()
+    worker.join()
+    spent = window_by_kind(pid, before, names, process)
+    assert spent[ENDED] >= 0.3
