@@ -32,7 +32,7 @@ from activities.sweep_activities import SweepActivities
 from chaos.operator_bot import OperatorBot
 from roundtable import recovery
 from roundtable.agents.scripted import ScriptedModel
-from roundtable.models import RunResult
+from roundtable.models import RunResult, TokenUsage
 from roundtable.operations import TemporalUnavailableError, nudge
 from roundtable.recovery import (
     MACHINES_REFUSED,
@@ -377,7 +377,8 @@ async def test_a_model_turn_in_the_dropped_tail_is_not_asked_again(tmp_path, mon
         asked[(request.seat, request.round)] += 1
         n = asked[(request.seat, request.round)]
         calls = [c.model_copy(update={"id": f"{c.id}-ask{n}"}) for c in response.tool_calls]
-        return response.model_copy(update={"tool_calls": calls})
+        usage = TokenUsage(prompt_tokens=100 * n + request.round, completion_tokens=n)
+        return response.model_copy(update={"tool_calls": calls, "usage": usage})
 
     monkeypatch.setattr(ScriptedModel, "respond", names_calls_afresh)
     two_rounds = script(
@@ -431,6 +432,18 @@ async def test_a_model_turn_in_the_dropped_tail_is_not_asked_again(tmp_path, mon
             ("approved", "op-2"),
         ]
         assert done["reset_to_event"] > 0
+        # The reset kept the run's chain of executions: each turn's usage is
+        # logged once, under that one chain, and the log adds up to what
+        # the run itself reports having spent.
+        turns = [
+            e["payload"]
+            for e in await h.store.list_events(handle.id)
+            if e["event_type"] == "turn.completed"
+        ]
+        assert sorted((t["seat"], t["round"]) for t in turns) == sorted(set(asked))
+        assert {t["chain"] for t in turns} == {handle.first_execution_run_id}
+        result = await h.result(recovered)
+        assert sum(t["prompt_tokens"] for t in turns) == result.usage.prompt_tokens
         await replays_strictly(await recovered.fetch_history(), h.client.data_converter)
 
 
