@@ -82,11 +82,6 @@ def rows(figures: dict[str, Any]) -> list[str]:
                 out.append(f"| its floor, {mode} ({database}) | | {m['floor']} | | |")
         s = claims["sequential"]
         out.append(
-            f"| SQLite's own time per claim, sequential; the ratio with no Python of the "
-            f"claim's own (bench/claim_floor.py) | {s['sqlite_us_per_upsert']} µs "
-            f"| {s['sqlite_us_per_claim']} µs | floor {s['floor_ratio']} | |"
-        )
-        out.append(
             f"| statements per claim ({database}) | {s['baseline_statements']} "
             f"| {s['statements_per_claim']} | | |"
         )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import scale
+from bench.report import rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,6 +89,9 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
         floor = figures["claims"][database][mode]
         assert _positive(floor["floor_ratio"]) and _positive(floor["replayed_us_per_upsert"])
         assert floor["replayed_us_per_claim"] > floor["replayed_us_per_upsert"]  # more work in it
+    # bench/README's table is printed from these figures (bench.report).
+    table = rows(figures)
+    assert sum("its floor" in row for row in table) == 3
 
     memory = figures["waiting_memory"]
     assert isinstance(memory["ours"]["kib_per_run"], int | float)
