@@ -43,6 +43,19 @@ from roundtable.store.sqlite_driver import OneTripConnection
 Statement = tuple[str, str, Any]
 
 REPLAYS = 3  # each on a fresh copy; the median taken
+# The bare lease bench.claims measures against, and the floor replays.
+BARE_LEASES = "(target_key VARCHAR(128) PRIMARY KEY, holder VARCHAR(64))"
+
+
+def bare_upsert(table: str, key: str, holder: str) -> str:
+    """The bare lease's one statement, with the driver's placeholders."""
+    # Names and placeholders from this code only, never a value.
+    return (
+        f"INSERT INTO {table} (target_key, holder) VALUES ({key}, {holder}) "  # noqa: S608
+        "ON CONFLICT (target_key) DO NOTHING"
+    )
+
+
 CLAIMERS = 8  # as bench.claims' concurrent pass
 
 
@@ -121,12 +134,7 @@ def _upserts(count: int) -> list[list[Statement]]:
     return [
         [
             ("begin", "BEGIN IMMEDIATE", None),
-            (
-                "execute",
-                "INSERT INTO floor_leases (target_key, holder) VALUES (?, ?) "
-                "ON CONFLICT (target_key) DO NOTHING",
-                (f"floor-{uuid.uuid4()}", "x"),
-            ),
+            ("execute", bare_upsert("floor_leases", "?", "?"), (f"floor-{uuid.uuid4()}", "x")),
         ]
         for _ in range(count)
     ]
@@ -140,9 +148,7 @@ def sqlite_seconds(copy: Path, claims: list[list[Statement]]) -> dict[str, float
         fresh = copy.with_name(f"replay-{number}.db")
         shutil.copy(copy, fresh)
         connection = _connect(fresh)
-        connection.execute(
-            "CREATE TABLE floor_leases (target_key VARCHAR(128) PRIMARY KEY, holder VARCHAR(64))"
-        )
+        connection.execute(f"CREATE TABLE floor_leases {BARE_LEASES}")
         connection.close()
         claim_times.append(_replayed(fresh, claims) / len(claims))
         upsert_times.append(_replayed(fresh, _upserts(len(claims))) / len(claims))
@@ -186,24 +192,28 @@ def recording_postgresql() -> Iterator[list[list[Sent]]]:
         PostgresCoreConnection._send = send  # type: ignore[method-assign]
 
 
-async def copy_database(dsn: str, copy: str) -> None:
-    """``copy``, a new database made from ``dsn``'s (nobody may be connected
-    to it), through the cluster's template1."""
-    source = dsn.rsplit("/", 1)[1]
+async def _on_template1(dsn: str, *statements: str) -> None:
+    """``statements``, through the cluster's template1 (a database cannot be
+    made from, or dropped by, a connection to itself)."""
     admin = await asyncpg.connect(dsn.rsplit("/", 1)[0] + "/template1")
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{copy}"')
-        await admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{source}"')
+        for statement in statements:
+            await admin.execute(statement)
     finally:
         await admin.close()
+
+
+async def copy_database(dsn: str, copy: str) -> None:
+    """``copy``, a new database made from ``dsn``'s (nobody may be connected
+    to it)."""
+    source = dsn.rsplit("/", 1)[1]
+    await _on_template1(
+        dsn, f'DROP DATABASE IF EXISTS "{copy}"', f'CREATE DATABASE "{copy}" TEMPLATE "{source}"'
+    )
 
 
 async def drop_database(dsn: str, copy: str) -> None:
-    admin = await asyncpg.connect(dsn.rsplit("/", 1)[0] + "/template1")
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    await _on_template1(dsn, f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
 
 
 async def _replayed_postgresql(dsn: str, transactions: list[list[Sent]], claimers: int) -> float:
@@ -245,21 +255,10 @@ async def postgresql_seconds(
     claim_s = await _replayed_postgresql(dsn, claims, claimers) / len(claims)
     connection = await asyncpg.connect(dsn)
     try:
-        await connection.execute(
-            "CREATE TABLE floor_leases (target_key VARCHAR(128) PRIMARY KEY, holder VARCHAR(64))"
-        )
+        await connection.execute(f"CREATE TABLE floor_leases {BARE_LEASES}")
     finally:
         await connection.close()
-    upserts: list[list[Sent]] = [
-        [
-            (
-                "INSERT INTO floor_leases (target_key, holder) VALUES ($1, $2) "
-                "ON CONFLICT (target_key) DO NOTHING",
-                (f"floor-{uuid.uuid4()}", "x"),
-                False,
-            )
-        ]
-        for _ in claims
-    ]
+    upsert = bare_upsert("floor_leases", "$1", "$2")
+    upserts: list[list[Sent]] = [[(upsert, (f"floor-{uuid.uuid4()}", "x"), False)] for _ in claims]
     upsert_s = await _replayed_postgresql(dsn, upserts, claimers) / len(claims)
     return {"claim_s": claim_s, "upsert_s": upsert_s}

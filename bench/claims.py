@@ -82,15 +82,9 @@ async def _baseline_claims(url: str, claims: int, concurrent: bool) -> tuple[flo
     async with open_store(url) as store:
         async with store.engine.begin() as conn:
             await conn.execute(
-                text(
-                    "CREATE TABLE IF NOT EXISTS bench_leases "
-                    "(target_key VARCHAR(128) PRIMARY KEY, holder VARCHAR(64))"
-                )
+                text(f"CREATE TABLE IF NOT EXISTS bench_leases {claim_floor.BARE_LEASES}")
             )
-        statement = text(
-            "INSERT INTO bench_leases (target_key, holder) VALUES (:k, :h) "
-            "ON CONFLICT (target_key) DO NOTHING"
-        )
+        statement = text(claim_floor.bare_upsert("bench_leases", ":k", ":h"))
 
         async def one(i: int) -> None:
             async with store.engine.begin() as conn:

@@ -119,11 +119,11 @@ def window_by_kind(
     process spent beyond the living threads' is reported as :data:`ENDED`
     (SQLAlchemy's overflow connections, each with its thread, come and go
     under load). ``python_names``: taken at both ends of the window."""
-    spent: dict[str, float] = {}
-    for native_id, (kernel_name, seconds) in thread_times(pid).items():
-        kind = thread_kind(native_id, pid, kernel_name, python_names.get(native_id, ""))
-        earlier = before.get(native_id, (kernel_name, 0.0))[1]
-        spent[kind] = spent.get(kind, 0.0) + seconds - earlier
+    since = {
+        native_id: (kernel_name, seconds - before.get(native_id, (kernel_name, 0.0))[1])
+        for native_id, (kernel_name, seconds) in thread_times(pid).items()
+    }
+    spent = by_kind(since, pid, python_names)
     ended = cpu_seconds(pid) - process_before - sum(spent.values())
     if ended > 0.05:  # each thread's figure is in 10 ms ticks: below this is rounding
         spent[ENDED] = ended

@@ -15,9 +15,8 @@ import pytest
 from sqlalchemy import make_url
 
 from bench import claim_floor
-from bench.claims import _claimable, _counting
+from bench.claims import _claim_all, _claimable, _counting
 from roundtable.store import open_store
-from roundtable.store.leases import ClaimOutcome
 
 # What a claim writes, read back the same way from the store and the copy.
 WRITTEN = [
@@ -43,9 +42,7 @@ async def test_the_replayed_claims_write_what_the_claims_wrote(tmp_path: Path) -
         actions = await _claimable(store, 3)
         claim_floor.snapshot(database, copy)
         with _counting(store.engine) as counted, claim_floor.recording() as sent:
-            for action in actions:
-                claim = await store.claim_for_execution(action["id"], 30)
-                assert claim.outcome == ClaimOutcome.CLAIMED
+            await _claim_all(store, actions)  # each claimed, or it raises
     assert len(sent) == 3  # one transaction a claim, its BEGIN first
     assert all(statements[0] == ("begin", "BEGIN IMMEDIATE", None) for statements in sent)
     # Every statement sent is replayed, the read included (its time is the
@@ -79,9 +76,7 @@ async def test_the_replayed_postgresql_claims_write_what_the_claims_did(postgres
     try:
         async with open_store(postgres_url) as store:
             with _counting(store.engine) as counted, claim_floor.recording_postgresql() as sent:
-                for action in actions:
-                    claim = await store.claim_for_execution(action["id"], 30)
-                    assert claim.outcome == ClaimOutcome.CLAIMED
+                await _claim_all(store, actions)  # each claimed, or it raises
         assert len(sent) == 3 and all(len(statements) == 2 for statements in sent)
         assert counted[0] == 3 * 2
 
