@@ -8,7 +8,9 @@ before it returns, and the write's activity claims, writes and records its
 outcome in three one-statement transactions. Two serve
 bench/memory_floor.py, both unsandboxed as ours runs: ``ShapedWait`` holds
 what our waiting run's history holds (its events, payload sizes and search
-attributes), ``UnsandboxedApproval`` is ``BareApproval`` as it is. ``BareRun`` is
+attributes), ``UnsandboxedApproval`` is ``BareApproval`` as it is. ``ShapedApproval``
+is our one-write run whole, as Temporal sees it, with none of our code
+(bench/floor.py). ``BareRun`` is
 the throughput shape (bench/throughput.py): the same model turns as our run
 (three seats, two rounds, a manager), each an activity that returns text,
 and the same two writes, each a non-retrying activity writing one row. No
@@ -34,6 +36,7 @@ WORKFLOW = "BenchBareApproval"
 DURABLE = "BenchDurableApproval"
 RUN = "BenchBareRun"
 SHAPED = "BenchShapedWait"
+SHAPED_APPROVAL = "BenchShapedApproval"
 UNSANDBOXED = "BenchUnsandboxedApproval"
 DECIDE = "decide"
 SEATS = ("seat-1", "seat-2", "seat-3")
@@ -165,6 +168,14 @@ SHAPE = {
     "turn": (700, 880),
     "intercept": (259, 436),
 }
+# And what the rest of its history carries once decided (read off a real
+# history at 6b51acc): the decision (a local activity inside the update),
+# the write (an activity), the run's ending (a local activity).
+DECIDED_SHAPE = {
+    "decide": (230, 304),
+    "write": (189, 171),
+    "finish": (230, 110),
+}
 APPROVAL_TIMEOUT = timedelta(hours=1)
 _STATUS = SearchAttributeKey.for_keyword("RoundtableStatus")
 _USER = SearchAttributeKey.for_keyword("RoundtableUserId")
@@ -224,6 +235,74 @@ class ShapedWait:
 
     @workflow.update(name=DECIDE)
     async def decide(self, decision: str) -> str:
+        self.decision = decision
+        return decision
+
+
+@activity.defn(name="bench_shaped_write")
+async def shaped_write(request: list) -> str:  # type: ignore[type-arg]
+    """Bare's write (one row) with a result as large as ours."""
+    await asyncio.to_thread(_insert, request[0])
+    return "x" * int(request[2])
+
+
+@workflow.defn(name=SHAPED_APPROVAL, sandboxed=False)
+class ShapedApproval:
+    """Our one-write run from its start to its result, as Temporal sees it,
+    without our code (bench/floor.py): the same local activities, activities,
+    search-attribute upserts, timer and update, in the same order, with
+    payloads of ours' sizes; no store, no codec, no checks. The write is
+    bare's (one row: the customer's side, which ours writes a ticket for)."""
+
+    def __init__(self) -> None:
+        self.decision: str | None = None
+        self.waits = False
+
+    @workflow.run
+    async def run(self, key: str) -> str:
+        minute = timedelta(seconds=60)
+        workflow.patched("shaped")  # ours has one patch: a marker and an upsert
+        size_in, size_out = SHAPE["register"]
+        await workflow.execute_local_activity(
+            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
+        )
+        workflow.upsert_search_attributes(_status("running", 0))
+        size_in, size_out = SHAPE["turn"]
+        await workflow.execute_activity(
+            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
+        )
+        size_in, size_out = SHAPE["intercept"]
+        await workflow.execute_local_activity(
+            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
+        )
+        workflow.upsert_search_attributes(_status("waiting_approval", 1))
+        self.waits = True
+        await workflow.wait_condition(lambda: self.decision is not None, timeout=APPROVAL_TIMEOUT)
+        workflow.upsert_search_attributes(_status("running", 0))
+        size_in, size_out = DECIDED_SHAPE["write"]
+        await workflow.execute_activity(
+            shaped_write,
+            [key, "x" * size_in, size_out],
+            start_to_close_timeout=minute,
+            retry_policy=ONCE,
+        )
+        size_in, size_out = DECIDED_SHAPE["finish"]
+        await workflow.execute_local_activity(
+            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
+        )
+        workflow.upsert_search_attributes(_status("completed", 0))
+        return self.decision or ""
+
+    @workflow.query(name="waiting")
+    def waiting(self) -> bool:
+        return self.waits and self.decision is None
+
+    @workflow.update(name=DECIDE)
+    async def decide(self, decision: str) -> str:
+        size_in, size_out = DECIDED_SHAPE["decide"]
+        await workflow.execute_local_activity(
+            sized, ["x" * size_in, size_out], start_to_close_timeout=timedelta(seconds=60)
+        )
         self.decision = decision
         return decision
 
@@ -292,8 +371,15 @@ async def serve(address: str, queue: str, db: str) -> None:
     worker = Worker(
         client,
         task_queue=queue,
-        workflows=[BareApproval, BareRun, DurableApproval, ShapedWait, UnsandboxedApproval],
-        activities=[write_row, take_turn, record_decision, claimed_write, sized],
+        workflows=[
+            BareApproval,
+            BareRun,
+            DurableApproval,
+            ShapedApproval,
+            ShapedWait,
+            UnsandboxedApproval,
+        ],
+        activities=[write_row, take_turn, record_decision, claimed_write, sized, shaped_write],
     )
     await worker.run()
 

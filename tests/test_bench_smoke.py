@@ -125,12 +125,15 @@ def _bench(*args: str, timeout: float) -> str:
 
 
 @pytest.mark.timeout(300)
-def test_the_floor_measures_all_three_sides() -> None:
-    """bench/floor.py (not part of `make bench`): one approval a side."""
+def test_the_floor_measures_every_side() -> None:
+    """bench/floor.py (not part of `make bench`): one approval a side, after
+    the check that the shaped run's history is ours' (it refuses otherwise)."""
     stdout = _bench("bench.floor", "--approvals", "1", timeout=280)
+    assert "the shaped run did what ours did" in stdout, stdout
     lines = [line for line in stdout.splitlines() if ", p50: " in line]
-    assert len(lines) == 3, stdout
-    assert all("bare" in line and "durable" in line and "ours" in line for line in lines)
+    assert len(lines) == 4, stdout
+    sides = ("bare", "durable", "shaped", "ours")
+    assert all(all(f"{side} " in line for side in sides) for line in lines)
 
 
 @pytest.mark.timeout(400)
