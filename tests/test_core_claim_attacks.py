@@ -98,7 +98,14 @@ async def counters(store: Any, action: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def assert_pool_clean(store: Any) -> None:
-    assert store.engine.pool.checkedout() == 0, store.engine.pool.status()
+    """No connection left out of the pool but the writers' held one, and
+    that one idle outside any transaction; the writer lock free."""
+    held = store.db.writer_connection
+    driver = held.driver if held is not None else None
+    expected = 0 if driver is None else 1
+    assert store.engine.pool.checkedout() == expected, store.engine.pool.status()
+    if driver is not None:
+        assert driver.known_idle and not driver._conn.in_transaction
     if store.db._local_writer is not None:
         assert not store.db._local_writer.locked()
 

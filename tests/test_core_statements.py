@@ -109,9 +109,13 @@ async def side(database_url: str) -> AsyncIterator[Side]:
 @contextlib.asynccontextmanager
 async def store_transaction(engine: AsyncEngine) -> AsyncIterator[Any]:
     """A writing transaction on the fast connection, as the store opens one."""
-    async with Database(engine).core_transaction() as (conn, _):
-        assert isinstance(conn, CoreStatements)
-        yield conn
+    db = Database(engine)
+    try:
+        async with db.core_transaction() as (conn, _):
+            assert isinstance(conn, CoreStatements)
+            yield conn
+    finally:
+        await db.close()
 
 
 async def cancelled_inside(

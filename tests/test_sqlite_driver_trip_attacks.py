@@ -501,6 +501,7 @@ async def test_defended_the_stores_transactions_snapshot_and_reader(tmp_path: Pa
         seen.append((first, second))
         async with db.reader() as session:
             seen.append((await session.execute(text("SELECT v FROM t ORDER BY id"))).all())
+        await store.close()
         seen.append((lock_free(path), await pooled_state(engine)))
         return seen
 
@@ -551,6 +552,7 @@ async def test_defended_clocks_relative_to_another_processs_write_lock(
                 expires = expires.replace(tzinfo=UTC)
             clock = expires - timedelta(seconds=30)
             seen.append((call, "clock after the lock" if clock >= released_at else "before"))
+        await store.close()
         return seen
 
     seen = await both(tmp_path, scenario)

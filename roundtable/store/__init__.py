@@ -108,6 +108,11 @@ class Store:
         self.catalog = ToolCatalog(self.db)
         self.inbox_sessions = InboxSessions(self.db)
 
+    async def close(self) -> None:
+        """Give back the connections held between calls (open_store does,
+        before it disposes of the engine)."""
+        await self.db.close()
+
     # The names the store has always answered to, each one repository's method.
     create_session = _on("sessions", Sessions.create)
     get_session = _on("sessions", Sessions.get)
@@ -201,6 +206,10 @@ async def open_store(
             await upgrade_database(engine)
         else:
             await require_current_schema(engine)
-        yield Store(engine)
+        store = Store(engine)
+        try:
+            yield store
+        finally:
+            await store.close()
     finally:
         await engine.dispose()

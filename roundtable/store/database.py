@@ -77,6 +77,11 @@ class Database:
         # not depend on it: BEGIN IMMEDIATE and the constraints still
         # serialise, across processes too.
         self._local_writer = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        # The Core writers' one connection, kept between them: they hold the
+        # writer lock while they use it (sqlite_core.HeldConnection).
+        self._writer_connection = (
+            sqlite_core.HeldConnection(engine) if self._local_writer is not None else None
+        )
         # Told what each transaction did once it has committed (metrics).
         self.observers: list[commit_notes.Observer] = []
 
@@ -111,7 +116,9 @@ class Database:
                 await stack.enter_async_context(self._local_writer)
                 # Each statement one trip, without SQLAlchemy's execution
                 # around it (sqlite_core.py).
-                sqlite = sqlite_core.transaction(self.engine, "BEGIN IMMEDIATE")
+                sqlite = sqlite_core.transaction(
+                    self.engine, "BEGIN IMMEDIATE", self._writer_connection
+                )
                 yield await stack.enter_async_context(sqlite), notes
             else:
                 connection = await stack.enter_async_context(self.engine.connect())
@@ -130,6 +137,19 @@ class Database:
                 yield pg_core.over(connection), notes
         if notes:
             self._tell(notes)
+
+    @property
+    def writer_connection(self) -> sqlite_core.HeldConnection | None:
+        """SQLite's Core writers' connection, held between them (None on
+        PostgreSQL)."""
+        return self._writer_connection
+
+    async def close(self) -> None:
+        """Give back what is held between transactions (before the engine
+        is disposed: the pool closes only what it has back)."""
+        if self._writer_connection is not None and self._local_writer is not None:
+            async with self._local_writer:  # not while a writer uses it
+                await self._writer_connection.release()
 
     def _tell(self, notes: list[commit_notes.Note]) -> None:
         # An observer's failure must not turn a committed write into an error.

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import exc
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import QueuePool
 
 from roundtable.store.core_statements import (
     CoreConnection,
@@ -205,28 +206,98 @@ async def _own(
     return SQLiteCoreConnection(engine, driver, pooled.sync_connection, **options)
 
 
+class HeldConnection:
+    """One pooled connection kept out of the pool between transactions that
+    run one at a time (the store's writers, queued by its writer lock: the
+    holder must never lend it to two blocks at once). Taking a connection
+    out of SQLAlchemy's pool and putting it back (its greenlet hops, the
+    pool's bookkeeping, the shielded close's turns of the event loop) was a
+    sixth of a claim's time on SQLite. Lent again only if its last block
+    left it known idle outside a transaction (the driver's own rule, which
+    also lets a BEGIN wait for the next statement); anything else (a
+    rollback that failed, a block cancelled while a call ran on SQLite's
+    thread) sends it back to the pool, whose reset rolls it back, and the
+    next block takes a fresh one. ``release`` when done with it: a held
+    connection is not the pool's to close (the store's close does it)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        # The pooled connection and its driver's, while held.
+        self._held: tuple[AsyncConnection, OneTripConnection] | None = None
+        # Nothing is held on an engine on aiosqlite's own driver, nor from a
+        # pool that could lend nobody else a connection meanwhile (a queue
+        # of one), nor one that shares or never keeps its connections.
+        pool = engine.sync_engine.pool
+        self._unsupported = not isinstance(pool, QueuePool) or pool.size() < 2
+
+    async def _take(self) -> tuple[AsyncConnection, OneTripConnection] | None:
+        if self._unsupported:
+            return None
+        if self._held is not None and (self._held[0].closed or self._held[0].invalidated):
+            self._held = None
+        if self._held is None:
+            pooled = await self._engine.connect()
+            driver = (await pooled.get_raw_connection()).driver_connection
+            if not isinstance(driver, OneTripConnection):
+                await pooled.close()
+                self._unsupported = True
+                return None
+            self._held = pooled, driver
+        return self._held
+
+    @property
+    def driver(self) -> OneTripConnection | None:
+        """The held connection's driver, while one is held."""
+        return None if self._held is None else self._held[1]
+
+    async def release(self) -> None:
+        """Back to the pool (which rolls back whatever it finds open)."""
+        held, self._held = self._held, None
+        if held is not None:
+            await held[0].close()
+
+
 @contextlib.asynccontextmanager
-async def transaction(engine: AsyncEngine, begin: str) -> AsyncIterator[CoreConnection]:
-    """A pooled connection, in one transaction opened by ``begin`` (``BEGIN
-    IMMEDIATE`` for a writer, ``BEGIN`` for a reader): committed when the
-    block ends, rolled back when it raises (or is cancelled). An engine
-    built on aiosqlite's own driver (tests compare against it) gets
-    SQLAlchemy's connection, as before."""
+async def transaction(
+    engine: AsyncEngine, begin: str, held: HeldConnection | None = None
+) -> AsyncIterator[CoreConnection]:
+    """A pooled connection (``held``'s, if given), in one transaction opened
+    by ``begin`` (``BEGIN IMMEDIATE`` for a writer, ``BEGIN`` for a
+    reader): committed when the block ends, rolled back when it raises (or
+    is cancelled). An engine built on aiosqlite's own driver (tests compare
+    against it) gets SQLAlchemy's connection, as before."""
+    taken = await held._take() if held is not None else None
+    if taken is not None and held is not None:
+        pooled, driver = taken
+        connection = SQLiteCoreConnection(engine, driver, pooled.sync_connection)
+        try:
+            async with _block(connection, begin) as block:
+                yield block
+        finally:
+            if not driver.known_idle:
+                await held.release()
+        return
     async with engine.connect() as pooled:
         connection = await _own(engine, pooled)
         if connection is None:
             async with pooled.begin():
                 yield pooled
             return
-        await connection.begin(begin)
-        try:
-            yield connection
-            await connection.commit()
-        except BaseException:
-            await connection.rollback()
-            raise
-        finally:
-            connection.ended = True
+        async with _block(connection, begin) as block:
+            yield block
+
+
+@contextlib.asynccontextmanager
+async def _block(connection: SQLiteCoreConnection, begin: str) -> AsyncIterator[CoreConnection]:
+    await connection.begin(begin)
+    try:
+        yield connection
+        await connection.commit()
+    except BaseException:
+        await connection.rollback()
+        raise
+    finally:
+        connection.ended = True
 
 
 @contextlib.asynccontextmanager

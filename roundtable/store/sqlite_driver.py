@@ -355,6 +355,12 @@ class OneTripConnection(aiosqlite.core.Connection):
         self._idle_outside_transaction = not still_open and self._queued == queued + 1
         return done
 
+    @property
+    def known_idle(self) -> bool:
+        """Known idle outside a transaction (the module's docstring says
+        when), nothing queued for the thread or running on it."""
+        return self._idle_outside_transaction and self._tx.handed == self._tx.finished
+
     def _hold_begin(self, sql: str) -> bool:
         """Hold a BEGIN back for the next statement, if nothing can differ."""
         if not self._idle_outside_transaction or sql.strip().upper() not in _BEGINS:
