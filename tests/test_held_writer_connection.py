@@ -10,8 +10,12 @@ the pool could then lend nobody else one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sqlite3
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ from sqlalchemy import event, text
 
 from roundtable.store import Store, open_store
 from roundtable.store import engine as engine_module
+from roundtable.store.engine import create_engine_for
 
 
 class Boom(Exception):
@@ -206,7 +211,12 @@ async def test_closing_the_store_gives_the_held_connection_back(tmp_path: Path) 
     assert not driver._thread.is_alive()
 
 
-async def test_closing_waits_for_the_writer_using_the_connection(sqlite_file_store: Store) -> None:
+async def test_closing_under_a_writer_lets_it_finish_then_gives_the_connection_back(
+    sqlite_file_store: Store,
+) -> None:
+    """Closing does not wait for the writer using the connection (a
+    shutdown must not wait on every writer queued): that writer commits,
+    and gives the connection back at its end."""
     store = sqlite_file_store
     inside, go_on = asyncio.Event(), asyncio.Event()
 
@@ -218,14 +228,151 @@ async def test_closing_waits_for_the_writer_using_the_connection(sqlite_file_sto
 
     writer = asyncio.ensure_future(slow())
     await inside.wait()
-    closing = asyncio.ensure_future(store.db.close())
-    await asyncio.sleep(0.05)
-    assert not closing.done()  # not while the writer holds it
-    go_on.set()
-    await writer
-    await closing
+    try:
+        await asyncio.wait_for(store.db.close(), 5)
+        assert held_driver(store) is not None  # still the writer's
+    finally:
+        go_on.set()
+        await writer
     assert committed(store) == ["slow"]
     assert held_driver(store) is None and store.engine.pool.checkedout() == 0
+
+
+async def test_a_writer_after_the_store_closed_holds_nothing(tmp_path: Path) -> None:
+    """A late writer (an activity still finishing as the worker stops)
+    takes its connection from the pool and gives it back, as before."""
+    async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'late.db'}") as store:
+        raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
+        raw.execute("CREATE TABLE t (v TEXT)")
+        raw.close()
+        await write(store, "one")
+    await write(store, "two")
+    assert held_driver(store) is None and store.engine.pool.checkedout() == 0
+    assert committed(store) == ["one", "two"]
+    await store.engine.dispose()
+
+
+async def test_a_close_cancelled_while_a_writer_runs_still_gets_the_connection_back(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'cancelled.db'}"
+    inside, go_on = asyncio.Event(), asyncio.Event()
+    opened: list[Store] = []
+    writers: list[asyncio.Future[None]] = []
+
+    async def serving() -> None:
+        async with open_store(url) as store:
+            opened.append(store)
+            raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
+            raw.execute("CREATE TABLE t (v TEXT)")
+            raw.close()
+
+            async def slow() -> None:
+                async with store.db.core_transaction() as (connection, _notes):
+                    await connection.execute(text("INSERT INTO t (v) VALUES ('slow')"))
+                    inside.set()
+                    await go_on.wait()
+
+            writers.append(asyncio.ensure_future(slow()))
+            await inside.wait()
+
+    task = asyncio.ensure_future(serving())
+    await inside.wait()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    go_on.set()
+    await writers[0]
+    assert held_driver(opened[0]) is None
+
+
+async def test_a_store_kept_across_its_engines_dispose_holds_a_fresh_connection(
+    tmp_path: Path,
+) -> None:
+    """The engine disposed of under a store built without open_store: the
+    held connection, which the new pool would never close, is closed, and
+    the next writer holds one of the new pool's."""
+    engine = create_engine_for(f"sqlite+aiosqlite:///{tmp_path / 'direct.db'}")
+    store = Store(engine)
+    raw = sqlite3.connect(engine.url.database, isolation_level=None)
+    raw.execute("CREATE TABLE t (v TEXT)")
+    raw.close()
+    await write(store, "one")
+    old = held_driver(store)
+    await engine.dispose()
+    await write(store, "two")
+    assert committed(store) == ["one", "two"]
+    old._thread.join(timeout=10)
+    assert not old._thread.is_alive()
+    assert held_driver(store) is not old
+    await store.close()
+    await engine.dispose()
+    assert engine.pool.checkedout() == 0
+
+
+@pytest.mark.parametrize("cancels", [1, 4, 10])
+def test_a_writer_cancelled_again_and_again_lets_the_process_exit(
+    tmp_path: Path, cancels: int
+) -> None:
+    """Attack (the review's): another process holds the write lock, so the
+    writer's first statement waits on SQLite's thread; the writer is
+    cancelled again and again. Its connection goes back to the pool, and
+    the process must still exit: a close cut half-way (the fourth
+    cancellation, before taking and giving back ran to their end) left a
+    task that ``asyncio.run`` waited on forever."""
+    script = textwrap.dedent(
+        """
+        import asyncio, contextlib, sqlite3, sys
+        from sqlalchemy import text
+        from roundtable.store import open_store
+
+        PATH, CANCELS = sys.argv[1], int(sys.argv[2])
+
+        async def main():
+            async with open_store("sqlite+aiosqlite:///" + PATH) as store:
+                raw = sqlite3.connect(PATH, isolation_level=None)
+                raw.execute("CREATE TABLE t (v TEXT)")
+                raw.close()
+
+                async def write(value):
+                    async with store.db.core_transaction() as (connection, _):
+                        await connection.execute(
+                            text("INSERT INTO t (v) VALUES (:v)"), {"v": value}
+                        )
+
+                await write("warm")
+                other = sqlite3.connect(PATH, isolation_level=None)
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("INSERT INTO t VALUES ('other')")
+                victim = asyncio.ensure_future(write("victim"))
+                await asyncio.sleep(0.1)
+                for _ in range(CANCELS):
+                    victim.cancel()
+                    await asyncio.sleep(0)
+                await asyncio.sleep(0.05)
+                other.execute("COMMIT")
+                other.close()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await victim
+                await write("next")
+            rows = [v for (v,) in sqlite3.connect(PATH).execute("SELECT v FROM t ORDER BY rowid")]
+            print("rows", rows, flush=True)
+
+        asyncio.run(main())
+        print("exited", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "exit.db"), str(cancels)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rows ['warm', 'other', 'next']" in done.stdout and "exited" in done.stdout
 
 
 async def test_nothing_is_held_from_a_pool_of_one(tmp_path: Path, monkeypatch) -> None:

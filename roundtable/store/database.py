@@ -147,9 +147,8 @@ class Database:
     async def close(self) -> None:
         """Give back what is held between transactions (before the engine
         is disposed: the pool closes only what it has back)."""
-        if self._writer_connection is not None and self._local_writer is not None:
-            async with self._local_writer:  # not while a writer uses it
-                await self._writer_connection.release()
+        if self._writer_connection is not None:
+            await self._writer_connection.close()
 
     def _tell(self, notes: list[commit_notes.Note]) -> None:
         # An observer's failure must not turn a committed write into an error.

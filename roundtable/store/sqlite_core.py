@@ -23,6 +23,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import QueuePool
 
+from roundtable.completion import to_completion
 from roundtable.store.core_statements import (
     CoreConnection,
     CoreResult,
@@ -217,44 +218,77 @@ class HeldConnection:
     also lets a BEGIN wait for the next statement); anything else (a
     rollback that failed, a block cancelled while a call ran on SQLite's
     thread) sends it back to the pool, whose reset rolls it back, and the
-    next block takes a fresh one. ``release`` when done with it: a held
-    connection is not the pool's to close (the store's close does it)."""
+    next block takes a fresh one. :meth:`close` when done: a held
+    connection is not the pool's to close. Taking and giving back run to
+    their end whatever cancels their caller, as leaving ``engine.connect()``
+    does: a close cut half-way once left a task no shutdown could end."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        # The pooled connection and its driver's, while held.
-        self._held: tuple[AsyncConnection, OneTripConnection] | None = None
+        # The pooled connection, its driver, and the pool it came from, while
+        # held.
+        self._held: tuple[AsyncConnection, OneTripConnection, Any] | None = None
         # Nothing is held on an engine on aiosqlite's own driver, nor from a
         # pool that could lend nobody else a connection meanwhile (a queue
         # of one), nor one that shares or never keeps its connections.
         pool = engine.sync_engine.pool
         self._unsupported = not isinstance(pool, QueuePool) or pool.size() < 2
+        # Set by close: nothing is held from then on.
+        self.closed = False
+        # A block is using the held connection (it gives it back at its end
+        # if closed meanwhile).
+        self.lent = False
 
-    async def _take(self) -> tuple[AsyncConnection, OneTripConnection] | None:
-        if self._unsupported:
+    async def take(self) -> tuple[AsyncConnection, OneTripConnection] | None:
+        """The held connection, taken from the pool first if none is held
+        (or the pool it came from was disposed of); None where nothing is
+        held."""
+        if self._unsupported or self.closed:
             return None
-        if self._held is not None and (self._held[0].closed or self._held[0].invalidated):
+        held = self._held
+        if held is not None and held[2] is self._engine.sync_engine.pool:
+            if not (held[0].closed or held[0].invalidated):
+                return held[0], held[1]
+        return await self._take_afresh()
+
+    @to_completion
+    async def _take_afresh(self) -> tuple[AsyncConnection, OneTripConnection] | None:
+        if self._held is not None:
+            pooled, _driver, pool = self._held
             self._held = None
-        if self._held is None:
-            pooled = await self._engine.connect()
-            driver = (await pooled.get_raw_connection()).driver_connection
-            if not isinstance(driver, OneTripConnection):
-                await pooled.close()
-                self._unsupported = True
-                return None
-            self._held = pooled, driver
-        return self._held
+            if pool is not self._engine.sync_engine.pool and not pooled.closed:
+                # The engine was disposed of and has a new pool: the old one
+                # would keep this connection, and nothing would close it.
+                await pooled.invalidate()
+        pool = self._engine.sync_engine.pool
+        pooled = await self._engine.connect()
+        driver = (await pooled.get_raw_connection()).driver_connection
+        if not isinstance(driver, OneTripConnection):
+            await pooled.close()
+            self._unsupported = True
+            return None
+        self._held = pooled, driver, pool
+        return pooled, driver
 
     @property
     def driver(self) -> OneTripConnection | None:
         """The held connection's driver, while one is held."""
         return None if self._held is None else self._held[1]
 
+    @to_completion
     async def release(self) -> None:
         """Back to the pool (which rolls back whatever it finds open)."""
         held, self._held = self._held, None
         if held is not None:
             await held[0].close()
+
+    async def close(self) -> None:
+        """Hold nothing from now on: given back now, or by the block using
+        it at that block's end (not waited for: a shutdown must not wait on
+        every writer queued)."""
+        self.closed = True
+        if not self.lent:
+            await self.release()
 
 
 @contextlib.asynccontextmanager
@@ -266,15 +300,17 @@ async def transaction(
     reader): committed when the block ends, rolled back when it raises (or
     is cancelled). An engine built on aiosqlite's own driver (tests compare
     against it) gets SQLAlchemy's connection, as before."""
-    taken = await held._take() if held is not None else None
+    taken = await held.take() if held is not None else None
     if taken is not None and held is not None:
         pooled, driver = taken
         connection = SQLiteCoreConnection(engine, driver, pooled.sync_connection)
+        held.lent = True
         try:
             async with _block(connection, begin) as block:
                 yield block
         finally:
-            if not driver.known_idle:
+            held.lent = False
+            if held.closed or not driver.known_idle:
                 await held.release()
         return
     async with engine.connect() as pooled:
