@@ -209,6 +209,12 @@ class ShapedWait:
 
     @workflow.run
     async def run(self, padding: str) -> str:
+        await self._until_decided()
+        return self.decision or ""
+
+    async def _until_decided(self) -> None:
+        """Our run from its start until its write is decided (or its
+        approval expires)."""
         minute = timedelta(seconds=60)
         workflow.patched("shaped")  # ours has one patch: a marker and an upsert
         size_in, size_out = SHAPE["register"]
@@ -227,7 +233,6 @@ class ShapedWait:
         workflow.upsert_search_attributes(_status("waiting_approval", 1))
         self.waits = True
         await workflow.wait_condition(lambda: self.decision is not None, timeout=APPROVAL_TIMEOUT)
-        return self.decision or ""
 
     @workflow.query(name="waiting")
     def waiting(self) -> bool:
@@ -247,37 +252,18 @@ async def shaped_write(request: list) -> str:  # type: ignore[type-arg]
 
 
 @workflow.defn(name=SHAPED_APPROVAL, sandboxed=False)
-class ShapedApproval:
+class ShapedApproval(ShapedWait):
     """Our one-write run from its start to its result, as Temporal sees it,
-    without our code (bench/floor.py): the same local activities, activities,
-    search-attribute upserts, timer and update, in the same order, with
-    payloads of ours' sizes; no store, no codec, no checks. The write is
-    bare's (one row: the customer's side, which ours writes a ticket for)."""
-
-    def __init__(self) -> None:
-        self.decision: str | None = None
-        self.waits = False
+    without our code (bench/floor.py): ``ShapedWait``, then the decision,
+    the write and the run's end as ours records them (the same local
+    activities, activity and upserts, payloads of ours' sizes); no store,
+    no codec, no checks. The write is bare's (one row: the customer's side,
+    which ours writes a ticket for)."""
 
     @workflow.run
     async def run(self, key: str) -> str:
+        await self._until_decided()
         minute = timedelta(seconds=60)
-        workflow.patched("shaped")  # ours has one patch: a marker and an upsert
-        size_in, size_out = SHAPE["register"]
-        await workflow.execute_local_activity(
-            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
-        )
-        workflow.upsert_search_attributes(_status("running", 0))
-        size_in, size_out = SHAPE["turn"]
-        await workflow.execute_activity(
-            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
-        )
-        size_in, size_out = SHAPE["intercept"]
-        await workflow.execute_local_activity(
-            sized, ["x" * size_in, size_out], start_to_close_timeout=minute
-        )
-        workflow.upsert_search_attributes(_status("waiting_approval", 1))
-        self.waits = True
-        await workflow.wait_condition(lambda: self.decision is not None, timeout=APPROVAL_TIMEOUT)
         workflow.upsert_search_attributes(_status("running", 0))
         size_in, size_out = DECIDED_SHAPE["write"]
         await workflow.execute_activity(
@@ -292,10 +278,6 @@ class ShapedApproval:
         )
         workflow.upsert_search_attributes(_status("completed", 0))
         return self.decision or ""
-
-    @workflow.query(name="waiting")
-    def waiting(self) -> bool:
-        return self.waits and self.decision is None
 
     @workflow.update(name=DECIDE)
     async def decide(self, decision: str) -> str:

@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,14 @@ class Boom(Exception):
 @pytest.fixture
 async def sqlite_file_store(tmp_path: Path) -> AsyncIterator[Store]:
     async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'held.db'}") as store:
-        raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
-        raw.execute("CREATE TABLE t (v TEXT)")
-        raw.close()
+        make_table(store)
         yield store
+
+
+def make_table(store: Store) -> None:
+    raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
+    raw.execute("CREATE TABLE t (v TEXT)")
+    raw.close()
 
 
 def checkouts(store: Store) -> list[int]:
@@ -79,6 +83,17 @@ async def write(store: Store, value: str, fail: bool = False) -> None:
         await connection.execute(text("INSERT INTO t (v) VALUES (:v)"), {"v": value})
         if fail:
             raise Boom
+
+
+def once(driver: Any, name: str, instead: Callable[[], Awaitable[None]]) -> None:
+    """The driver's ``name`` replaced by ``instead`` for its next call."""
+    real = getattr(driver, name)
+
+    async def replaced() -> None:
+        setattr(driver, name, real)
+        await instead()
+
+    setattr(driver, name, replaced)
 
 
 def held_driver(store: Store) -> Any:
@@ -156,13 +171,11 @@ async def test_a_rollback_that_fails_sends_the_connection_back_to_the_pool(
     store = sqlite_file_store
     await write(store, "before")
     driver = held_driver(store)
-    real = driver.rollback
 
     async def failing() -> None:
-        driver.rollback = real  # once
         raise sqlite3.OperationalError("injected: the rollback failed")
 
-    driver.rollback = failing
+    once(driver, "rollback", failing)
     with pytest.raises(Exception, match="rollback failed"):
         await write(store, "lost", fail=True)
     assert held_driver(store) is None  # given back, not kept
@@ -183,12 +196,11 @@ async def test_a_connection_left_inside_a_transaction_is_not_lent_again(
     store = sqlite_file_store
     await write(store, "before")
     driver = held_driver(store)
-    real = driver.commit
 
     async def skipped() -> None:
-        driver.commit = real  # once
+        pass
 
-    driver.commit = skipped
+    once(driver, "commit", skipped)
     await write(store, "never committed")
     assert held_driver(store) is None  # not known idle: given back
     assert committed(store) == ["before"] and lock_free(store)
@@ -198,9 +210,7 @@ async def test_a_connection_left_inside_a_transaction_is_not_lent_again(
 
 async def test_closing_the_store_gives_the_held_connection_back(tmp_path: Path) -> None:
     async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'closed.db'}") as store:
-        raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
-        raw.execute("CREATE TABLE t (v TEXT)")
-        raw.close()
+        make_table(store)
         await write(store, "one")
         driver = held_driver(store)
         assert driver is not None and store.engine.pool.checkedout() == 1
@@ -242,9 +252,7 @@ async def test_a_writer_after_the_store_closed_holds_nothing(tmp_path: Path) -> 
     """A late writer (an activity still finishing as the worker stops)
     takes its connection from the pool and gives it back, as before."""
     async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'late.db'}") as store:
-        raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
-        raw.execute("CREATE TABLE t (v TEXT)")
-        raw.close()
+        make_table(store)
         await write(store, "one")
     await write(store, "two")
     assert held_driver(store) is None and store.engine.pool.checkedout() == 0
@@ -263,9 +271,7 @@ async def test_a_close_cancelled_while_a_writer_runs_still_gets_the_connection_b
     async def serving() -> None:
         async with open_store(url) as store:
             opened.append(store)
-            raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
-            raw.execute("CREATE TABLE t (v TEXT)")
-            raw.close()
+            make_table(store)
 
             async def slow() -> None:
                 async with store.db.core_transaction() as (connection, _notes):
@@ -296,9 +302,7 @@ async def test_a_store_kept_across_its_engines_dispose_holds_a_fresh_connection(
     the next writer holds one of the new pool's."""
     engine = create_engine_for(f"sqlite+aiosqlite:///{tmp_path / 'direct.db'}")
     store = Store(engine)
-    raw = sqlite3.connect(engine.url.database, isolation_level=None)
-    raw.execute("CREATE TABLE t (v TEXT)")
-    raw.close()
+    make_table(store)
     await write(store, "one")
     old = held_driver(store)
     await engine.dispose()
@@ -383,9 +387,7 @@ async def test_nothing_is_held_from_a_pool_of_one(tmp_path: Path, monkeypatch) -
         functools.partial(engine_module.create_async_engine, pool_size=1, max_overflow=0),
     )
     async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'one.db'}") as store:
-        raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
-        raw.execute("CREATE TABLE t (v TEXT)")
-        raw.close()
+        make_table(store)
         await write(store, "one")
         assert held_driver(store) is None and store.engine.pool.checkedout() == 0
         await asyncio.wait_for(write(store, "two"), 10)
