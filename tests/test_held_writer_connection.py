@@ -26,6 +26,7 @@ from sqlalchemy import event, text
 from roundtable.store import Store, open_store
 from roundtable.store import engine as engine_module
 from roundtable.store.engine import create_engine_for
+from tests.test_core_statements import cancelled_inside
 
 
 class Boom(Exception):
@@ -143,19 +144,16 @@ async def test_a_writer_that_raises_keeps_nothing_and_the_connection_is_lent_aga
 
 async def test_a_writer_cancelled_inside_its_block_keeps_nothing(sqlite_file_store: Store) -> None:
     store = sqlite_file_store
-    inside = asyncio.Event()
 
-    async def stalled() -> None:
+    @contextlib.asynccontextmanager
+    async def writing() -> AsyncIterator[Any]:
         async with store.db.core_transaction() as (connection, _notes):
-            await connection.execute(text("INSERT INTO t (v) VALUES ('cancelled')"))
-            inside.set()
-            await asyncio.sleep(60)
+            yield connection
 
-    task = asyncio.ensure_future(stalled())
-    await inside.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    async def insert(connection: Any) -> None:
+        await connection.execute(text("INSERT INTO t (v) VALUES ('cancelled')"))
+
+    await cancelled_inside(writing, insert)
     assert committed(store) == [] and lock_free(store)
     await write(store, "next")
     assert committed(store) == ["next"]
