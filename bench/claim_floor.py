@@ -175,15 +175,21 @@ Sent = tuple[str, Any, bool]
 def recording_postgresql() -> Iterator[list[list[Sent]]]:
     """Every statement the store's PostgreSQL connections send while the
     block runs, one list per transaction (a new one where the statement
-    opens the transaction, as asyncpg's adapter does on the first)."""
+    opens the transaction, as asyncpg's adapter does on the first, or is
+    the first in one begun with the checkout's ping, pg_core.begun)."""
     sent: list[list[Sent]] = []
     send = PostgresCoreConnection._send
+    current: list[Any] = [None]  # the transaction the last statement went in
 
     async def recorded(self: Any, sql: str, bound: Any, many: bool) -> Any:
-        if self._adapted._transaction is None:
+        begun = self._adapted._transaction
+        if begun is None or begun is not current[0]:
             sent.append([])
         sent[-1].append((sql, bound, many))
-        return await send(self, sql, bound, many)
+        try:
+            return await send(self, sql, bound, many)
+        finally:
+            current[0] = self._adapted._transaction
 
     PostgresCoreConnection._send = recorded  # type: ignore[method-assign]
     try:

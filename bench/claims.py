@@ -31,6 +31,7 @@ from sqlalchemy import event, make_url, text
 from bench import claim_floor
 from roundtable.config import SECRET_ENV_VAR as SECRET_ENV
 from roundtable.store import open_store
+from roundtable.store.engine import PING_LEFT_TO_BEGIN
 from roundtable.store.leases import ClaimOutcome
 from roundtable.store.sqlite_driver import OneTripConnection
 
@@ -161,9 +162,18 @@ def _counting(engine: Any) -> Iterator[list[int]]:
     into SQLite (sqlite_driver.py: several statements may go in one, the
     commit goes in its own; each runs on the event loop while the
     connection's thread is idle, else on the thread); on PostgreSQL, each
-    statement is one, and asyncpg's BEGIN and COMMIT two more."""
+    statement is one, asyncpg's BEGIN and COMMIT two more, and the pool's
+    ping one where it sends one (not for a fresh connection, nor where the
+    store's BEGIN carries it: pg_core.begun)."""
     seen = [0, 0]
     postgresql = engine.dialect.name == "postgresql"
+    dialect = engine.sync_engine.dialect
+    ping = dialect.do_ping
+
+    def counted_ping(connection: Any) -> bool:
+        if not PING_LEFT_TO_BEGIN.get():
+            seen[1] += 1
+        return ping(connection)
 
     def count(*_: Any) -> None:
         seen[0] += 1
@@ -183,9 +193,13 @@ def _counting(engine: Any) -> Iterator[list[int]]:
     event.listen(engine.sync_engine, "before_cursor_execute", count)
     event.listen(engine.sync_engine, "begin", begun)
     OneTripConnection._execute = counted_trip  # type: ignore[method-assign]
+    if postgresql:
+        dialect.do_ping = counted_ping
     try:
         yield seen
     finally:
+        if postgresql:
+            dialect.do_ping = ping
         OneTripConnection._execute = trip  # type: ignore[method-assign]
         event.remove(engine.sync_engine, "begin", begun)
         event.remove(engine.sync_engine, "before_cursor_execute", count)

@@ -121,16 +121,16 @@ class Database:
                 )
                 yield await stack.enter_async_context(sqlite), notes
             else:
-                connection = await stack.enter_async_context(self.engine.connect())
                 # The claim's checks rely on READ COMMITTED and its locks on
                 # one transaction: pinned on this connection (an engine's
                 # option would lose to one set on an engine beneath it),
                 # whatever the engine or the database's default says. Under
                 # AUTOCOMMIT the first statement's locks would be gone before
                 # the second, and current_setting would still say read
-                # committed. asyncpg sends the level with its BEGIN: no round
-                # trip of its own.
-                await connection.execution_options(isolation_level="READ COMMITTED")
+                # committed. The level goes with the BEGIN, and the BEGIN is
+                # the checkout's ping (pg_core.begun): one trip for the three.
+                begun = pg_core.begun(self.engine, isolation_level="READ COMMITTED")
+                connection = await stack.enter_async_context(begun)
                 await stack.enter_async_context(connection.begin())
                 # Each statement one trip, without SQLAlchemy's execution
                 # around it (pg_core.py).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ logger = logging.getLogger(__name__)
 # ping before it takes the connection for lost. Generous: a server that
 # needs longer to answer SELECT 1 is in trouble anyway.
 PING_TIMEOUT_SECONDS = 10.0
+# Set while a checkout's ping is left to the BEGIN its borrower sends at
+# once (pg_core.begun): that BEGIN is the trip that finds a lost connection,
+# one round trip fewer a transaction. The checks that need no trip stay.
+PING_LEFT_TO_BEGIN: ContextVar[bool] = ContextVar("roundtable_ping_left_to_begin", default=False)
 
 
 def create_engine_for(database_url: str) -> AsyncEngine:
@@ -75,7 +80,11 @@ def _one_trip_ping(dbapi_connection: Any) -> bool:
     fails there); this one closes it, so the server rolls that transaction
     back, and the pool replaces it as a lost connection. So is one that
     does not answer within ``PING_TIMEOUT_SECONDS``, where SQLAlchemy's
-    ping waited for ever."""
+    ping waited for ever.
+
+    Under ``PING_LEFT_TO_BEGIN`` only the checks that need no trip are
+    made here (closed, or inside a transaction by the last reply); the
+    borrower's BEGIN, sent at once, makes the rest (pg_core.begun)."""
     driver = dbapi_connection.driver_connection
     try:
         # First from the server's last reply (no trip; a failed transaction
@@ -83,31 +92,33 @@ def _one_trip_ping(dbapi_connection: Any) -> bool:
         # last reply may be older than one still on its way (a borrower's
         # statement cancelled mid-flight), SELECT 1's answer is not.
         inside = not driver.is_closed() and driver.is_in_transaction()
+        if not inside and PING_LEFT_TO_BEGIN.get() and not driver.is_closed():
+            return True  # the borrower's BEGIN goes now, and checks the rest
         if not inside:
-            await_(driver.execute("SELECT 1", timeout=_ping_timeout(driver)))
+            await_(driver.execute("SELECT 1", timeout=ping_timeout(driver)))
             inside = driver.is_in_transaction()
         if inside:
-            _close(driver, "was found inside a transaction")
+            close_unlendable(driver, "was found inside a transaction")
             raise InterfaceError("a pooled connection was inside a transaction")
     except TimeoutError:
         # No answer: a frozen backend, or a connection cut without a word (a
         # failover, a firewall's idle drop), where the socket would wait out
         # TCP's retries, a quarter of an hour. Replaced, as a lost one.
-        _close(driver, "did not answer its ping")
+        close_unlendable(driver, "did not answer its ping")
         dbapi_connection._handle_exception(InterfaceError("no answer to the pool's ping"))
     except Exception as error:
         dbapi_connection._handle_exception(error)
     return True
 
 
-def _close(driver: Any, why: str) -> None:
+def close_unlendable(driver: Any, why: str) -> None:
     """Close a pooled connection the ping will not lend: the server rolls
     back whatever it had open, and the failed ping makes the pool replace it."""
     logger.warning("a pooled PostgreSQL connection %s; closed and replaced", why)
     driver.terminate()
 
 
-def _ping_timeout(driver: Any) -> float:
+def ping_timeout(driver: Any) -> float:
     """``PING_TIMEOUT_SECONDS``, or the connection's own command timeout
     (``?command_timeout=`` in the URL) where that is shorter."""
     own = driver._config.command_timeout

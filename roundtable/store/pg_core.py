@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
@@ -41,12 +42,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from roundtable.completion import to_completion
+from roundtable.store import engine as engines
 from roundtable.store.core_statements import (
     CoreConnection,
     CoreResult,
     CoreStatements,
     CursorFacts,
 )
+
+logger = logging.getLogger(__name__)
 
 # The rows a command touched, from asyncpg's status message, as SQLAlchemy's
 # adapter reads it.
@@ -174,6 +178,115 @@ def over(pooled: AsyncConnection) -> CoreConnection:
 async def reading(engine: AsyncEngine) -> AsyncIterator[CoreConnection]:
     """A pooled connection for reads, in a transaction rolled back at the end
     (at the engine's isolation level: READ COMMITTED unless configured)."""
-    async with engine.connect() as pooled:
+    async with begun(engine) as pooled:
         await pooled.begin()
         yield over(pooled)
+
+
+@contextlib.asynccontextmanager
+async def begun(
+    engine: AsyncEngine, isolation_level: str | None = None
+) -> AsyncIterator[AsyncConnection]:
+    """A pooled connection whose server transaction is begun before it is
+    handed over, by a BEGIN that is also the checkout's ping: one round
+    trip where the pool's ping and the first statement's BEGIN were two.
+    The caller begins SQLAlchemy's transaction on it as on any connection
+    (no trip on asyncpg; the first statement finds the transaction open).
+
+    The BEGIN does all a ping does. A connection it finds lost, one that
+    does not answer within the ping's time, or one the server still has
+    inside a transaction (a borrower's, begun behind the adapter's back,
+    whose reply may still have been on its way when the pool checked:
+    ``_FRESH`` fails there) is closed, so the server rolls back whatever
+    it held, and the borrower is lent a connection checked out the usual
+    way, pinged by the pool. ``isolation_level`` is set before the BEGIN
+    (setting it after would roll the BEGIN back). On a driver other than
+    asyncpg, the pool pings and the transaction begins as ever."""
+    async with contextlib.AsyncExitStack() as stack:
+        held = PING_IN_BEGIN.set(True)
+        try:
+            pooled = await stack.enter_async_context(engine.connect())
+        finally:
+            PING_IN_BEGIN.reset(held)
+        if isolation_level is not None:
+            await pooled.execution_options(isolation_level=isolation_level)
+        if await _begin_as_ping(pooled):
+            yield pooled
+            return
+    async with engine.connect() as pooled:  # pinged by the pool
+        if isolation_level is not None:
+            await pooled.execution_options(isolation_level=isolation_level)
+        yield pooled
+
+
+PING_IN_BEGIN = engines.PING_LEFT_TO_BEGIN
+
+# After the BEGIN, in the same message: a transaction begun by this BEGIN
+# started when the message came (PostgreSQL sets the transaction's start
+# to its first statement's), one begun before it did not, and then this
+# divides by zero. Only an error makes a simple query's answer visible.
+_FRESH = "SELECT 1 / (transaction_timestamp() = statement_timestamp())::int"
+_LEVELS = {
+    "read_committed": " ISOLATION LEVEL READ COMMITTED",
+    "repeatable_read": " ISOLATION LEVEL REPEATABLE READ",
+    "serializable": " ISOLATION LEVEL SERIALIZABLE",
+}
+
+
+class _BegunWithPing:
+    """The transaction :func:`begun` opened, where the adapter keeps
+    asyncpg's own (``_transaction``): the adapter ends it through these."""
+
+    __slots__ = ("_driver",)
+
+    def __init__(self, driver: Any) -> None:
+        self._driver = driver
+
+    async def commit(self) -> None:
+        await self._driver.execute("COMMIT;")
+
+    async def rollback(self) -> None:
+        await self._driver.execute("ROLLBACK;")
+
+
+async def _begin_as_ping(pooled: AsyncConnection) -> bool:
+    """Begin the connection's transaction, as the adapter would (its
+    isolation level, read-only and deferrable flags), in the same trip as
+    the check that it is the connection's own; False, the connection
+    closed and invalidated, when it is not to be lent (and under
+    AUTOCOMMIT, where no BEGIN carries the ping: the pool pings the next).
+    True, with nothing sent, on a driver other than asyncpg, which the
+    pool pinged as ever."""
+    adapted = pooled.sync_connection.connection.dbapi_connection
+    if not isinstance(adapted, AsyncAdapt_asyncpg_connection):
+        return True
+    if adapted.autocommit:
+        return False
+    driver = adapted._connection
+    sql = "BEGIN" + _LEVELS.get(adapted.isolation_level or "", "")
+    sql += " READ ONLY" if adapted.readonly else ""
+    sql += " DEFERRABLE" if adapted.deferrable else ""
+    try:
+        await driver.execute(f"{sql}; {_FRESH}", timeout=engines.ping_timeout(driver))
+    except TimeoutError:
+        why = "did not answer its ping (its BEGIN)"
+    except Exception as error:  # lost, or inside a transaction: never lent
+        why = f"was found inside a transaction, or failed, at its BEGIN ({type(error).__name__})"
+    except BaseException:  # cut off mid-BEGIN: what the server did is unknown
+        await _discard(pooled, driver, "was cut off at its BEGIN")
+        raise
+    else:
+        adapted._transaction = _BegunWithPing(driver)
+        return True
+    await _discard(pooled, driver, why)
+    return False
+
+
+async def _discard(pooled: AsyncConnection, driver: Any, why: str) -> None:
+    """Close the connection (the server rolls back what it holds) and
+    invalidate it, so the pool never lends it again."""
+    if not driver.is_closed():
+        engines.close_unlendable(driver, why)
+    else:
+        logger.info("a pooled PostgreSQL connection was lost; replaced")
+    await to_completion(pooled.invalidate)()
