@@ -173,6 +173,16 @@ async def test_a_transaction_open_on_the_server_fails_the_begin_and_is_never_joi
     reply still on its way when the pool checked): the BEGIN's check fails
     there, the connection is closed (its INSERT rolled back by the server),
     and the borrower is lent a pinged connection."""
+    await _a_write_then_another_behind_a_reply_on_its_way(engine)
+    assert await _rows(engine) == [2]
+    assert "found inside a transaction, or failed, at its BEGIN" in caplog.text
+
+
+async def _a_write_then_another_behind_a_reply_on_its_way(engine: AsyncEngine) -> None:
+    """A borrower's BEGIN and INSERT (1) sent behind the adapter's back and
+    cut off while the backend is frozen, so the reply is still on its way
+    when the connection goes back to the pool; then a store transaction
+    that inserts 2, on a connection other than that one."""
     pid, raw = await _pooled_raw(engine)
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -185,8 +195,35 @@ async def test_a_transaction_open_on_the_server_fails_the_begin_and_is_never_joi
     async with Database(engine).core_transaction() as (conn, _notes):
         assert (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one() != pid
         await conn.execute(text("INSERT INTO begun_rows VALUES (2)"))
-    assert await _rows(engine) == [2]
-    assert "found inside a transaction, or failed, at its BEGIN" in caplog.text
+
+
+async def test_the_check_is_not_fooled_by_a_schema_ahead_of_pg_catalog(
+    postgres_url, caplog
+) -> None:
+    """A search_path that puts a schema before pg_catalog, holding a
+    transaction_timestamp() of its own that always agrees: the check names
+    pg_catalog's, so the borrower's transaction is still found."""
+    engine = create_engine_for(postgres_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE SCHEMA shadow"))
+            await conn.execute(
+                text(
+                    "CREATE FUNCTION shadow.transaction_timestamp() RETURNS timestamptz"
+                    " LANGUAGE sql STABLE AS 'SELECT pg_catalog.statement_timestamp()'"
+                )
+            )
+            await conn.execute(text("CREATE TABLE begun_rows (x int)"))
+            database = (await conn.execute(text("SELECT current_database()"))).scalar_one()
+            await conn.execute(
+                text(f'ALTER DATABASE "{database}" SET search_path = shadow, pg_catalog, public')
+            )
+        await engine.dispose()  # new connections take the database's search_path
+        await _a_write_then_another_behind_a_reply_on_its_way(engine)
+        assert await _rows(engine) == [2]
+        assert "found inside a transaction, or failed, at its BEGIN" in caplog.text
+    finally:
+        await engine.dispose()
 
 
 async def test_a_begin_cut_off_by_a_cancellation_never_lends_its_connection(engine, caplog) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,15 +32,30 @@ async def waiting(store: Store, n: int, deadline: datetime) -> dict[str, Any]:
     )
 
 
-async def both(n: int, first: Any, second: Any) -> tuple[Any, Any]:
+async def read_time(store: Store) -> float:
+    """How long one of the store's reads takes here, in seconds (the median
+    of five): the unit a race's head start is swept in, so the sweep
+    covers the same number of round trips on a local server and a remote."""
+    run = await new_run(store)
+    taken = []
+    for _ in range(5):
+        started = time.perf_counter()
+        await store.get_run(run["id"])
+        taken.append(time.perf_counter() - started)
+    return statistics.median(taken)
+
+
+async def both(n: int, first: Any, second: Any, unit: float) -> tuple[Any, Any]:
     """Both at once; on SQLite, whose writers queue in this process, whoever
     asks first goes first, so the order alternates from round to round. The
-    one asked first is ahead by a head start swept from round to round (0
-    to 1.75 ms): on PostgreSQL the two sides' paths to the row can differ
-    by a round trip (the store's own transactions ping with their BEGIN,
-    an ORM session's pool pings first), and a fixed start would let the
-    shorter path win every round."""
-    head_start = (n // 2 % 8) * 0.00025
+    one asked first is ahead by a head start swept from round to round, 0
+    to 1.75 ``unit`` (a read's time, about three round trips on PostgreSQL):
+    there the two sides' paths to the row can differ by a round trip (the
+    store's own transactions ping with their BEGIN, an ORM session's pool
+    pings first), and a fixed start would let the shorter path win every
+    round. Which side wins a round is then set mostly by its head start;
+    what each round checks is that exactly one did, cleanly."""
+    head_start = (n // 2 % 8) * unit / 4
 
     async def behind(call: Any) -> Any:
         await asyncio.sleep(head_start)
@@ -69,6 +86,7 @@ async def endings_of(store: Store, run_id: str, approval_id: str) -> list[str]:
 
 async def test_approve_against_expire_has_exactly_one_outcome(store: Store) -> None:
     outcomes: dict[str, int] = {}
+    unit = await read_time(store)
     for n in range(ROUNDS):
         action = await waiting(store, n, datetime.now(UTC) + timedelta(hours=1))
         approval_id = action["approval_id"]
@@ -78,6 +96,7 @@ async def test_approve_against_expire_has_exactly_one_outcome(store: Store) -> N
             n,
             store.decide_approval(approval_id, "approved", "ops"),
             store.expire_approval(approval_id, deadline),
+            unit,
         )
         approval = await store.get_approval(approval_id)
         settled = await store.get_action(action["id"])
@@ -92,6 +111,7 @@ async def test_approve_against_expire_has_exactly_one_outcome(store: Store) -> N
 
 
 async def test_extend_against_expire_has_exactly_one_outcome(store: Store) -> None:
+    unit = await read_time(store)
     for n in range(ROUNDS):
         action = await waiting(store, n, datetime.now(UTC) + timedelta(hours=1))
         approval_id = action["approval_id"]
@@ -100,6 +120,7 @@ async def test_extend_against_expire_has_exactly_one_outcome(store: Store) -> No
             n,
             store.extend_approval(approval_id, 600, "ops", 3600),
             store.expire_approval(approval_id, deadline),
+            unit,
         )
         approval = await store.get_approval(approval_id)
         if approval["status"] == "expired":
@@ -118,6 +139,7 @@ async def test_reconcile_against_recover_never_leaves_a_mixed_state(store: Store
     operator either finds it not yet unknown (refused) or settles it."""
     from roundtable.store.schema import ActionLeaseRow
 
+    unit = await read_time(store)
     for n in range(ROUNDS):
         run = await new_run(store)
         action = await new_action(store, run, key=f"lapse-{n}", **target_fields(f"lapse-{n}"))
@@ -133,6 +155,7 @@ async def test_reconcile_against_recover_never_leaves_a_mixed_state(store: Store
             n,
             store.recover_expired_action_leases(run_id=run["id"]),
             store.reconcile_action(action["id"], "failed", "ops", "checked"),
+            unit,
         )
         settled = await store.get_action(action["id"])
         kinds = [e["event_type"] for e in await store.list_events(run["id"])]

@@ -200,8 +200,15 @@ async def begun(
     ``_FRESH`` fails there) is closed, so the server rolls back whatever
     it held, and the borrower is lent a connection checked out the usual
     way, pinged by the pool. ``isolation_level`` is set before the BEGIN
-    (setting it after would roll the BEGIN back). On a driver other than
-    asyncpg, the pool pings and the transaction begins as ever."""
+    (setting it after would roll the BEGIN back and begin again, a trip
+    more); read-only and deferrable are the engine's (set after, they
+    would not reach the transaction already begun). On a driver other than
+    asyncpg, the pool pings and the transaction begins as ever.
+
+    The transaction begins at checkout, not at the first statement: at
+    REPEATABLE READ or SERIALIZABLE its snapshot is taken then, and the
+    server's ``idle_in_transaction_session_timeout`` counts from then. The
+    store's callers send their first statement at once."""
     async with contextlib.AsyncExitStack() as stack:
         held = PING_IN_BEGIN.set(True)
         try:
@@ -225,7 +232,12 @@ PING_IN_BEGIN = engines.PING_LEFT_TO_BEGIN
 # started when the message came (PostgreSQL sets the transaction's start
 # to its first statement's), one begun before it did not, and then this
 # divides by zero. Only an error makes a simple query's answer visible.
-_FRESH = "SELECT 1 / (transaction_timestamp() = statement_timestamp())::int"
+# Every name is pg_catalog's: through the search_path, a schema listed
+# before it could shadow a function or operator and pass the check always.
+_FRESH = (
+    "SELECT 1 OPERATOR(pg_catalog./) (pg_catalog.transaction_timestamp()"
+    " OPERATOR(pg_catalog.=) pg_catalog.statement_timestamp())::pg_catalog.int4"
+)
 _LEVELS = {
     "read_committed": " ISOLATION LEVEL READ COMMITTED",
     "repeatable_read": " ISOLATION LEVEL REPEATABLE READ",
@@ -262,6 +274,9 @@ async def _begin_as_ping(pooled: AsyncConnection) -> bool:
         return True
     if adapted.autocommit:
         return False
+    # The pool's reset ended the last borrower's (as asyncpg's own start
+    # asserts, a transaction is begun only where none is kept).
+    assert adapted._transaction is None, "a pooled connection lent with its transaction"
     driver = adapted._connection
     sql = "BEGIN" + _LEVELS.get(adapted.isolation_level or "", "")
     sql += " READ ONLY" if adapted.readonly else ""
@@ -271,7 +286,8 @@ async def _begin_as_ping(pooled: AsyncConnection) -> bool:
     except TimeoutError:
         why = "did not answer its ping (its BEGIN)"
     except Exception as error:  # lost, or inside a transaction: never lent
-        why = f"was found inside a transaction, or failed, at its BEGIN ({type(error).__name__})"
+        # The BEGIN binds no values: its error's text quotes nothing stored.
+        why = f"was found inside a transaction, or failed, at its BEGIN ({error!r})"
     except BaseException:  # cut off mid-BEGIN: what the server did is unknown
         await _discard(pooled, driver, "was cut off at its BEGIN")
         raise
@@ -288,5 +304,5 @@ async def _discard(pooled: AsyncConnection, driver: Any, why: str) -> None:
     if not driver.is_closed():
         engines.close_unlendable(driver, why)
     else:
-        logger.info("a pooled PostgreSQL connection was lost; replaced")
+        logger.info("a pooled PostgreSQL connection was lost; replaced (%s)", why)
     await to_completion(pooled.invalidate)()
