@@ -275,3 +275,37 @@ async def test_under_autocommit_the_pool_pings_and_nothing_is_begun(engine) -> N
     await asyncio.sleep(0)
     assert sent == ["SELECT 1"]  # the pool's ping, for the connection lent
     assert await _rows(engine) == [1]
+
+
+async def test_an_orm_transaction_pings_with_its_begin_and_commits(engine) -> None:
+    _, raw = await _pooled_raw(engine)
+    sent = _logged(raw)
+    async with Database(engine).transaction() as session:
+        await session.execute(text("INSERT INTO begun_rows VALUES (1)"))
+    await asyncio.sleep(0)
+    assert sent == [f"BEGIN; {pg_core._FRESH}", "COMMIT;"]
+    assert not raw.is_in_transaction()
+    assert await _rows(engine) == [1]
+
+
+async def test_a_failed_orm_transaction_is_rolled_back(engine) -> None:
+    _, raw = await _pooled_raw(engine)
+    sent = _logged(raw)
+    with pytest.raises(RuntimeError):
+        async with Database(engine).transaction() as session:
+            await session.execute(text("INSERT INTO begun_rows VALUES (1)"))
+            raise RuntimeError("the caller's own failure")
+    await asyncio.sleep(0)
+    assert sent[-1] == "ROLLBACK;"
+    assert await _rows(engine) == []
+
+
+async def test_a_snapshot_pings_with_its_begin_at_repeatable_read(engine) -> None:
+    _, raw = await _pooled_raw(engine)
+    sent = _logged(raw)
+    async with Database(engine).snapshot() as session:
+        level = (await session.execute(text("SHOW transaction_isolation"))).scalar_one()
+    await asyncio.sleep(0)
+    assert level == "repeatable read"
+    assert sent[0] == f"BEGIN ISOLATION LEVEL REPEATABLE READ; {pg_core._FRESH}"
+    assert not raw.is_in_transaction()

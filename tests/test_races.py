@@ -50,11 +50,11 @@ async def both(n: int, first: Any, second: Any, unit: float) -> tuple[Any, Any]:
     asks first goes first, so the order alternates from round to round. The
     one asked first is ahead by a head start swept from round to round, 0
     to 1.75 ``unit`` (a read's time, about three round trips on PostgreSQL):
-    there the two sides' paths to the row can differ by a round trip (the
-    store's own transactions ping with their BEGIN, an ORM session's pool
-    pings first), and a fixed start would let the shorter path win every
-    round. Which side wins a round is then set mostly by its head start;
-    what each round checks is that exactly one did, cleanly."""
+    there the two sides' paths to the row can differ by a round trip or
+    more (a statement more before the lock, say), and a fixed start would
+    let the shorter path win every round. Which side wins a round is then
+    set mostly by its head start; what each round checks is that exactly
+    one did, cleanly."""
     head_start = (n // 2 % 8) * unit / 4
 
     async def behind(call: Any) -> Any:

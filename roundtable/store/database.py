@@ -70,6 +70,7 @@ class Database:
         # of the first; SQLite's deferred transactions in WAL mode do the same.
         if engine.dialect.name == "postgresql":
             readers = readers.execution_options(isolation_level="REPEATABLE READ")
+        self._snapshot_readers = readers
         self._snapshot_factory = async_sessionmaker(readers, expire_on_commit=False)
         # SQLite admits one writer at a time. Queuing this process's writers
         # here replaces SQLite's busy-handler sleeps with an orderly wait (the
@@ -90,7 +91,10 @@ class Database:
         async with contextlib.AsyncExitStack() as stack:
             if self._local_writer is not None:
                 await stack.enter_async_context(self._local_writer)
-            session = await stack.enter_async_context(self.session_factory())
+                session = await stack.enter_async_context(self.session_factory())
+            else:
+                made = await self._session_on_begun(stack, self.engine, self.session_factory)
+                session = await stack.enter_async_context(made)
             async with session.begin():
                 yield session
             notes = commit_notes.take(session)
@@ -165,8 +169,26 @@ class Database:
     @asynccontextmanager
     async def snapshot(self) -> AsyncIterator[AsyncSession]:
         """One read-only transaction: all its reads see one instant."""
-        async with self._snapshot_factory() as session, session.begin():
-            yield session
+        async with contextlib.AsyncExitStack() as stack:
+            if self._local_writer is not None:
+                session = await stack.enter_async_context(self._snapshot_factory())
+            else:
+                readers, factory = self._snapshot_readers, self._snapshot_factory
+                made = await self._session_on_begun(stack, readers, factory)
+                session = await stack.enter_async_context(made)
+            async with session.begin():
+                yield session
+
+    @staticmethod
+    async def _session_on_begun(
+        stack: contextlib.AsyncExitStack, engine: AsyncEngine, factory: Any
+    ) -> AsyncSession:
+        """On PostgreSQL, a session on a connection whose BEGIN was its
+        checkout's ping (pg_core.begun: one round trip fewer); the session
+        begins and ends that connection's transaction as it would its own,
+        and the connection goes back to the pool when ``stack`` closes."""
+        connection = await stack.enter_async_context(pg_core.begun(engine))
+        return factory(bind=connection)
 
     async def all(self, query: Any) -> list[dict[str, Any]]:
         """Run a read query for whole rows; plain dicts out."""
