@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import make_url, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtable.store import engine as engine_module
@@ -309,3 +310,28 @@ async def test_a_snapshot_pings_with_its_begin_at_repeatable_read(engine) -> Non
     assert level == "repeatable read"
     assert sent[0] == f"BEGIN ISOLATION LEVEL REPEATABLE READ; {pg_core._FRESH}"
     assert not raw.is_in_transaction()
+
+
+async def test_a_read_only_flag_asked_for_after_the_begin_reaches_the_transaction(engine) -> None:
+    """Set on the session's connection before its first statement (the
+    only time SQLAlchemy allows it), after the BEGIN went without it: the
+    BEGIN is rolled back and the transaction begins read-only."""
+    with pytest.raises(DBAPIError, match="read-only transaction"):
+        async with Database(engine).transaction() as session:
+            await session.connection(execution_options={"postgresql_readonly": True})
+            only = (await session.execute(text("SHOW transaction_read_only"))).scalar_one()
+            assert only == "on"
+            await session.execute(text("INSERT INTO begun_rows VALUES (1)"))
+    assert await _rows(engine) == []
+    async with Database(engine).transaction() as session:  # the flag went with its borrower
+        await session.execute(text("INSERT INTO begun_rows VALUES (2)"))
+    assert await _rows(engine) == [2]
+
+
+async def test_a_snapshot_sees_the_instant_its_block_was_entered(engine) -> None:
+    async with Database(engine).snapshot() as session:
+        async with engine.begin() as other:
+            await other.execute(text("INSERT INTO begun_rows VALUES (1)"))
+        seen = (await session.execute(text("SELECT count(*) FROM begun_rows"))).scalar_one()
+    assert seen == 0
+    assert await _rows(engine) == [1]

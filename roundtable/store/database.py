@@ -168,7 +168,8 @@ class Database:
 
     @asynccontextmanager
     async def snapshot(self) -> AsyncIterator[AsyncSession]:
-        """One read-only transaction: all its reads see one instant."""
+        """One read-only transaction: all its reads see one instant (on
+        PostgreSQL, the instant the block is entered: its BEGIN goes then)."""
         async with contextlib.AsyncExitStack() as stack:
             if self._local_writer is not None:
                 session = await stack.enter_async_context(self._snapshot_factory())

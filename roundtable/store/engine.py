@@ -57,8 +57,29 @@ def create_engine_for(database_url: str) -> AsyncEngine:
         hide_parameters=True,
         json_serializer=dumps_storable,
     )
-    engine.sync_engine.dialect.do_ping = _one_trip_ping  # type: ignore[method-assign]
+    dialect = engine.sync_engine.dialect
+    dialect.do_ping = _one_trip_ping  # type: ignore[method-assign]
+    dialect.set_readonly = _flag_setter("readonly")  # type: ignore[method-assign]
+    dialect.set_deferrable = _flag_setter("deferrable")  # type: ignore[method-assign]
     return _refusing_unstorable(engine)
+
+
+def _flag_setter(flag: str) -> Any:
+    """The dialect's set_readonly or set_deferrable, for connections whose
+    BEGIN went at checkout (pg_core.begun) without the flag: SQLAlchemy
+    sets these only before its own transaction begins, so nothing has run
+    in the server's yet; it is rolled back, as the adapter's own
+    set_isolation_level does, and the next statement begins anew with the
+    flag. Otherwise a read-only transaction asked for there would quietly
+    take writes."""
+
+    def set_flag(dbapi_connection: Any, value: bool) -> None:
+        begun = getattr(dbapi_connection._transaction, "begun_with_ping", False)
+        if begun and getattr(dbapi_connection, flag) != value:
+            dbapi_connection.rollback()
+        setattr(dbapi_connection, flag, value)
+
+    return set_flag
 
 
 def _one_trip_ping(dbapi_connection: Any) -> bool:

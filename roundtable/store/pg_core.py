@@ -201,12 +201,13 @@ async def begun(
     it held, and the borrower is lent a connection checked out the usual
     way, pinged by the pool. ``isolation_level`` is set before the BEGIN
     (setting it after would roll the BEGIN back and begin again, a trip
-    more); read-only and deferrable are the engine's (set after, they
-    would not reach the transaction already begun). On a driver other than
+    more); so are read-only and deferrable set on the connection after
+    (engine._flag_setter). On a driver other than
     asyncpg, the pool pings and the transaction begins as ever.
 
     The transaction begins at checkout, not at the first statement: at
-    REPEATABLE READ or SERIALIZABLE its snapshot is taken then, and the
+    REPEATABLE READ or SERIALIZABLE its snapshot is taken then (a
+    Database.snapshot() sees the instant its block was entered), and the
     server's ``idle_in_transaction_session_timeout`` counts from then. The
     store's callers send their first statement at once."""
     async with contextlib.AsyncExitStack() as stack:
@@ -250,6 +251,9 @@ class _BegunWithPing:
     asyncpg's own (``_transaction``): the adapter ends it through these."""
 
     __slots__ = ("_driver",)
+    # engine._flag_setter rolls it back for a read-only or deferrable flag
+    # set after the BEGIN went without it.
+    begun_with_ping = True
 
     def __init__(self, driver: Any) -> None:
         self._driver = driver
