@@ -202,8 +202,8 @@ async def begun(
     way, pinged by the pool. ``isolation_level`` is set before the BEGIN
     (setting it after would roll the BEGIN back and begin again, a trip
     more); so are read-only and deferrable set on the connection after
-    (engine._flag_setter). On a driver other than
-    asyncpg, the pool pings and the transaction begins as ever.
+    (engine._flag_setter). On a driver other than asyncpg, the pool pings
+    and the transaction begins as ever.
 
     The transaction begins at checkout, not at the first statement: at
     REPEATABLE READ or SERIALIZABLE its snapshot is taken then (a
@@ -211,11 +211,11 @@ async def begun(
     server's ``idle_in_transaction_session_timeout`` counts from then. The
     store's callers send their first statement at once."""
     async with contextlib.AsyncExitStack() as stack:
-        held = PING_IN_BEGIN.set(True)
+        held = engines.PING_LEFT_TO_BEGIN.set(True)
         try:
             pooled = await stack.enter_async_context(engine.connect())
         finally:
-            PING_IN_BEGIN.reset(held)
+            engines.PING_LEFT_TO_BEGIN.reset(held)
         if isolation_level is not None:
             await pooled.execution_options(isolation_level=isolation_level)
         if await _begin_as_ping(pooled):
@@ -226,8 +226,6 @@ async def begun(
             await pooled.execution_options(isolation_level=isolation_level)
         yield pooled
 
-
-PING_IN_BEGIN = engines.PING_LEFT_TO_BEGIN
 
 # After the BEGIN, in the same message: a transaction begun by this BEGIN
 # started when the message came (PostgreSQL sets the transaction's start
