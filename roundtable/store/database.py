@@ -93,7 +93,7 @@ class Database:
                 await stack.enter_async_context(self._local_writer)
                 session = await stack.enter_async_context(self.session_factory())
             else:
-                made = await self._session_on_begun(stack, self.engine, self.session_factory)
+                made = _session_on_begun(self.engine, self.session_factory)
                 session = await stack.enter_async_context(made)
             async with session.begin():
                 yield session
@@ -174,22 +174,10 @@ class Database:
             if self._local_writer is not None:
                 session = await stack.enter_async_context(self._snapshot_factory())
             else:
-                readers, factory = self._snapshot_readers, self._snapshot_factory
-                made = await self._session_on_begun(stack, readers, factory)
+                made = _session_on_begun(self._snapshot_readers, self._snapshot_factory)
                 session = await stack.enter_async_context(made)
             async with session.begin():
                 yield session
-
-    @staticmethod
-    async def _session_on_begun(
-        stack: contextlib.AsyncExitStack, engine: AsyncEngine, factory: Any
-    ) -> AsyncSession:
-        """On PostgreSQL, a session on a connection whose BEGIN was its
-        checkout's ping (pg_core.begun: one round trip fewer); the session
-        begins and ends that connection's transaction as it would its own,
-        and the connection goes back to the pool when ``stack`` closes."""
-        connection = await stack.enter_async_context(pg_core.begun(engine))
-        return factory(bind=connection)
 
     async def all(self, query: Any) -> list[dict[str, Any]]:
         """Run a read query for whole rows; plain dicts out."""
@@ -397,3 +385,13 @@ async def _lock_owner_run(session: AsyncSession, model: type[R], row_id: str) ->
     if run is None:
         raise NotFoundError(f"{_NOUNS[model]} {row_id!r} not found")
     return run
+
+
+@asynccontextmanager
+async def _session_on_begun(engine: AsyncEngine, factory: Any) -> AsyncIterator[AsyncSession]:
+    """On PostgreSQL, a session on a connection whose BEGIN was its
+    checkout's ping (pg_core.begun: one round trip fewer); the session
+    begins and ends that connection's transaction as it would its own, and
+    the connection goes back to the pool after the session is closed."""
+    async with pg_core.begun(engine) as connection, factory(bind=connection) as session:
+        yield session
