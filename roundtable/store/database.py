@@ -91,10 +91,8 @@ class Database:
         async with contextlib.AsyncExitStack() as stack:
             if self._local_writer is not None:
                 await stack.enter_async_context(self._local_writer)
-                session = await stack.enter_async_context(self.session_factory())
-            else:
-                made = _session_on_begun(self.engine, self.session_factory)
-                session = await stack.enter_async_context(made)
+            made = self._session(self.engine, self.session_factory)
+            session = await stack.enter_async_context(made)
             async with session.begin():
                 yield session
             notes = commit_notes.take(session)
@@ -170,14 +168,18 @@ class Database:
     async def snapshot(self) -> AsyncIterator[AsyncSession]:
         """One read-only transaction: all its reads see one instant (on
         PostgreSQL, the instant the block is entered: its BEGIN goes then)."""
-        async with contextlib.AsyncExitStack() as stack:
-            if self._local_writer is not None:
-                session = await stack.enter_async_context(self._snapshot_factory())
-            else:
-                made = _session_on_begun(self._snapshot_readers, self._snapshot_factory)
-                session = await stack.enter_async_context(made)
-            async with session.begin():
-                yield session
+        made = self._session(self._snapshot_readers, self._snapshot_factory)
+        async with made as session, session.begin():
+            yield session
+
+    def _session(
+        self, engine: AsyncEngine, factory: Any
+    ) -> contextlib.AbstractAsyncContextManager[AsyncSession]:
+        """A session of ``factory``'s; on PostgreSQL, on a connection whose
+        BEGIN was its checkout's ping (:func:`_session_on_begun`)."""
+        if self._local_writer is not None:
+            return factory()
+        return _session_on_begun(engine, factory)
 
     async def all(self, query: Any) -> list[dict[str, Any]]:
         """Run a read query for whole rows; plain dicts out."""
