@@ -101,7 +101,7 @@ async def test_a_store_read_pings_with_its_begin_and_is_rolled_back(engine) -> N
     async with Database(engine).core_reader() as conn:
         assert (await conn.execute(text("SELECT 41 + 1"))).scalar_one() == 42
     await asyncio.sleep(0)
-    assert sent == [f"BEGIN; {pg_core._FRESH}", "ROLLBACK;"]
+    assert sent == [f"BEGIN READ ONLY; {pg_core._FRESH}", "ROLLBACK;"]
 
 
 class _SilentCut:
@@ -309,7 +309,7 @@ async def test_a_snapshot_pings_with_its_begin_at_repeatable_read(engine) -> Non
         level = (await session.execute(text("SHOW transaction_isolation"))).scalar_one()
     await asyncio.sleep(0)
     assert level == "repeatable read"
-    assert sent[0] == f"BEGIN ISOLATION LEVEL REPEATABLE READ; {pg_core._FRESH}"
+    assert sent[0] == f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {pg_core._FRESH}"
     assert not raw.is_in_transaction()
 
 

@@ -224,8 +224,16 @@ def private_file(path: Path) -> None:
 
 
 def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
-    """The same pool, marked so that SQLite opens its transactions deferred."""
-    return engine.execution_options(**{READ_ONLY_OPTION: True})
+    """The same pool, marked so that SQLite opens its transactions deferred;
+    on PostgreSQL, READ ONLY transactions as well: a write sent through a
+    reader (a bug, or rows locked FOR UPDATE) is refused by the server, not
+    committed outside the writers' run lock and audit. The flag goes with
+    the BEGIN (with the ping's, pg_core.begun: no trip of its own), and
+    SQLAlchemy takes it off the connection when the pool has it back."""
+    options: dict[str, Any] = {READ_ONLY_OPTION: True}
+    if engine.dialect.name == "postgresql":
+        options["postgresql_readonly"] = True
+    return engine.execution_options(**options)
 
 
 def is_postgresql(session: AsyncSession | CoreConnection) -> bool:

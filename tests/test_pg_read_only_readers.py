@@ -1,0 +1,150 @@
+"""On PostgreSQL the store's readers are read-only transactions: a write
+sent through one (a bug, or a statement that locks rows it means to
+change) is refused by the server, never committed outside the writers'
+discipline (the run lock, the audit event). The flag goes with the BEGIN
+the checkout's ping already sends, so it costs no trip, and it goes back
+with the connection: the next borrower, a writer, writes as ever."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from roundtable.store import pg_core
+from roundtable.store.database import Database
+from roundtable.store.engine import create_engine_for
+
+READERS = ("reader", "snapshot", "core_reader", "core_reader_alone")
+
+
+@pytest.fixture
+async def engine(postgres_url: str) -> AsyncIterator[AsyncEngine]:
+    made = create_engine_for(postgres_url)
+    async with made.begin() as conn:
+        await conn.execute(text("CREATE TABLE IF NOT EXISTS read_only_rows (x int)"))
+        await conn.execute(text("DELETE FROM read_only_rows"))
+        await conn.execute(text("INSERT INTO read_only_rows VALUES (0)"))
+    yield made
+    await made.dispose()
+
+
+@contextlib.asynccontextmanager
+async def _reading(db: Database, way: str) -> AsyncIterator[Any]:
+    """One of the store's ways to read: something to ``execute`` on."""
+    if way == "reader":
+        async with db.reader() as session:
+            yield session
+    elif way == "snapshot":
+        async with db.snapshot() as session:
+            yield session
+    else:
+        async with db.core_reader(alone=way == "core_reader_alone") as conn:
+            yield conn
+
+
+async def _one_pooled(engine: AsyncEngine) -> Any:
+    """The pool's connection, left in it: with nothing else checked out,
+    each borrower below is lent this one."""
+    async with engine.connect() as conn:
+        return (await conn.get_raw_connection()).driver_connection
+
+
+async def _rows(engine: AsyncEngine) -> list[int]:
+    async with engine.connect() as conn:
+        return list((await conn.execute(text("SELECT x FROM read_only_rows ORDER BY x"))).scalars())
+
+
+@pytest.mark.parametrize("way", READERS)
+async def test_a_reader_is_a_read_only_transaction(engine, way) -> None:
+    async with _reading(Database(engine), way) as reader:
+        only = (await reader.execute(text("SHOW transaction_read_only"))).scalar_one()
+        seen = (await reader.execute(text("SELECT count(*) FROM read_only_rows"))).scalar_one()
+    assert only == "on"
+    assert seen == 1
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "INSERT INTO read_only_rows VALUES (1)",
+        "UPDATE read_only_rows SET x = 1",
+        "DELETE FROM read_only_rows",
+        "SELECT x FROM read_only_rows FOR UPDATE",
+    ],
+)
+@pytest.mark.parametrize("way", READERS)
+async def test_a_write_through_a_reader_is_refused_and_changes_nothing(
+    engine, way, statement
+) -> None:
+    raw = await _one_pooled(engine)
+    with pytest.raises(DBAPIError, match="read-only transaction"):
+        async with _reading(Database(engine), way) as reader:
+            await reader.execute(text(statement))
+    assert not raw.is_in_transaction()
+    assert await _rows(engine) == [0]
+
+
+@pytest.mark.parametrize("way", READERS)
+async def test_the_flag_goes_back_with_the_connection(engine, way) -> None:
+    """A reader, then writers (Core, ORM) lent the same connection: they
+    write, and a reader after them is read-only again."""
+    db = Database(engine)
+    raw = await _one_pooled(engine)
+    async with _reading(db, way) as reader:
+        await reader.execute(text("SELECT 1"))
+    async with db.core_transaction() as (conn, _notes):
+        assert (await conn.execute(text("SHOW transaction_read_only"))).scalar_one() == "off"
+        await conn.execute(text("INSERT INTO read_only_rows VALUES (1)"))
+    async with db.transaction() as session:
+        await session.execute(text("INSERT INTO read_only_rows VALUES (2)"))
+    async with engine.begin() as plain:  # the engine's own connections too
+        await plain.execute(text("INSERT INTO read_only_rows VALUES (3)"))
+    async with _reading(db, way) as reader:
+        assert (await reader.execute(text("SHOW transaction_read_only"))).scalar_one() == "on"
+    assert (await _one_pooled(engine)) is raw  # one connection throughout
+    assert await _rows(engine) == [0, 1, 2, 3]
+
+
+async def test_the_flag_rides_with_the_begin_that_pings(engine) -> None:
+    """No trip of its own: the BEGIN the checkout sends anyway says READ ONLY."""
+    raw = await _one_pooled(engine)
+    sent: list[str] = []
+    raw.add_query_logger(lambda logged: sent.append(logged.query))
+    db = Database(engine)
+    async with db.core_reader() as conn:
+        await conn.execute(text("SELECT 1"))
+    async with db.snapshot() as session:
+        await session.execute(text("SELECT 1"))
+    await asyncio.sleep(0)
+    assert sent == [
+        f"BEGIN READ ONLY; {pg_core._FRESH}",
+        "ROLLBACK;",
+        f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {pg_core._FRESH}",
+        "COMMIT;",
+    ]
+
+
+@pytest.mark.parametrize("way", ["snapshot", "core_reader"])
+async def test_a_reader_lent_a_connection_the_pool_pinged_is_read_only_too(
+    engine, way, monkeypatch
+) -> None:
+    """Where the BEGIN cannot carry the ping (a connection found lost or
+    inside a transaction there), the reader is lent one the pool pinged,
+    and SQLAlchemy's own BEGIN says READ ONLY."""
+
+    async def not_begun(_pooled: Any) -> bool:
+        return False
+
+    monkeypatch.setattr(pg_core, "_begin_as_ping", not_begun)
+    with pytest.raises(DBAPIError, match="read-only transaction"):
+        async with _reading(Database(engine), way) as reader:
+            assert (await reader.execute(text("SHOW transaction_read_only"))).scalar_one() == "on"
+            await reader.execute(text("INSERT INTO read_only_rows VALUES (1)"))
+    assert await _rows(engine) == [0]
