@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtable.store import Store, open_store
+from roundtable.store.engine import create_engine_for
 from roundtable.store.sqlite_driver import OneTripConnection
 from tests.ci import unavailable
 from tests.pg_cluster import PgCluster, PostgresUnavailable, start_cluster
@@ -106,6 +108,14 @@ def postgres_url() -> Iterator[str]:
     asyncio.run(admin_sql(f'CREATE DATABASE "{name}"'))
     yield make_url(admin).set(database=name).render_as_string(hide_password=False)
     asyncio.run(admin_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+async def pg_engine(postgres_url: str) -> AsyncIterator[AsyncEngine]:
+    """The store's engine (create_engine_for) on a fresh PostgreSQL database."""
+    made = create_engine_for(postgres_url)
+    yield made
+    await made.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

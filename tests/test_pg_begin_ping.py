@@ -26,13 +26,10 @@ from roundtable.store.engine import create_engine_for
 
 
 @pytest.fixture
-async def engine(postgres_url: str) -> AsyncIterator[AsyncEngine]:
-    made = create_engine_for(postgres_url)
-    async with made.begin() as conn:
-        await conn.execute(text("CREATE TABLE IF NOT EXISTS begun_rows (x int)"))
-        await conn.execute(text("DELETE FROM begun_rows"))
-    yield made
-    await made.dispose()
+async def engine(pg_engine: AsyncEngine) -> AsyncEngine:
+    async with pg_engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE begun_rows (x int)"))
+    return pg_engine
 
 
 async def _pooled_raw(engine: AsyncEngine) -> tuple[int, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -43,12 +42,10 @@ from tests.test_core_statements import kind_row as _row
 
 
 @pytest.fixture
-async def engine(postgres_url: str) -> AsyncIterator[AsyncEngine]:
-    made = create_engine_for(postgres_url)
-    async with made.begin() as conn:
+async def engine(pg_engine: AsyncEngine) -> AsyncEngine:
+    async with pg_engine.begin() as conn:
         await conn.run_sync(_META.create_all)
-    yield made
-    await made.dispose()
+    return pg_engine
 
 
 def fast(engine: AsyncEngine) -> Any:

@@ -9,7 +9,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -23,10 +22,8 @@ from roundtable.store.engine import create_engine_for
 
 
 @pytest.fixture
-async def engine(postgres_url: str) -> AsyncIterator[AsyncEngine]:
-    made = create_engine_for(postgres_url)
-    yield made
-    await made.dispose()
+def engine(pg_engine: AsyncEngine) -> AsyncEngine:
+    return pg_engine
 
 
 async def _pid_and_raw(engine: AsyncEngine) -> tuple[int, Any]:

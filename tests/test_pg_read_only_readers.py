@@ -19,20 +19,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtable.store import pg_core
 from roundtable.store.database import Database
-from roundtable.store.engine import create_engine_for
 
 READERS = ("reader", "snapshot", "core_reader", "core_reader_alone")
 
 
 @pytest.fixture
-async def engine(postgres_url: str) -> AsyncIterator[AsyncEngine]:
-    made = create_engine_for(postgres_url)
-    async with made.begin() as conn:
-        await conn.execute(text("CREATE TABLE IF NOT EXISTS read_only_rows (x int)"))
-        await conn.execute(text("DELETE FROM read_only_rows"))
+async def engine(pg_engine: AsyncEngine) -> AsyncEngine:
+    async with pg_engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE read_only_rows (x int)"))
         await conn.execute(text("INSERT INTO read_only_rows VALUES (0)"))
-    yield made
-    await made.dispose()
+    return pg_engine
 
 
 @contextlib.asynccontextmanager
