@@ -69,6 +69,7 @@ from roundtable.store import (
     InvalidInputError,
     NotFoundError,
     Store,
+    as_stored,
 )
 from roundtable.telemetry.logs import bind
 from roundtable.telemetry.metrics import Metrics
@@ -407,11 +408,19 @@ class WriteActivities:
                 with contextlib.suppress(Exception):
                     await recording
                 raise asyncio.CancelledError()
-            await recording
+            recorded = await recording
             if status != ActionStatus.UNKNOWN:  # the lease is released: wake who waits
                 await self._wake_waiters(action)
-            # Report what the database says: recovery may have made it unknown first.
-            return await self._action_now(inp.action_id, claim)
+            if not recorded:
+                # Report what the database says: recovery made it unknown first.
+                return await self._action_now(inp.action_id, claim)
+            # This attempt's own record, committed: the row holds just this
+            # (a read fewer on every write's path).
+            return ExecuteWriteOutput(
+                claim=claim,
+                status=status,
+                result=await self._bounded(action, as_stored(result)),
+            )
 
     async def _invoke_under_lease(
         self, action: dict[str, Any], sealed: str | None, terms: LeaseTerms

@@ -42,6 +42,7 @@ from roundtable.store.reads import Reads
 from roundtable.store.results import ToolResults
 from roundtable.store.runs import RunGrant, Runs
 from roundtable.store.sessions import Sessions
+from roundtable.store.text import as_stored
 from roundtable.store.tokens import Tokens
 from roundtable.store.turns import Turns
 from roundtable.store.webhooks import Webhooks
@@ -61,6 +62,7 @@ __all__ = [
     "SchemaOutOfDateError",
     "Store",
     "StoreError",
+    "as_stored",
     "open_store",
 ]
 

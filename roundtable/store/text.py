@@ -82,6 +82,13 @@ def dumps_storable(value: Any) -> str:
     return json.dumps(escape_json(value))
 
 
+def as_stored(value: Any) -> Any:
+    """A JSON column's value as the database gives it back once written
+    (PostgreSQL's jsonb may order an object's keys otherwise: equal as
+    values), without reading it."""
+    return json.loads(dumps_storable(value))
+
+
 def refuse_unstorable(name: str, value: Any) -> Any:
     """Caller input: refused, never altered (what was asked must be what is kept)."""
     if isinstance(value, str) and unstorable(value):
