@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from datetime import UTC, datetime
@@ -660,6 +661,30 @@ def _call_refusal(inp: InterceptInput, spec: Any) -> PendingWrite | None:
     return None
 
 
+def _json_object(answer: Any) -> dict[str, Any] | None:
+    """A tool's answer as the JSON object an action's result is. A handler
+    is to answer with one, but one that answered otherwise still ran to its
+    end: its write is done, and failing the record over the answer's shape
+    would leave it for an operator to reconcile as unknown. Any other JSON
+    value is kept under ``value``; what JSON cannot write (a datetime, a
+    set, an object) as its text, and an answer JSON cannot take at all (a
+    key that is not text, a cycle) as the text of the whole."""
+    if answer is None:
+        return None
+    try:
+        plain = json.loads(json.dumps(answer, default=_text_of))
+    except (TypeError, ValueError, RecursionError):
+        plain = _text_of(answer)
+    return plain if isinstance(plain, dict) else {"value": plain}
+
+
+def _text_of(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception:  # a tool's object whose text fails: say what it was
+        return f"<{type(value).__name__}>"
+
+
 def _judged(
     outcome: CallOutcome, tool: ToolDefinition, arguments: dict[str, Any], action: dict[str, Any]
 ) -> tuple[str, dict[str, Any], bool, bool]:
@@ -682,7 +707,8 @@ def _judged(
     if outcome.error is None:
         # What the tool answered is stored in plain text, shown by the API and
         # given to the agents: whatever of the arguments it echoes is redacted.
-        shown = redact_result(outcome.result, arguments, action["safe_argument_fields"])
+        answer = _json_object(outcome.result)
+        shown = redact_result(answer, arguments, action["safe_argument_fields"])
         return ActionStatus.SUCCEEDED, shown, True, False
     if isinstance(outcome.error, ToolDefiniteFailure):
         # The code is the tool's too (stored, audited, shown): redacted alike.

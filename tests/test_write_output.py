@@ -6,6 +6,7 @@ to be read again (someone made the action unknown while it ran)."""
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -94,4 +95,59 @@ async def test_a_failure_reported_is_the_stored_one(store) -> None:
     refused = ToolDefiniteFailure("no_such_ticket", "T-1\x00 is not there")
     output, stored = await _executed(store, refused, "failed")
     assert stored["status"] == "failed"
+    assert (output.status, output.result) == (stored["status"], stored["result"])
+
+
+class _Opaque:
+    """Something JSON cannot write, that says what it is."""
+
+    def __str__(self) -> str:
+        return "an opaque answer"
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+def _circular() -> dict[str, Any]:
+    loop: dict[str, Any] = {"id": "T-1"}
+    loop["self"] = loop
+    return loop
+
+
+@pytest.mark.parametrize(
+    ("answer", "kept"),
+    [
+        (["a", "list"], {"value": ["a", "list"]}),
+        ("done", {"value": "done"}),
+        (42, {"value": 42}),
+        ({"when": datetime(2026, 12, 6, tzinfo=UTC)}, {"when": "2026-12-06 00:00:00+00:00"}),
+        ({"thing": _Opaque(), "ids": {"T-1"}}, {"thing": "an opaque answer", "ids": "{'T-1'}"}),
+        ({"thing": _Unprintable()}, {"thing": "<_Unprintable>"}),
+        ({("a", "b"): 1}, {"value": "{('a', 'b'): 1}"}),
+        (_circular(), {"value": "{'id': 'T-1', 'self': {...}}"}),
+        (b"bytes", {"value": "b'bytes'"}),
+    ],
+    ids=[
+        "list",
+        "text",
+        "number",
+        "datetime",
+        "objects",
+        "unprintable",
+        "tuple-key",
+        "circular",
+        "bytes",
+    ],
+)
+async def test_an_answer_that_is_not_a_json_object_still_ends_the_write_succeeded(
+    store, answer, kept
+) -> None:
+    """The tool ran to its end and said so: its write is done, whatever the
+    shape of its answer. Before, such an answer failed the record after the
+    call, and the write was left for an operator to reconcile as unknown."""
+    output, stored = await _executed(store, answer, "shapeless")
+    assert stored["status"] == "succeeded"
+    assert stored["result"] == kept
     assert (output.status, output.result) == (stored["status"], stored["result"])
