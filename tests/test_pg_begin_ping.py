@@ -294,7 +294,7 @@ async def test_an_orm_transaction_pings_with_its_begin_and_commits(engine) -> No
     async with Database(engine).transaction() as session:
         await session.execute(text("INSERT INTO begun_rows VALUES (1)"))
     await asyncio.sleep(0)
-    assert sent == [f"BEGIN; {pg_core._FRESH}", "COMMIT;"]
+    assert sent == [f"BEGIN ISOLATION LEVEL READ COMMITTED; {pg_core._FRESH}", "COMMIT;"]
     assert not raw.is_in_transaction()
     assert await _rows(engine) == [1]
 

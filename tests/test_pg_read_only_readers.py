@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtable.store import pg_core
@@ -123,7 +123,7 @@ async def test_the_flag_rides_with_the_begin_that_pings(engine) -> None:
         f"BEGIN READ ONLY; {pg_core._FRESH}",
         "ROLLBACK;",
         f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {pg_core._FRESH}",
-        "COMMIT;",
+        "ROLLBACK;",
     ]
 
 
@@ -144,3 +144,82 @@ async def test_a_reader_lent_a_connection_the_pool_pinged_is_read_only_too(
             assert (await reader.execute(text("SHOW transaction_read_only"))).scalar_one() == "on"
             await reader.execute(text("INSERT INTO read_only_rows VALUES (1)"))
     assert await _rows(engine) == [0]
+
+
+# Found by the adversarial review of the change above.
+
+
+# The test rolls back the connection under the session's own transaction,
+# which SQLAlchemy warns of when the session then ends it.
+@pytest.mark.filterwarnings("ignore:transaction already deassociated:sqlalchemy.exc.SAWarning")
+@pytest.mark.parametrize("way", ["reader", "snapshot"])
+async def test_a_reader_whose_connection_is_replaced_mid_block_refuses_to_go_on(
+    engine, way
+) -> None:
+    """A connection invalidated under a reader, rolled back and used again,
+    is replaced by SQLAlchemy with a fresh one that nobody marked read-only
+    (or REPEATABLE READ): its next BEGIN is refused, and nothing is written."""
+    with pytest.raises(InvalidRequestError, match="would not be read-only"):
+        async with _reading(Database(engine), way) as session:
+            conn = await session.connection()
+            await conn.execute(text("SELECT 1"))
+            await conn.invalidate()
+            await conn.rollback()
+            await conn.execute(text("INSERT INTO read_only_rows VALUES (7)"))
+            await conn.commit()
+    assert await _rows(engine) == [0]
+
+
+@pytest.mark.parametrize("way", READERS)
+async def test_readers_of_an_engine_under_autocommit_refuse_to_read(engine, way) -> None:
+    """No BEGIN goes under AUTOCOMMIT, so none can say READ ONLY: a reader
+    there would take writes, one committed per statement. Refused instead
+    (a snapshot pins its own isolation level on its connection, and reads)."""
+    db = Database(engine.execution_options(isolation_level="AUTOCOMMIT"))
+    if way == "snapshot":
+        async with _reading(db, way) as reader:
+            level = (await reader.execute(text("SHOW transaction_isolation"))).scalar_one()
+            with pytest.raises(DBAPIError, match="read-only transaction"):
+                await reader.execute(text("INSERT INTO read_only_rows VALUES (9)"))
+        assert level == "repeatable read"
+    else:
+        with pytest.raises(InvalidRequestError, match="would not be read-only"):
+            async with _reading(db, way) as reader:
+                await reader.execute(text("INSERT INTO read_only_rows VALUES (9)"))
+    assert await _rows(engine) == [0]
+
+
+async def test_a_snapshot_is_repeatable_read_whatever_the_engine_says(engine) -> None:
+    """An isolation level set on an engine beneath the store's would win over
+    the snapshot engine's own: pinned on the connection, it cannot."""
+    db = Database(engine.execution_options(isolation_level="READ COMMITTED"))
+    async with db.snapshot() as session:
+        level = (await session.execute(text("SHOW transaction_isolation"))).scalar_one()
+    assert level == "repeatable read"
+
+
+async def test_a_writers_transaction_is_one_transaction_whatever_the_engine_says(engine) -> None:
+    """Under AUTOCOMMIT each of an ORM writer's statements would commit on its
+    own, the run lock gone between them: pinned at READ COMMITTED, as the
+    Core writers' are, a failure rolls back the whole."""
+    db = Database(engine.execution_options(isolation_level="AUTOCOMMIT"))
+    with pytest.raises(RuntimeError, match="after the first"):
+        async with db.transaction() as session:
+            level = (await session.execute(text("SHOW transaction_isolation"))).scalar_one()
+            await session.execute(text("INSERT INTO read_only_rows VALUES (1)"))
+            raise RuntimeError("a failure after the first statement")
+    assert level == "read committed"
+    assert await _rows(engine) == [0]
+
+
+async def test_a_snapshot_leaves_no_session_setting_behind(engine) -> None:
+    """READ ONLY still takes SET. A snapshot ends by rolling back, so a
+    setting made in it does not reach the next borrower of its connection."""
+    db = Database(engine)
+    raw = await _one_pooled(engine)
+    async with db.snapshot() as session:
+        await session.execute(text("SET work_mem = '77kB'"))
+    async with db.transaction() as session:
+        work_mem = (await session.execute(text("SHOW work_mem"))).scalar_one()
+    assert (await _one_pooled(engine)) is raw
+    assert work_mem != "77kB"

@@ -91,7 +91,10 @@ class Database:
         async with contextlib.AsyncExitStack() as stack:
             if self._local_writer is not None:
                 await stack.enter_async_context(self._local_writer)
-            made = self._session(self.engine, self.session_factory)
+            # At READ COMMITTED whatever the engine beneath says (under
+            # AUTOCOMMIT each statement would commit alone, the run lock gone
+            # between them), as core_transaction's; the level goes with the BEGIN.
+            made = self._session(self.engine, self.session_factory, "READ COMMITTED")
             session = await stack.enter_async_context(made)
             async with session.begin():
                 yield session
@@ -167,19 +170,24 @@ class Database:
     @asynccontextmanager
     async def snapshot(self) -> AsyncIterator[AsyncSession]:
         """One read-only transaction: all its reads see one instant (on
-        PostgreSQL, the instant the block is entered: its BEGIN goes then)."""
-        made = self._session(self._snapshot_readers, self._snapshot_factory)
-        async with made as session, session.begin():
+        PostgreSQL, the instant the block is entered: its BEGIN goes then,
+        at REPEATABLE READ pinned on its connection, which an engine beneath
+        could not change). It ends by rolling back: READ ONLY still takes
+        SET, which a commit would leave on the pooled connection."""
+        made = self._session(self._snapshot_readers, self._snapshot_factory, "REPEATABLE READ")
+        async with made as session, session.begin() as reading:
             yield session
+            await reading.rollback()
 
     def _session(
-        self, engine: AsyncEngine, factory: Any
+        self, engine: AsyncEngine, factory: Any, isolation_level: str
     ) -> contextlib.AbstractAsyncContextManager[AsyncSession]:
         """A session of ``factory``'s; on PostgreSQL, on a connection whose
-        BEGIN was its checkout's ping (:func:`_session_on_begun`)."""
+        BEGIN was its checkout's ping (:func:`_session_on_begun`), at
+        ``isolation_level``."""
         if self._local_writer is not None:
             return factory()
-        return _session_on_begun(engine, factory)
+        return _session_on_begun(engine, factory, isolation_level)
 
     async def all(self, query: Any) -> list[dict[str, Any]]:
         """Run a read query for whole rows; plain dicts out."""
@@ -390,10 +398,14 @@ async def _lock_owner_run(session: AsyncSession, model: type[R], row_id: str) ->
 
 
 @asynccontextmanager
-async def _session_on_begun(engine: AsyncEngine, factory: Any) -> AsyncIterator[AsyncSession]:
+async def _session_on_begun(
+    engine: AsyncEngine, factory: Any, isolation_level: str
+) -> AsyncIterator[AsyncSession]:
     """On PostgreSQL, a session on a connection whose BEGIN was its
-    checkout's ping (pg_core.begun: one round trip fewer); the session
-    begins and ends that connection's transaction as it would its own, and
-    the connection goes back to the pool after the session is closed."""
-    async with pg_core.begun(engine) as connection, factory(bind=connection) as session:
+    checkout's ping (pg_core.begun: one round trip fewer), at
+    ``isolation_level``; the session begins and ends that connection's
+    transaction as it would its own, and the connection goes back to the
+    pool after the session is closed."""
+    begun = pg_core.begun(engine, isolation_level=isolation_level)
+    async with begun as connection, factory(bind=connection) as session:
         yield session

@@ -16,6 +16,7 @@ from asyncpg.exceptions import InterfaceError
 from sqlalchemy import event, func, literal, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import InvalidRequestError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.util.concurrency import await_
 
@@ -229,11 +230,28 @@ def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
     reader (a bug, or rows locked FOR UPDATE) is refused by the server, not
     committed outside the writers' run lock and audit. The flag goes with
     the BEGIN (with the ping's, pg_core.begun: no trip of its own), and
-    SQLAlchemy takes it off the connection when the pool has it back."""
-    options: dict[str, Any] = {READ_ONLY_OPTION: True}
-    if engine.dialect.name == "postgresql":
-        options["postgresql_readonly"] = True
-    return engine.execution_options(**options)
+    SQLAlchemy takes it off the connection when the pool has it back. Every
+    BEGIN is checked to say it (:func:`_refuse_unless_read_only`)."""
+    if engine.dialect.name != "postgresql":
+        return engine.execution_options(**{READ_ONLY_OPTION: True})
+    readers = engine.execution_options(**{READ_ONLY_OPTION: True, "postgresql_readonly": True})
+    event.listen(readers.sync_engine, "begin", _refuse_unless_read_only)
+    return readers
+
+
+def _refuse_unless_read_only(conn: Any) -> None:
+    """A reader's BEGIN, refused unless it begins a READ ONLY transaction.
+    SQLAlchemy marks a connection read-only once, when a reader's block
+    takes it: one it checks out again inside the block (after the first was
+    invalidated) is not marked, and under AUTOCOMMIT no BEGIN goes to carry
+    the flag. Either way the reader would take writes (found by the review
+    of the flag). Nothing is sent: the adapter's own flags are read."""
+    adapted = conn.connection.dbapi_connection
+    if adapted.autocommit or not adapted.readonly:
+        raise InvalidRequestError(
+            "a reader's transaction would not be read-only (its connection was "
+            "replaced inside its block, or the engine is under AUTOCOMMIT)"
+        )
 
 
 def is_postgresql(session: AsyncSession | CoreConnection) -> bool:
