@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, InvalidRequestError
+from sqlalchemy.exc import DBAPIError, InvalidRequestError, ResourceClosedError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtable.store import pg_core
@@ -223,3 +223,23 @@ async def test_a_snapshot_leaves_no_session_setting_behind(engine) -> None:
         work_mem = (await session.execute(text("SHOW work_mem"))).scalar_one()
     assert (await _one_pooled(engine)) is raw
     assert work_mem != "77kB"
+
+
+@pytest.mark.parametrize("engine_option", ["AUTOCOMMIT", None])
+async def test_a_refused_reader_connection_takes_no_statement_after(engine, engine_option) -> None:
+    """SQLAlchemy, its BEGIN cut off by the refusal, would send the next
+    statement on the same connection with no BEGIN and no check (found by the
+    second review): the refused connection is closed instead."""
+    base = engine.execution_options(isolation_level=engine_option) if engine_option else engine
+    db = Database(base)
+    async with db._readers.connect() as conn:
+        if engine_option is None:  # replaced inside the block, unmarked
+            await conn.execute(text("SELECT 1"))
+            await conn.invalidate()
+            await conn.rollback()
+        with pytest.raises(InvalidRequestError, match="would not be read-only"):
+            await conn.execute(text("INSERT INTO read_only_rows VALUES (1)"))
+        with pytest.raises(ResourceClosedError):
+            await conn.execute(text("INSERT INTO read_only_rows VALUES (2)"))
+    assert await _rows(engine) == [0]
+    assert engine.sync_engine.pool.checkedout() == 0

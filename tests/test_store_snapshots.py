@@ -7,6 +7,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from roundtable.store import Store
+from roundtable.store.schema import RunRow
 from roundtable.views import run_view
 from tests.helpers import new_run, waiting_action
 
@@ -46,3 +47,17 @@ async def test_run_view_while_writes_are_intercepted_never_sees_half_a_write(
     assert min(reads) >= 1
     final = await run_view(store, run["id"])
     assert len(final["actions"]) == len(final["approvals"]) == WRITES
+
+
+async def test_rows_read_in_a_snapshot_stay_readable_after_it(store: Store) -> None:
+    """A snapshot ends by rolling back, which expires the rows it loaded: they
+    are let go of first, so what was read is still there after the block (the
+    decision context of an edited decision is read so; found by the second
+    review of the rollback)."""
+    run = await new_run(store)
+    action = await waiting_action(store, run, "task-1", datetime.now(UTC) + timedelta(hours=1))
+    async with store.db.snapshot() as session:
+        row = await session.get(RunRow, run["id"])
+    assert row is not None and row.id == run["id"]
+    context = await store.decision_context(action["approval_id"])
+    assert context is not None

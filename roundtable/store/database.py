@@ -173,10 +173,13 @@ class Database:
         PostgreSQL, the instant the block is entered: its BEGIN goes then,
         at REPEATABLE READ pinned on its connection, which an engine beneath
         could not change). It ends by rolling back: READ ONLY still takes
-        SET, which a commit would leave on the pooled connection."""
+        SET, which a commit would leave on the pooled connection. Rows read
+        in it stay readable after it, as after a commit: they are let go of
+        before the rollback, which would expire them."""
         made = self._session(self._snapshot_readers, self._snapshot_factory, "REPEATABLE READ")
         async with made as session, session.begin() as reading:
             yield session
+            session.expunge_all()
             await reading.rollback()
 
     def _session(

@@ -245,9 +245,13 @@ def _refuse_unless_read_only(conn: Any) -> None:
     takes it: one it checks out again inside the block (after the first was
     invalidated) is not marked, and under AUTOCOMMIT no BEGIN goes to carry
     the flag. Either way the reader would take writes (found by the review
-    of the flag). Nothing is sent: the adapter's own flags are read."""
+    of the flag). Nothing is sent: the adapter's own flags are read. The
+    connection is closed before the refusal (its pooled connection goes
+    back, rolled back): SQLAlchemy, its BEGIN cut off here, would send the
+    next statement without one, and no check (found by the second review)."""
     adapted = conn.connection.dbapi_connection
     if adapted.autocommit or not adapted.readonly:
+        conn.close()
         raise InvalidRequestError(
             "a reader's transaction would not be read-only (its connection was "
             "replaced inside its block, or the engine is under AUTOCOMMIT)"
