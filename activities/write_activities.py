@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from activities.bounded import bounded_result
 from activities.errors import log_refusal, typed_store_errors
 from activities.lease_keeper import CallOutcome, LeaseTerms, call_under_lease, heartbeating
 from activities.run_activities import pinned_snapshot, require_own_run
+from activities.tool_answers import UnfinishedAnswer, json_object
 from roundtable.models import (
     ActionRef,
     ApprovalRef,
@@ -87,6 +87,8 @@ from roundtable.tools.registry import (
 log = logging.getLogger("roundtable.activities")
 EXECUTION_INTERRUPTED = "execution_interrupted"
 LEASE_LOST = "lease_lost"
+# The tool answered with work not yet done (activities/tool_answers.py).
+ANSWER_NOT_AWAITED = "answer_not_awaited"
 
 
 class WriteActivities:
@@ -661,30 +663,6 @@ def _call_refusal(inp: InterceptInput, spec: Any) -> PendingWrite | None:
     return None
 
 
-def _json_object(answer: Any) -> dict[str, Any] | None:
-    """A tool's answer as the JSON object an action's result is. A handler
-    is to answer with one, but one that answered otherwise still ran to its
-    end: its write is done, and failing the record over the answer's shape
-    would leave it for an operator to reconcile as unknown. Any other JSON
-    value is kept under ``value``; what JSON cannot write (a datetime, a
-    set, an object) as its text, and an answer JSON cannot take at all (a
-    key that is not text, a cycle) as the text of the whole."""
-    if answer is None:
-        return None
-    try:
-        plain = json.loads(json.dumps(answer, default=_text_of))
-    except (TypeError, ValueError, RecursionError):
-        plain = _text_of(answer)
-    return plain if isinstance(plain, dict) else {"value": plain}
-
-
-def _text_of(value: Any) -> str:
-    try:
-        return str(value)
-    except Exception:  # a tool's object whose text fails: say what it was
-        return f"<{type(value).__name__}>"
-
-
 def _judged(
     outcome: CallOutcome, tool: ToolDefinition, arguments: dict[str, Any], action: dict[str, Any]
 ) -> tuple[str, dict[str, Any], bool, bool]:
@@ -705,9 +683,13 @@ def _judged(
             result["tool_call_abandoned"] = True  # it ignored cancellation
         return ActionStatus.UNKNOWN, result, over, outcome.interrupted
     if outcome.error is None:
+        try:
+            answer = json_object(outcome.result)
+        except UnfinishedAnswer as unfinished:  # the write may still be under way
+            said = {"error_code": ANSWER_NOT_AWAITED, "message": str(unfinished)}
+            return ActionStatus.UNKNOWN, said, False, False
         # What the tool answered is stored in plain text, shown by the API and
         # given to the agents: whatever of the arguments it echoes is redacted.
-        answer = _json_object(outcome.result)
         shown = redact_result(answer, arguments, action["safe_argument_fields"])
         return ActionStatus.SUCCEEDED, shown, True, False
     if isinstance(outcome.error, ToolDefiniteFailure):
