@@ -24,7 +24,6 @@ from activities.bounded import bounded_result
 from activities.errors import log_refusal, typed_store_errors
 from activities.lease_keeper import CallOutcome, LeaseTerms, call_under_lease, heartbeating
 from activities.run_activities import pinned_snapshot, require_own_run
-from activities.tool_answers import UnfinishedAnswer, json_object
 from roundtable.models import (
     ActionRef,
     ApprovalRef,
@@ -87,8 +86,6 @@ from roundtable.tools.registry import (
 log = logging.getLogger("roundtable.activities")
 EXECUTION_INTERRUPTED = "execution_interrupted"
 LEASE_LOST = "lease_lost"
-# The tool answered with work not yet done (activities/tool_answers.py).
-ANSWER_NOT_AWAITED = "answer_not_awaited"
 
 
 class WriteActivities:
@@ -683,14 +680,9 @@ def _judged(
             result["tool_call_abandoned"] = True  # it ignored cancellation
         return ActionStatus.UNKNOWN, result, over, outcome.interrupted
     if outcome.error is None:
-        try:
-            answer = json_object(outcome.result)
-        except UnfinishedAnswer as unfinished:  # the write may still be under way
-            said = {"error_code": ANSWER_NOT_AWAITED, "message": str(unfinished)}
-            return ActionStatus.UNKNOWN, said, False, False
         # What the tool answered is stored in plain text, shown by the API and
         # given to the agents: whatever of the arguments it echoes is redacted.
-        shown = redact_result(answer, arguments, action["safe_argument_fields"])
+        shown = redact_result(outcome.result, arguments, action["safe_argument_fields"])
         return ActionStatus.SUCCEEDED, shown, True, False
     if isinstance(outcome.error, ToolDefiniteFailure):
         # The code is the tool's too (stored, audited, shown): redacted alike.
