@@ -412,7 +412,8 @@ class WriteActivities:
             if status != ActionStatus.UNKNOWN:  # the lease is released: wake who waits
                 await self._wake_waiters(action)
             if not recorded:
-                # Report what the database says: recovery made it unknown first.
+                # Not recorded as given (recovery made it unknown first, say):
+                # report what the database says.
                 return await self._action_now(inp.action_id, claim)
             # This attempt's own record, committed: the row holds just this
             # (a read fewer on every write's path).
