@@ -65,13 +65,6 @@ class Database:
         readers = read_only_engine(engine)
         self._readers = readers
         self._read_factory = async_sessionmaker(readers, expire_on_commit=False)
-        # Views that read several tables must agree with themselves: on
-        # PostgreSQL at REPEATABLE READ every statement sees the database as
-        # of the first; SQLite's deferred transactions in WAL mode do the same.
-        if engine.dialect.name == "postgresql":
-            readers = readers.execution_options(isolation_level="REPEATABLE READ")
-        self._snapshot_readers = readers
-        self._snapshot_factory = async_sessionmaker(readers, expire_on_commit=False)
         # SQLite admits one writer at a time. Queuing this process's writers
         # here replaces SQLite's busy-handler sleeps with an orderly wait (the
         # 50-claimer test went from 21 s to 4.5 s on this machine). Safety does
@@ -176,7 +169,10 @@ class Database:
         SET, which a commit would leave on the pooled connection. Rows read
         in it stay readable after it, as after a commit: they are let go of
         before the rollback, which would expire them."""
-        made = self._session(self._snapshot_readers, self._snapshot_factory, "REPEATABLE READ")
+        # Views that read several tables must agree with themselves: on
+        # PostgreSQL at REPEATABLE READ every statement sees the database as
+        # of the first; SQLite's deferred transactions in WAL mode do the same.
+        made = self._session(self._readers, self._read_factory, "REPEATABLE READ")
         async with made as session, session.begin() as reading:
             yield session
             session.expunge_all()
