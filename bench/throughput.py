@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -93,22 +94,45 @@ async def _timed(stack: Stack, side: str, runs: int) -> dict[str, float]:
     }
 
 
+# Asked after each batch pair past the first ``repeats``, with the last
+# pair's wall seconds and each side's seconds per run in it: whether another
+# pair still fits (make bench's ten minutes, bench/__main__.py).
+AnotherPair = Callable[[float, dict[str, float]], bool]
+
+
 async def measure(
-    stack: Stack, runs: int, repeats: int = 1, profile: Path | None = None
+    stack: Stack,
+    runs: int,
+    repeats: int = 1,
+    profile: Path | None = None,
+    *,
+    up_to: int | None = None,
+    another: AnotherPair | None = None,
 ) -> dict[str, Any]:
-    """``runs`` at once, ``repeats`` batches a side, alternating; ``profile``:
-    sample both workers with py-spy while they run. Each side's figures are
-    its median batch, each ratio the median of the batch pairs' ratios: one
-    slow batch (a collection, the machine's noise) moves neither, and a pair
-    shares the worker's age, which a run's CPU drifts with (bench/README)."""
+    """``runs`` at once, ``repeats`` batches a side, alternating, then more
+    pairs, up to ``up_to`` in all, while ``another`` says one fits;
+    ``profile``: sample both workers with py-spy while they run. Each side's
+    figures are its median batch, each ratio the median of the batch pairs'
+    ratios: one slow batch (a collection, the machine's noise) moves
+    neither, and a pair shares the worker's age, which a run's CPU drifts
+    with (bench/README)."""
+    most = max(repeats, up_to or repeats)
     await _timed(stack, "bare", min(runs, 5))  # warm both workers
     await _timed(stack, "ours", min(runs, 5))
     taken: dict[str, list[dict[str, float]]] = {"bare": [], "ours": []}
     with sampled(stack.pids(), profile, f"throughput-{runs}"):
-        for _ in range(repeats):
+        for pair in range(most):
+            seconds: dict[str, float] = {}
             for side in ("bare", "ours"):
-                taken[side].append(_per_run(await _timed(stack, side, runs), runs))
-    figures: dict[str, Any] = {"runs_at_once": runs, "batches": repeats}
+                batch = await _timed(stack, side, runs)
+                seconds[side] = batch["seconds"]
+                taken[side].append(_per_run(batch, runs))
+            last = pair + 1 == most
+            if pair + 1 >= repeats and not last:
+                per_run = {side: s / runs for side, s in seconds.items()}
+                if another is None or not another(sum(seconds.values()), per_run):
+                    break
+    figures: dict[str, Any] = {"runs_at_once": runs, "batches": len(taken["bare"])}
     for side, batches in taken.items():
         figures[side] = {key: median(b[key] for b in batches) for key in batches[0]}
         figures[side]["by_batch"] = batches

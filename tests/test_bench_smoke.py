@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import scale
+from bench.__main__ import AFTER_SCALING_SECONDS, BUDGET_SECONDS, FULL, pair_fits
 from bench.report import rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,11 +73,12 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
             assert _positive(shape[side]["cpu_ms_per_run"])
             assert _positive(shape[side]["server_cpu_ms_per_run"])  # the server was found
     assert len(figures["scaling"]) >= 2
-    # The main figure is the median of several batch pairs, each kept.
+    # The main figure is the median of several batch pairs, each kept: the
+    # smoke's two, and the third its budget (far from spent) lets it take.
     batched = figures["throughput"]
-    assert batched["batches"] == 2
+    assert batched["batches"] == 3
     for side in ("bare", "ours"):
-        assert [_positive(b["cpu_ms_per_run"]) for b in batched[side]["by_batch"]] == [True] * 2
+        assert [_positive(b["cpu_ms_per_run"]) for b in batched[side]["by_batch"]] == [True] * 3
 
     for database in ("sqlite", "postgresql"):  # CI installs PostgreSQL: never skipped
         for mode in MODES:
@@ -209,3 +211,21 @@ def test_the_soaks_slope_leaves_out_the_warm_up_and_says_how_loose_it_is() -> No
     assert steady["rss_kib_per_run"] == 2.0 and steady["rss_kib_per_run_standard_error"] == 0
     noisy = growth(batches([200_000, 210_000, 220_000, 210_000, 220_000, 210_000]))
     assert noisy["rss_kib_per_run_standard_error"] > 0
+
+
+def test_make_bench_takes_another_batch_pair_only_while_its_ten_minutes_allow() -> None:
+    """The throughput's extra pairs are the one part of `make bench` sized
+    by the time left. With the slowest machine's pace (the run of 687 s:
+    three pairs done at 200 s, a pair 47 s, bare 0.096 s and ours 0.141 s a
+    run) a fourth would not fit, and make bench stops at three; at the
+    faster machine's pace (a pair 33 s) it takes all five."""
+    slow = {"bare": 0.096, "ours": 0.141}
+    assert not pair_fits(200.0, 47.0, slow, FULL.scales)
+    fast = {"bare": 0.069, "ours": 0.097}
+    assert pair_fits(150.0, 33.0, fast, FULL.scales)
+    assert pair_fits(183.0, 33.0, fast, FULL.scales)  # the fifth
+    # What is foreseen: the pair, 1,110 runs a side, the figures after them.
+    exact = 100.0 + 10.0 + 1110 * 0.2 + AFTER_SCALING_SECONDS
+    assert pair_fits(100.0, 10.0, {"bare": 0.1, "ours": 0.1}, FULL.scales, budget=exact)
+    assert not pair_fits(100.0, 10.0, {"bare": 0.1, "ours": 0.1}, FULL.scales, budget=exact - 1)
+    assert BUDGET_SECONDS < 600
