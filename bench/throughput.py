@@ -94,44 +94,54 @@ async def _timed(stack: Stack, side: str, runs: int) -> dict[str, float]:
     }
 
 
-# Asked after each batch pair past the first ``repeats``, with the last
-# pair's wall seconds and each side's seconds per run in it: whether another
-# pair still fits (make bench's ten minutes, bench/__main__.py).
-AnotherPair = Callable[[float, dict[str, float]], bool]
+# Asked before each batch pair more_pairs could take, with the longest
+# pair's wall seconds so far: whether another still fits (make bench's ten
+# minutes, bench/__main__.py).
+AnotherPair = Callable[[float], bool]
 
 
 async def measure(
-    stack: Stack,
-    runs: int,
-    repeats: int = 1,
-    profile: Path | None = None,
-    *,
-    up_to: int | None = None,
-    another: AnotherPair | None = None,
+    stack: Stack, runs: int, repeats: int = 1, profile: Path | None = None
 ) -> dict[str, Any]:
-    """``runs`` at once, ``repeats`` batches a side, alternating, then more
-    pairs, up to ``up_to`` in all, while ``another`` says one fits;
-    ``profile``: sample both workers with py-spy while they run. Each side's
-    figures are its median batch, each ratio the median of the batch pairs'
-    ratios: one slow batch (a collection, the machine's noise) moves
-    neither, and a pair shares the worker's age, which a run's CPU drifts
-    with (bench/README)."""
-    most = max(repeats, up_to or repeats)
+    """``runs`` at once, ``repeats`` batches a side, alternating; ``profile``:
+    sample both workers with py-spy while they run. Each side's figures are
+    its median batch, each ratio the median of the batch pairs' ratios: one
+    slow batch (a collection, the machine's noise) moves neither, and a pair
+    shares the worker's age, which a run's CPU drifts with (bench/README)."""
     await _timed(stack, "bare", min(runs, 5))  # warm both workers
     await _timed(stack, "ours", min(runs, 5))
     taken: dict[str, list[dict[str, float]]] = {"bare": [], "ours": []}
     with sampled(stack.pids(), profile, f"throughput-{runs}"):
-        for pair in range(most):
-            seconds: dict[str, float] = {}
-            for side in ("bare", "ours"):
-                batch = await _timed(stack, side, runs)
-                seconds[side] = batch["seconds"]
-                taken[side].append(_per_run(batch, runs))
-            last = pair + 1 == most
-            if pair + 1 >= repeats and not last:
-                per_run = {side: s / runs for side, s in seconds.items()}
-                if another is None or not another(sum(seconds.values()), per_run):
-                    break
+        for _ in range(repeats):
+            await _pair(stack, runs, taken)
+    return _figures(runs, taken)
+
+
+async def more_pairs(
+    stack: Stack, figures: dict[str, Any], up_to: int, another: AnotherPair
+) -> dict[str, Any]:
+    """``measure``'s figures with more batch pairs of the same size, up to
+    ``up_to`` pairs in all, each only while ``another`` says it fits (asked
+    with the longest pair so far); every pair's figures are kept, the
+    medians taken over them all. The workers are warm: no warm-up."""
+    runs = figures["runs_at_once"]
+    taken = {side: list(figures[side]["by_batch"]) for side in ("bare", "ours")}
+    while len(taken["bare"]) < up_to and another(_longest_pair(runs, taken)):
+        await _pair(stack, runs, taken)
+    return _figures(runs, taken)
+
+
+async def _pair(stack: Stack, runs: int, taken: dict[str, list[dict[str, float]]]) -> None:
+    for side in ("bare", "ours"):
+        taken[side].append(_per_run(await _timed(stack, side, runs), runs))
+
+
+def _longest_pair(runs: int, taken: dict[str, list[dict[str, float]]]) -> float:
+    pairs = zip(taken["bare"], taken["ours"], strict=True)
+    return max(runs / b["runs_per_s"] + runs / o["runs_per_s"] for b, o in pairs)
+
+
+def _figures(runs: int, taken: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     figures: dict[str, Any] = {"runs_at_once": runs, "batches": len(taken["bare"])}
     for side, batches in taken.items():
         figures[side] = {key: median(b[key] for b in batches) for key in batches[0]}

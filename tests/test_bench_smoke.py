@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import scale
-from bench.__main__ import AFTER_SCALING_SECONDS, BUDGET_SECONDS, FULL, pair_fits
+from bench.__main__ import AFTER_PAIRS_SECONDS, BUDGET_SECONDS, pair_fits
 from bench.report import rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +74,8 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
             assert _positive(shape[side]["server_cpu_ms_per_run"])  # the server was found
     assert len(figures["scaling"]) >= 2
     # The main figure is the median of several batch pairs, each kept: the
-    # smoke's two, and the third its budget (far from spent) lets it take.
+    # smoke's two, and the third its budget (far from spent) lets it take
+    # after the scaling points.
     batched = figures["throughput"]
     assert batched["batches"] == 3
     for side in ("bare", "ours"):
@@ -214,18 +215,17 @@ def test_the_soaks_slope_leaves_out_the_warm_up_and_says_how_loose_it_is() -> No
 
 
 def test_make_bench_takes_another_batch_pair_only_while_its_ten_minutes_allow() -> None:
-    """The throughput's extra pairs are the one part of `make bench` sized
-    by the time left. With the slowest machine's pace (the run of 687 s:
-    three pairs done at 200 s, a pair 47 s, bare 0.096 s and ours 0.141 s a
-    run) a fourth would not fit, and make bench stops at three; at the
-    faster machine's pace (a pair 33 s) it takes all five."""
-    slow = {"bare": 0.096, "ours": 0.141}
-    assert not pair_fits(200.0, 47.0, slow, FULL.scales)
-    fast = {"bare": 0.069, "ours": 0.097}
-    assert pair_fits(150.0, 33.0, fast, FULL.scales)
-    assert pair_fits(183.0, 33.0, fast, FULL.scales)  # the fifth
-    # What is foreseen: the pair, 1,110 runs a side, the figures after them.
-    exact = 100.0 + 10.0 + 1110 * 0.2 + AFTER_SCALING_SECONDS
-    assert pair_fits(100.0, 10.0, {"bare": 0.1, "ours": 0.1}, FULL.scales, budget=exact)
-    assert not pair_fits(100.0, 10.0, {"bare": 0.1, "ours": 0.1}, FULL.scales, budget=exact - 1)
+    """The throughput's fourth and fifth pairs are the one part of `make
+    bench` sized by the time left; they come after the scaling points, so
+    only the last three figures are foreseen (AFTER_PAIRS_SECONDS). The
+    two runs measured: after the scaling points, 448 s in with pairs of 47 s
+    (the 687 s run) and about 400 s in with pairs of 33 s (the 597 s run);
+    neither has room for a fourth. A faster machine, 340 s in with pairs
+    of 33 s, takes both."""
+    assert not pair_fits(448.0, 47.0)
+    assert not pair_fits(400.0, 33.0)
+    assert pair_fits(340.0, 33.0) and pair_fits(373.0, 33.0)
+    exact = 300.0 + 40.0 + AFTER_PAIRS_SECONDS
+    assert pair_fits(300.0, 40.0, budget=exact)
+    assert not pair_fits(300.0, 40.0, budget=exact - 0.5)
     assert BUDGET_SECONDS < 600
