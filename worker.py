@@ -224,7 +224,7 @@ async def worker_parts(settings: Settings) -> AsyncIterator[WorkerParts]:
     """The store, the demo ticket system and a registry holding its tools and
     those of the MCP servers, whose sessions stay open until these parts close.
     A workflows worker gets the store alone: no tool code is even imported."""
-    async with open_store(settings.database_url) as store:
+    async with open_store(settings.database_url, pool=settings.database_pool()) as store:
         if settings.worker_role == "workflows":
             yield WorkerParts(store=store, registry=ToolRegistry(), tickets=None)
             return

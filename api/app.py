@@ -135,7 +135,7 @@ def create_app(
             app.state.context = ApiContext(settings, store, client, traced)
             yield
             return
-        async with open_store(settings.database_url) as opened:
+        async with open_store(settings.database_url, pool=settings.database_pool()) as opened:
             app.state.context = ApiContext(settings, opened, client, traced)
             yield
 

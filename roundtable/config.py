@@ -8,6 +8,7 @@ rotated or removed secret takes effect at once and the system fails closed.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +16,30 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STATE_DIR = Path(".roundtable")
+
+
+@dataclass(frozen=True)
+class PoolSizing:
+    """PostgreSQL's connection pool for one process's store (README, "The
+    database pool"). None: SQLAlchemy's own (5 kept, 10 more at need, a
+    checkout waiting up to 30 s)."""
+
+    size: int | None = None
+    overflow: int | None = None
+    timeout_seconds: float | None = None
+
+    def engine_options(self) -> dict[str, int | float]:
+        """``create_async_engine``'s pool arguments for what is set."""
+        options: dict[str, int | float] = {}
+        if self.size is not None:
+            options["pool_size"] = self.size
+        if self.overflow is not None:
+            options["max_overflow"] = self.overflow
+        if self.timeout_seconds is not None:
+            options["pool_timeout"] = self.timeout_seconds
+        return options
+
+
 DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///./{DEFAULT_STATE_DIR}/roundtable.db"
 
 
@@ -30,6 +55,14 @@ class Settings(BaseSettings):
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
         description="SQLAlchemy async URL: sqlite+aiosqlite:///… or postgresql+asyncpg://…",
+    )
+    # PostgreSQL's connection pool, in each process (README, "The database
+    # pool"); unset: SQLAlchemy's. Not SQLite's: its writers share one held
+    # connection, and its pool stays the store's own.
+    database_pool_size: int | None = Field(default=None, ge=1, le=1000)
+    database_max_overflow: int | None = Field(default=None, ge=0, le=1000)
+    database_pool_timeout_seconds: float | None = Field(
+        default=None, gt=0, le=3600, allow_inf_nan=False
     )
     max_approval_extension_seconds: int = Field(default=7 * 24 * 3600, gt=0)
     temporal_address: str = "localhost:7233"
@@ -73,6 +106,9 @@ class Settings(BaseSettings):
         "temporal_tls_server_name",
         "temporal_api_key",
         "temporal_api_key_file",
+        "database_pool_size",
+        "database_max_overflow",
+        "database_pool_timeout_seconds",
         mode="before",
     )
     @classmethod
@@ -188,6 +224,14 @@ class Settings(BaseSettings):
                 "heartbeat before its lease runs out"
             )
         return self
+
+    def database_pool(self) -> PoolSizing:
+        """The store's PostgreSQL pool as set (``database_pool_*``)."""
+        return PoolSizing(
+            self.database_pool_size,
+            self.database_max_overflow,
+            self.database_pool_timeout_seconds,
+        )
 
     def tool_queue(self) -> str:
         """The task queue tool calls go to when tool workers serve them."""

@@ -27,6 +27,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from roundtable.config import PoolSizing
 from roundtable.models import RunInput, RunState, WorkflowArgs
 from roundtable.permissions import Authority
 from roundtable.store import Store, open_store
@@ -156,6 +157,7 @@ async def harness(
     runtime: Runtime | None = None,
     metrics: Metrics | None = None,
     interceptors: Sequence[Interceptor] = (),
+    pool: PoolSizing | None = None,
 ) -> AsyncIterator[Harness]:
     """``restartable``: the test stops and starts workers (stop_worker,
     start_worker). Workers then keep no sticky cache: the time-skipping server
@@ -168,7 +170,8 @@ async def harness(
     the demo ticket system stays on SQLite. ``dev_server_args``: more
     arguments for the dev server (dynamic config, say). ``runtime``: the
     time-skipping server's client's (metrics); ``metrics``: the worker's;
-    ``interceptors``: the client's, which its workers inherit (tracing)."""
+    ``interceptors``: the client's, which its workers inherit (tracing);
+    ``pool``: the store's PostgreSQL pool sizes."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'roundtable.db'}"
     if dev_server:
         env = await start_dev_server(
@@ -188,7 +191,7 @@ async def harness(
     try:
         if not dev_server:
             await register_search_attributes(env.client)
-        async with open_store(database_url or url) as store:
+        async with open_store(database_url or url, pool=pool) as store:
             tickets = await TicketSystem.open(url, write_delay_seconds=write_delay)
             registry = ToolRegistry()
             register_ticket_tools(registry, tickets)

@@ -162,7 +162,7 @@ async def _dev_operator_token(settings: Settings, token_file: Path) -> str:
     """This session's operator token, in a file only you can read. Tokens an
     earlier session left (it was killed before it could revoke them) are
     revoked first. The UI needs none: it decodes through /codec/ui."""
-    async with open_store(settings.database_url) as store:
+    async with open_store(settings.database_url, pool=settings.database_pool()) as store:
         await _revoke_dev_tokens(store)
         operator, _ = await store.create_token(
             user_id="dev-operator", role="operator", label=DEV_TOKEN_LABEL
@@ -193,7 +193,7 @@ async def _revoke_dev_tokens(store: Store) -> None:
 async def _end_dev_tokens(settings: Settings, token_file: Path) -> None:
     """The stack stops: its tokens stop working."""
     with contextlib.suppress(Exception):
-        async with open_store(settings.database_url) as store:
+        async with open_store(settings.database_url, pool=settings.database_pool()) as store:
             await _revoke_dev_tokens(store)
     _forget(token_file)
 
@@ -394,7 +394,7 @@ async def _watch_demo(settings: Settings, run_id: str, via: list[str]) -> None:
     """Print each approval and unknown action as it appears, with the command
     to act: through the stack's API, so it works pasted in any directory."""
     told: set[str] = set()
-    async with open_store(settings.database_url) as store:
+    async with open_store(settings.database_url, pool=settings.database_pool()) as store:
         while True:
             with contextlib.suppress(Exception):
                 view = await run_view(store, run_id)
@@ -458,7 +458,7 @@ async def _dev(
             typer.echo(f"worker metrics: http://{settings.worker_metrics_address}/metrics")
         if demo:
             client = await connect(settings)
-            async with open_store(settings.database_url) as store:
+            async with open_store(settings.database_url, pool=settings.database_pool()) as store:
                 started, _ = await operations.start_run(
                     client,
                     store,

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from roundtable.config import load_settings
+from roundtable.config import PoolSizing, load_settings
 from roundtable.states import (
     FINAL_RUN_STATUSES,
     ActionStatus,
@@ -195,14 +195,21 @@ class Store:
 
 @asynccontextmanager
 async def open_store(
-    database_url: str | None = None, *, migrate: bool = True
+    database_url: str | None = None,
+    *,
+    migrate: bool = True,
+    pool: PoolSizing | None = None,
 ) -> AsyncIterator[Store]:
-    """Open the database at ``database_url`` (default: settings) and yield the
-    store; the engine is disposed on exit. With ``migrate`` (the worker, the
-    API, ``roundtable dev``) the schema is brought to the newest first;
-    without it (the CLI's other commands) an out-of-date schema is refused
-    with SchemaOutOfDateError."""
-    engine = create_engine_for(database_url or load_settings().database_url)
+    """Open the database at ``database_url`` (default: settings, and their
+    pool with it) and yield the store; the engine is disposed on exit.
+    ``pool``: PostgreSQL's pool sizes (default: SQLAlchemy's). With
+    ``migrate`` (the worker, the API, ``roundtable dev``) the schema is
+    brought to the newest first; without it (the CLI's other commands) an
+    out-of-date schema is refused with SchemaOutOfDateError."""
+    if database_url is None:
+        settings = load_settings()
+        database_url, pool = settings.database_url, pool or settings.database_pool()
+    engine = create_engine_for(database_url, pool)
     try:
         if migrate:
             await upgrade_database(engine)

@@ -20,6 +20,7 @@ from sqlalchemy.exc import InvalidRequestError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.util.concurrency import await_
 
+from roundtable.config import PoolSizing
 from roundtable.store import sqlite_driver
 from roundtable.store.core_statements import CoreConnection
 from roundtable.store.errors import InvalidInputError
@@ -41,7 +42,9 @@ PING_TIMEOUT_SECONDS = 10.0
 PING_LEFT_TO_BEGIN: ContextVar[bool] = ContextVar("roundtable_ping_left_to_begin", default=False)
 
 
-def create_engine_for(database_url: str) -> AsyncEngine:
+def create_engine_for(database_url: str, pool: PoolSizing | None = None) -> AsyncEngine:
+    """The store's engine for ``database_url``; ``pool`` sizes PostgreSQL's
+    connection pool (SQLite's is the store's own, whatever it says)."""
     url = make_url(database_url)
     if url.drivername not in SUPPORTED_DRIVERS:
         raise InvalidInputError(
@@ -57,6 +60,7 @@ def create_engine_for(database_url: str) -> AsyncEngine:
         pool_pre_ping=True,
         hide_parameters=True,
         json_serializer=dumps_storable,
+        **(pool or PoolSizing()).engine_options(),
     )
     dialect = engine.sync_engine.dialect
     dialect.do_ping = _one_trip_ping  # type: ignore[method-assign]
