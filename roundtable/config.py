@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STATE_DIR = Path(".roundtable")
+DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///./{DEFAULT_STATE_DIR}/roundtable.db"
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,6 @@ class PoolSizing:
         if self.timeout_seconds is not None:
             options["pool_timeout"] = self.timeout_seconds
         return options
-
-
-DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///./{DEFAULT_STATE_DIR}/roundtable.db"
 
 
 class Settings(BaseSettings):
