@@ -314,7 +314,7 @@ class WriteActivities:
         ):
             raise InvalidInputError("the run's write policy refuses this write")
         try:
-            _, changes = await self.store.approve_with_edits(
+            decided, changes = await self.store.approve_with_edits(
                 inp.approval_id,
                 inp.decided_by,
                 inp.reason,
@@ -325,9 +325,17 @@ class WriteActivities:
         except ConflictError as exc:
             log_refusal("decide_approval", CONFLICT, exc)
             return await self._decision_view(inp.approval_id, conflict=str(exc))
-        view = await self._decision_view(inp.approval_id)
-        view.edits = changes
-        return view
+        # The answer is the transaction's own, not read after it: a read that
+        # failed here would be retried as a decision on an approval already
+        # decided (a conflict, the edits lost to the seat).
+        return DecisionRecorded(
+            approval_id=inp.approval_id,
+            action_id=decided["action_id"],
+            status=decided["action_status"],
+            approval_status=decided["status"],
+            expires_at=decided["expires_at"],
+            edits=changes,
+        )
 
     @activity.defn(name="expire_approval")
     @typed_store_errors

@@ -209,7 +209,13 @@ class Approvals:
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Approve with corrected arguments (already validated by the caller
         against the tool's schema and policy, ``target`` re-derived from them).
-        Returns the approval and the changes, redacted as the action's view is."""
+        Returns the approval as decided, with ``action_status``, and the
+        changes, redacted as the action's view is: all of it as the
+        transaction wrote it, nothing read after its commit. A read after it
+        that failed (a pool starved, a connection lost) would fail the
+        caller's activity with the decision already recorded, and its retry
+        would find the approval decided and answer a conflict, the edits
+        lost to the seat."""
         require_text("decided_by", decided_by)
         refuse_unstorable("reason", reason)
         async with self.db.transaction() as session:
@@ -251,10 +257,15 @@ class Approvals:
                 },
                 now,
             )
-            await self._apply_decision(
+            action_status = await self._apply_decision(
                 session, run, approval, ApprovalStatus.APPROVED, decided_by, reason, now
             )
-        return await self.get(approval_id), changes
+            decided = {
+                **row_to_dict(approval),
+                **decided_values(ApprovalStatus.APPROVED, decided_by, reason, now),
+                "action_status": action_status,
+            }
+        return decided, changes
 
     async def extend(
         self,
@@ -271,7 +282,10 @@ class Approvals:
         Repeated extensions are bounded: after ``max_extensions`` of them, or
         past ``max_total_seconds`` after the approval was created, it is a
         :class:`ConflictError` (None: the settings' limits). Checked under the
-        run lock, so concurrent extensions cannot both slip under a limit."""
+        run lock, so concurrent extensions cannot both slip under a limit.
+        Returns the approval as the transaction wrote it, not read after its
+        commit: a read that failed there would fail the caller's activity
+        with the extension recorded, and its retry would extend again."""
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
             raise InvalidInputError("seconds must be a positive number")
         if seconds > max_seconds:
@@ -289,6 +303,7 @@ class Approvals:
                 session, approval, after, max_extensions, max_total_seconds
             )
             approval.expires_at, approval.updated_at = after, now
+            extended = row_to_dict(approval)
             await self.db.audit(
                 session,
                 run,
@@ -302,7 +317,7 @@ class Approvals:
                 },
                 now,
             )
-        return await self.get(approval_id)
+        return extended
 
     @staticmethod
     async def _within_extension_limits(
@@ -346,7 +361,9 @@ class Approvals:
         decided_by: str,
         reason: str | None,
         now: datetime,
-    ) -> None:
+    ) -> str:
+        """Record ``decision`` on the pending ``approval`` and its action;
+        the action's status after it."""
         changed = await self.db.compare_and_set(
             session,
             ApprovalRow,
@@ -365,6 +382,7 @@ class Approvals:
         who = decision_payload(approval.id, approval.action_id, decided_by, reason)
         await self.db.audit(session, run, f"approval.{decision}", who, now)
         await self.db.audit(session, run, f"action.{action_status}", who, now)
+        return str(action_status)
 
     async def _expire_locked(
         self, session: AsyncSession, run: RunRow, approval: ApprovalRow, now: datetime
