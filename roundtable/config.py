@@ -59,8 +59,10 @@ class Settings(BaseSettings):
     # connection, and its pool stays the store's own.
     database_pool_size: int | None = Field(default=None, ge=1, le=1000)
     database_max_overflow: int | None = Field(default=None, ge=0, le=1000)
+    # At least a tenth of a second: a checkout that may not wait at all
+    # fails whenever every connection is lent, however briefly.
     database_pool_timeout_seconds: float | None = Field(
-        default=None, gt=0, le=3600, allow_inf_nan=False
+        default=None, ge=0.1, le=3600, allow_inf_nan=False
     )
     max_approval_extension_seconds: int = Field(default=7 * 24 * 3600, gt=0)
     temporal_address: str = "localhost:7233"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from roundtable.cli.shared import store_from
 from roundtable.config import PoolSizing, Settings
 from roundtable.store import open_store
 from roundtable.store.engine import create_engine_for
@@ -53,6 +54,8 @@ def test_the_pool_settings_are_read_and_bad_ones_refused_by_name(monkeypatch) ->
         ("POOL_SIZE", "many"),
         ("MAX_OVERFLOW", "-1"),  # SQLAlchemy's "no limit": not allowed here
         ("POOL_TIMEOUT_SECONDS", "0"),
+        ("POOL_TIMEOUT_SECONDS", "1e-320"),  # no wait at all, in effect
+        ("POOL_TIMEOUT_SECONDS", "0.05"),
         ("POOL_TIMEOUT_SECONDS", "nan"),
     ):
         variable = f"ROUNDTABLE_DATABASE_{name}"
@@ -77,6 +80,19 @@ async def test_postgresql_takes_the_sizes_and_sqlite_keeps_its_own(postgres_url,
         assert sqlite.pool.size() == 5  # type: ignore[attr-defined]
     finally:
         await sqlite.dispose()
+
+
+async def test_the_clis_store_takes_the_settings_pool(postgres_url, monkeypatch) -> None:
+    """The CLI's commands that go to the database directly open it with the
+    settings' URL, and must take their pool with it."""
+    async with open_store(postgres_url):  # the schema, as the worker leaves it
+        pass
+    monkeypatch.setenv("ROUNDTABLE_DATABASE_URL", postgres_url)
+    monkeypatch.setenv("ROUNDTABLE_DATABASE_POOL_SIZE", "1")
+    monkeypatch.setenv("ROUNDTABLE_DATABASE_MAX_OVERFLOW", "0")
+    async with store_from(Settings()) as store:
+        pool = store.engine.pool
+        assert (pool.size(), pool._max_overflow) == (1, 0)  # type: ignore[attr-defined]
 
 
 async def test_open_store_without_a_url_takes_the_settings_pool(postgres_url, monkeypatch) -> None:

@@ -53,7 +53,8 @@ async def store_from(settings: Settings) -> AsyncIterator[Store]:
     upgrade` (and the worker, and `roundtable dev`) create it or change it."""
     require_sqlite_file(settings.database_url)
     try:
-        async with open_store(settings.database_url, migrate=False) as store:
+        pool = settings.database_pool()
+        async with open_store(settings.database_url, migrate=False, pool=pool) as store:
             yield store
     except SchemaOutOfDateError as exc:
         raise CliError(str(exc), "schema_out_of_date") from exc
