@@ -269,14 +269,8 @@ class WriteActivities:
         except ConflictError as exc:
             log_refusal("decide_approval", CONFLICT, exc)
             return await self._decision_view(inp.approval_id, conflict=str(exc))
-        return DecisionRecorded(
-            approval_id=inp.approval_id,
-            action_id=decided["action_id"],
-            status=decided["action_status"],
-            approval_status=decided["status"],
-            expires_at=decided["expires_at"],
-            run_status=decided["run_status"] if request.run_status else None,
-        )
+        run_status = decided["run_status"] if request.run_status else None
+        return _recorded(decided, run_status=run_status)
 
     async def _approve_with_edits(
         self,
@@ -328,14 +322,7 @@ class WriteActivities:
         # The answer is the transaction's own, not read after it: a read that
         # failed here would be retried as a decision on an approval already
         # decided (a conflict, the edits lost to the seat).
-        return DecisionRecorded(
-            approval_id=inp.approval_id,
-            action_id=decided["action_id"],
-            status=decided["action_status"],
-            approval_status=decided["status"],
-            expires_at=decided["expires_at"],
-            edits=changes,
-        )
+        return _recorded(decided, edits=changes)
 
     @activity.defn(name="expire_approval")
     @typed_store_errors
@@ -646,6 +633,19 @@ async def _fence_target(
             f"{action['tool_name']}'s own log shows this write applied: reconcile it as succeeded"
         )
     return action["fencing_token"] + 1
+
+
+def _recorded(decided: dict[str, Any], **more: Any) -> DecisionRecorded:
+    """A decision as its transaction recorded it (the approval as decided,
+    with its action's status): what the workflow is told."""
+    return DecisionRecorded(
+        approval_id=decided["id"],
+        action_id=decided["action_id"],
+        status=decided["action_status"],
+        approval_status=decided["status"],
+        expires_at=decided["expires_at"],
+        **more,
+    )
 
 
 def _tighter(asked: int | None, ours: int) -> int:
