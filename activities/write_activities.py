@@ -315,6 +315,7 @@ class WriteActivities:
                 inp.arguments_digest,
                 arguments,
                 target,
+                request_key=request.request_key,
             )
         except ConflictError as exc:
             log_refusal("decide_approval", CONFLICT, exc)
@@ -355,6 +356,7 @@ class WriteActivities:
             min(inp.max_seconds, rules.max_extension_seconds),
             max_extensions=_tighter(inp.max_extensions, rules.max_extensions),
             max_total_seconds=_tighter(inp.max_total_seconds, rules.max_total_seconds),
+            request_key=inp.request_key,
         )
         return ExtendOutput(approval_id=approval["id"], expires_at=approval["expires_at"])
 

@@ -533,6 +533,11 @@ class RecordDecisionInput(Model):
     # What the run shows once the decision is recorded, set in the decision's
     # own transaction (workflows/status.py); None: the workflow publishes it.
     run_status: str | None = None
+    # The id of the update that asked (None for a signal): an edited
+    # approval is recorded under it, so an attempt retried after the first
+    # one committed (a timeout cancelled it, its answer was lost) finds that
+    # record instead of deciding again.
+    request_key: str | None = None
 
 
 class SignalSender(Model):
@@ -567,6 +572,10 @@ class ExtendInput(Model):
     max_total_seconds: int | None = Field(default=None, gt=0)
     # Who extends, as the API or CLI authenticated them (see Attestation).
     attested_by: Attestation | None = None
+    # Set by the workflow to the id of the update that asked (a caller's is
+    # replaced): the extension is recorded under it, so an attempt retried
+    # after the first one committed finds it instead of extending again.
+    request_key: str | None = Field(default=None, max_length=200)
 
     subject_field: ClassVar[str] = "extended_by"
 

@@ -561,6 +561,7 @@ class RoundtableWorkflow:
                         snapshot=self.state.snapshot,
                         write_policy=self.request.write_policy,
                         run_status=self._status.once_decided(decision.approval_id),
+                        request_key=_update_key(),
                     ),
                     f"record {decision.decision}",
                     tool=pending.tool_name,
@@ -596,8 +597,9 @@ class RoundtableWorkflow:
     @workflow.update(name=EXTEND_UPDATE)
     async def extend_approval(self, request: ExtendInput) -> ExtendOutput:
         """Push an approval's deadline back; the expiry timer follows."""
+        keyed = request.model_copy(update={"request_key": _update_key()})
         extended = await self._handler_activity(
-            WriteActivities.extend_approval, request, f"extend approval by {request.seconds}s"
+            WriteActivities.extend_approval, keyed, f"extend approval by {request.seconds}s"
         )
         write = self.state.pending_approvals.get(request.approval_id)
         if write is not None:
@@ -717,3 +719,11 @@ def _since_last_turn(transcript: list[ChatMessage], seat: str) -> list[ChatMessa
         if transcript[index].name == seat:
             return transcript[index + 1 :]
     return list(transcript)
+
+
+def _update_key() -> str | None:
+    """The id of the update being handled (None outside one): what an
+    operator's change is recorded under, so its local activity, retried
+    after a first attempt that committed, does not apply it twice."""
+    info = workflow.current_update_info()
+    return info.id if info is not None else None

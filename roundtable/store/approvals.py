@@ -206,6 +206,8 @@ class Approvals:
         arguments_digest: str | None,
         arguments: dict[str, Any],
         target: Target,
+        *,
+        request_key: str | None = None,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Approve with corrected arguments (already validated by the caller
         against the tool's schema and policy, ``target`` re-derived from them).
@@ -215,13 +217,21 @@ class Approvals:
         that failed (a pool starved, a connection lost) would fail the
         caller's activity with the decision already recorded, and its retry
         would find the approval decided and answer a conflict, the edits
-        lost to the seat."""
+        lost to the seat. ``request_key`` (the asking update's id): the edit
+        is recorded under it, and a call with a key already recorded (an
+        attempt retried after the first committed) answers with that record,
+        changing nothing."""
         require_text("decided_by", decided_by)
         refuse_unstorable("reason", reason)
+        key = _keyed("action.arguments_edited", approval_id, request_key)
         async with self.db.transaction() as session:
             run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
-            require_pending(approval)
             action = await session.get(ActionRow, approval.action_id)
+            recorded = await _recorded_payload(session, run.id, key)
+            if recorded is not None:  # this request's own edit, committed before
+                answer = {**row_to_dict(approval), "action_status": str(action.status)}
+                return answer, recorded["changes"]
+            require_pending(approval)
             if arguments_digest is not None:
                 require_digest(action, arguments_digest)
             now = await database_now(session)
@@ -256,6 +266,7 @@ class Approvals:
                     "changes": changes,
                 },
                 now,
+                dedupe_key=key,
             )
             action_status = await self._apply_decision(
                 session, run, approval, ApprovalStatus.APPROVED, decided_by, reason, now
@@ -276,6 +287,7 @@ class Approvals:
         *,
         max_extensions: int | None = None,
         max_total_seconds: float | None = None,
+        request_key: str | None = None,
     ) -> dict[str, Any]:
         """Push a pending approval's deadline back by ``seconds`` (at most
         ``max_seconds``). An approval already past its deadline stays expired.
@@ -285,14 +297,22 @@ class Approvals:
         run lock, so concurrent extensions cannot both slip under a limit.
         Returns the approval as the transaction wrote it, not read after its
         commit: a read that failed there would fail the caller's activity
-        with the extension recorded, and its retry would extend again."""
+        with the extension recorded, and its retry would extend again.
+        ``request_key`` (the asking update's id): the extension is recorded
+        under it, and a call with a key already recorded (an attempt retried
+        after the first committed, or cancelled while its transaction still
+        ran to its end) answers with the approval as it stands, extending
+        nothing."""
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
             raise InvalidInputError("seconds must be a positive number")
         if seconds > max_seconds:
             raise InvalidInputError(f"an extension is at most {int(max_seconds)} seconds")
         require_text("extended_by", extended_by)
+        key = _keyed("approval.extended", approval_id, request_key)
         async with self.db.transaction() as session:
             run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
+            if await _recorded_payload(session, run.id, key) is not None:
+                return row_to_dict(approval)  # this request's, committed before
             require_pending(approval)
             now = await database_now(session)
             if now >= approval.expires_at:
@@ -316,6 +336,7 @@ class Approvals:
                     "by": extended_by,
                 },
                 now,
+                dedupe_key=key,
             )
         return extended
 
@@ -477,3 +498,26 @@ class Approvals:
                 {"action_id": action.id, "reason": reason, "approval_id": withdrawn},
                 now,
             )
+
+
+def _keyed(event_type: str, approval_id: str, request_key: str | None) -> str | None:
+    """The audit event's dedupe key for one request's change to one approval
+    (None: no request key, no dedupe). The approval is in it, so one update
+    id can never stand for a change to another approval."""
+    if request_key is None:
+        return None
+    return f"{event_type}:{approval_id}:{request_key}"[:255]
+
+
+async def _recorded_payload(
+    session: AsyncSession, run_id: str, dedupe_key: str | None
+) -> dict[str, Any] | None:
+    """The payload of the run's event recorded under ``dedupe_key``, if any."""
+    if dedupe_key is None:
+        return None
+    found = await session.execute(
+        select(AuditEventRow.payload).where(
+            AuditEventRow.run_id == run_id, AuditEventRow.dedupe_key == dedupe_key
+        )
+    )
+    return found.scalar_one_or_none()

@@ -1,0 +1,217 @@
+"""An operator's extension or edited approval is applied once, however
+often its local activity is tried (from the reviews of 2026-12-06).
+
+A local activity whose store call is cancelled (its start-to-close timeout,
+BOOKKEEPING, while the call waits for SQLite's writer queue or a starved
+pool's checkout) still commits: the store's public calls run to their end
+(roundtable/completion.py) and only then raise CancelledError. The attempt
+fails with the change recorded, and Temporal retries it. So each change is
+recorded under the id of the update that asked for it (``request_key``), and
+a retry that finds its own record answers with it: the deadline moves once,
+the seat is told of the edits, the operator is told the decision stands.
+
+Also: what extend and approve_with_edits answer is what a fresh read of the
+approval says, field by field, on both databases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.write_activities import WriteActivities
+from roundtable.models import ExtendInput
+from roundtable.security import Target
+from roundtable.tools.registry import ToolRegistry
+from tests.helpers import new_run, waiting_action
+from tests.workflow_harness import TRUSTING
+
+
+async def _pending(store: Any, key: str) -> dict[str, Any]:
+    run = await new_run(store)
+    action = await waiting_action(store, run, key, datetime.now(UTC) + timedelta(hours=1))
+    return action
+
+
+def _same(answer: dict[str, Any], fresh: dict[str, Any]) -> None:
+    for name, value in fresh.items():
+        got = answer[name]
+        assert got == value, (name, got, value)
+        assert type(got) is type(value) or (isinstance(got, str) and isinstance(value, str)), (
+            name,
+            type(got),
+            type(value),
+        )
+        if isinstance(value, datetime):
+            assert got.tzinfo is not None and got.utcoffset() == value.utcoffset(), name
+
+
+async def test_extension_answer_is_what_a_fresh_read_says(store) -> None:
+    action = await _pending(store, "ext-compare")
+    # An odd number of seconds, so microseconds are in play.
+    answer = await store.extend_approval(
+        action["approval_id"],
+        1234.567891,
+        "op-1",
+        10_000,
+        max_extensions=5,
+        max_total_seconds=100_000,
+    )
+    fresh = await store.get_approval(action["approval_id"])
+    _same(answer, fresh)
+    assert set(answer) == set(fresh)
+
+
+async def test_edited_answer_is_what_a_fresh_read_says(store) -> None:
+    action = await _pending(store, "edit-compare")
+    decided, _ = await store.approve_with_edits(
+        action["approval_id"],
+        "op-1",
+        "why",
+        None,
+        {"tenant_id": "tenant-a", "object_id": "x"},
+        Target(key="k-edit", scope=None, namespace_wide=False),
+    )
+    fresh = await store.get_approval(action["approval_id"])
+    _same({k: decided[k] for k in fresh}, fresh)
+    assert decided["action_status"] == (await store.get_action(action["id"]))["status"]
+    assert type(decided["status"]) is str or decided["status"] == fresh["status"]
+
+
+async def _until_queued(queue: Any) -> None:
+    """Until a writer waits for SQLite's writer queue (it has no event to
+    wait on: its waiters are polled)."""
+    while not queue._waiters:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+
+
+async def _cancelled_while_queued(store: Any, run_activity: Any) -> None:
+    """Run the activity while another writer holds SQLite's writer queue,
+    cancel it there (as the local activity's start-to-close timeout does),
+    then let the writer go. Returns once the attempt has ended."""
+    env = ActivityEnvironment()
+    queue = store.db._local_writer
+    await queue.acquire()
+    try:
+        attempt = asyncio.create_task(run_activity(env))
+        await _until_queued(queue)
+        env.cancel()
+        await asyncio.sleep(0.05)
+    finally:
+        queue.release()
+    with pytest.raises(asyncio.CancelledError):
+        await attempt  # the attempt failed: Temporal will retry it
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_an_extension_cancelled_by_its_timeout_is_applied_once(store) -> None:
+    action = await _pending(store, "ext-cancel")
+    approval_id = action["approval_id"]
+    first = (await store.get_approval(approval_id))["expires_at"]
+    writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
+    # As the workflow sends it: keyed by the update that asked.
+    inp = ExtendInput(
+        approval_id=approval_id, seconds=600, extended_by="op-1", request_key="update-1"
+    )
+
+    await _cancelled_while_queued(store, lambda env: env.run(writes.extend_approval, inp))
+    # What the cancelled attempt left: the extension, committed.
+    assert (await store.get_approval(approval_id))["expires_at"] == first + timedelta(seconds=600)
+    await ActivityEnvironment().run(writes.extend_approval, inp)  # Temporal's retry
+    now = (await store.get_approval(approval_id))["expires_at"]
+    extended = [
+        e
+        for e in await store.list_events(action["run_id"])
+        if e["event_type"] == "approval.extended"
+    ]
+    assert len(extended) == 1, [e["payload"] for e in extended]
+    assert now == first + timedelta(seconds=600)
+
+
+@pytest.mark.timeout(300)
+async def test_a_timed_out_extension_is_applied_once_in_a_run(tmp_path) -> None:
+    from roundtable.models import ExtendOutput
+    from tests.workflow_harness import harness, script, ticket_call
+    from workflows.roundtable import RoundtableWorkflow
+
+    calls = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
+    async with harness(tmp_path) as h:
+        handle = await h.start(task_text="t", script=calls, approval_timeout_seconds=3600)
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        first = (await h.store.get_approval(approval_id))["expires_at"]
+        queue = h.store.db._local_writer
+        await queue.acquire()  # a slow writer holds SQLite's queue past BOOKKEEPING
+        try:
+            update = asyncio.create_task(
+                handle.execute_update(
+                    RoundtableWorkflow.extend_approval,
+                    ExtendInput(approval_id=approval_id, seconds=600, extended_by="op-1"),
+                    result_type=ExtendOutput,
+                )
+            )
+            await _until_queued(queue)
+            # Past the local activity's start-to-close timeout (real time).
+            await asyncio.sleep(40)
+        finally:
+            queue.release()
+        answered = await update
+        now = (await h.store.get_approval(approval_id))["expires_at"]
+        extended = [
+            e
+            for e in await h.store.list_events(handle.id)
+            if e["event_type"] == "approval.extended"
+        ]
+        await handle.terminate()
+        assert len(extended) == 1, [e["payload"] for e in extended]
+        assert now == first + timedelta(seconds=600)
+        assert answered.expires_at == now
+
+
+@pytest.mark.timeout(300)
+async def test_a_timed_out_edited_approval_is_answered_and_told(tmp_path) -> None:
+    import json
+
+    from roundtable.models import Decision
+    from tests.workflow_harness import harness, script, ticket_call
+    from workflows.roundtable import RoundtableWorkflow
+
+    calls = [ticket_call("ticket_update", "T-1", fields={"priority": "low"})]
+    async with harness(tmp_path) as h:
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, calls)), approval_timeout_seconds=3600
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"priority": "high"}}
+        queue = h.store.db._local_writer
+        await queue.acquire()
+        try:
+            update = asyncio.create_task(
+                handle.execute_update(
+                    RoundtableWorkflow.decide_approval,
+                    Decision(
+                        approval_id=approval_id,
+                        decision="approved",
+                        decided_by="op-1",
+                        arguments=edited,
+                    ),
+                )
+            )
+            await _until_queued(queue)
+            await asyncio.sleep(40)
+        finally:
+            queue.release()
+        answer = await update  # the operator's own decision stands: not a conflict
+        assert answer == "approved"
+        assert (await h.result(handle)).status == "completed"
+        told = [
+            json.loads(m.content)
+            for m in (await h.state(handle)).threads["seat-1"]
+            if m.role == "tool"
+        ]
+        assert "operator_edits" in told[0]["result"], told[0]["result"]
