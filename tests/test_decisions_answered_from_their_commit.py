@@ -30,6 +30,25 @@ from roundtable.models import Decision, ExtendInput, ExtendOutput
 from tests.workflow_harness import harness, script, ticket_call
 from workflows.roundtable import RoundtableWorkflow
 
+# The edited arguments the operator approves: another ticket, another priority.
+EDITED = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"priority": "high"}}
+
+
+async def approve_edited(handle: Any, approval_id: str) -> str:
+    """op-1 approves ``approval_id`` with EDITED, through the run's update."""
+    return await handle.execute_update(
+        RoundtableWorkflow.decide_approval,
+        Decision(approval_id=approval_id, decision="approved", decided_by="op-1", arguments=EDITED),
+    )
+
+
+async def seat_was_told_of_edits(h: Any, handle: Any) -> None:
+    """The seat's tool result for its one write carries the operator's edits."""
+    told = [
+        json.loads(m.content) for m in (await h.state(handle)).threads["seat-1"] if m.role == "tool"
+    ]
+    assert "operator_edits" in told[0]["result"], told[0]["result"]
+
 
 @contextmanager
 def checkout_fails_after_commit_of(engine: Any, event_type: str) -> Iterator[list[str]]:
@@ -100,28 +119,14 @@ async def test_an_edited_approval_whose_next_checkout_fails_is_answered_and_told
         handle = await h.start(task_text="t", script=script(("seat-1", 1, calls)))
         state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
         (approval_id,) = state.pending_approvals
-        edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"priority": "high"}}
         with checkout_fails_after_commit_of(h.store.engine, "action.arguments_edited") as seen:
-            answer = await handle.execute_update(
-                RoundtableWorkflow.decide_approval,
-                Decision(
-                    approval_id=approval_id,
-                    decision="approved",
-                    decided_by="op-1",
-                    arguments=edited,
-                ),
-            )
+            answer = await approve_edited(handle, approval_id)
         assert seen[0] == "committed"
         assert answer == "approved"  # what the operator asked is what stands
         assert (await h.result(handle)).status == "completed"
         (write,) = await h.tickets.write_log()
         assert write["ticket_id"] == "T-2"
-        told = [
-            json.loads(m.content)
-            for m in (await h.state(handle)).threads["seat-1"]
-            if m.role == "tool"
-        ]
-        assert "operator_edits" in told[0]["result"], told[0]["result"]
+        await seat_was_told_of_edits(h, handle)
         events = await h.store.list_events(handle.id)
         edits = [e for e in events if e["event_type"] == "action.arguments_edited"]
         assert len(edits) == 1 and edits[0]["payload"]["edited_by"] == "op-1"

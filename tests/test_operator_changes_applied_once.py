@@ -28,6 +28,7 @@ from roundtable.models import ExtendInput
 from roundtable.security import Target
 from roundtable.tools.registry import ToolRegistry
 from tests.helpers import new_run, waiting_action
+from tests.test_decisions_answered_from_their_commit import approve_edited, seat_was_told_of_edits
 from tests.workflow_harness import TRUSTING
 
 
@@ -174,11 +175,8 @@ async def test_a_timed_out_extension_is_applied_once_in_a_run(tmp_path) -> None:
 
 @pytest.mark.timeout(300)
 async def test_a_timed_out_edited_approval_is_answered_and_told(tmp_path) -> None:
-    import json
 
-    from roundtable.models import Decision
     from tests.workflow_harness import harness, script, ticket_call
-    from workflows.roundtable import RoundtableWorkflow
 
     calls = [ticket_call("ticket_update", "T-1", fields={"priority": "low"})]
     async with harness(tmp_path) as h:
@@ -187,21 +185,10 @@ async def test_a_timed_out_edited_approval_is_answered_and_told(tmp_path) -> Non
         )
         state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
         (approval_id,) = state.pending_approvals
-        edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"priority": "high"}}
         queue = h.store.db._local_writer
         await queue.acquire()
         try:
-            update = asyncio.create_task(
-                handle.execute_update(
-                    RoundtableWorkflow.decide_approval,
-                    Decision(
-                        approval_id=approval_id,
-                        decision="approved",
-                        decided_by="op-1",
-                        arguments=edited,
-                    ),
-                )
-            )
+            update = asyncio.create_task(approve_edited(handle, approval_id))
             await _until_queued(queue)
             await asyncio.sleep(40)
         finally:
@@ -209,9 +196,4 @@ async def test_a_timed_out_edited_approval_is_answered_and_told(tmp_path) -> Non
         answer = await update  # the operator's own decision stands: not a conflict
         assert answer == "approved"
         assert (await h.result(handle)).status == "completed"
-        told = [
-            json.loads(m.content)
-            for m in (await h.state(handle)).threads["seat-1"]
-            if m.role == "tool"
-        ]
-        assert "operator_edits" in told[0]["result"], told[0]["result"]
+        await seat_was_told_of_edits(h, handle)
