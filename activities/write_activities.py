@@ -235,6 +235,15 @@ class WriteActivities:
         approval's real status, so the workflow follows the database."""
         inp = request.decision
         bind(approval_id=inp.approval_id)
+        if inp.arguments is not None:
+            # This request's edit, recorded by an attempt before (its answer
+            # lost, or a timeout cancelled it while its transaction ran on):
+            # answered as recorded, before the attestation's age is checked.
+            kept = await self.store.keyed_approval_change(
+                "action.arguments_edited", inp.approval_id, request.request_key
+            )
+            if kept is not None:
+                return _recorded(kept[0], edits=kept[1]["changes"])
         decider = verified_decider(inp, datetime.now(UTC))
 
         def may_decide(run_owner: str, risk_level: str) -> None:
@@ -346,6 +355,13 @@ class WriteActivities:
         """The worker's own limits hold whatever the message says; who extends
         is whom the API or CLI attested, else recorded as nobody vouched for."""
         bind(approval_id=inp.approval_id)
+        # This request's extension, recorded by an attempt before: answered
+        # as recorded, before the attestation's age is checked.
+        kept = await self.store.keyed_approval_change(
+            "approval.extended", inp.approval_id, inp.request_key
+        )
+        if kept is not None:
+            return ExtendOutput(approval_id=inp.approval_id, expires_at=kept[0]["expires_at"])
         rules = self.authority
         extender = verified_decider(inp, datetime.now(UTC))
         by = extender.user_id if extender.role else f"unattested:{extender.user_id}"

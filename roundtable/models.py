@@ -539,6 +539,10 @@ class RecordDecisionInput(Model):
     # record instead of deciding again.
     request_key: str | None = None
 
+    @model_serializer(mode="wrap")
+    def _rollout(self, handler: Any) -> Any:
+        return omitted_while_none(handler(self), "request_key")
+
 
 class SignalSender(Model):
     """Which signal to attribute: the one with this name carrying exactly
@@ -578,6 +582,10 @@ class ExtendInput(Model):
     request_key: str | None = Field(default=None, max_length=200)
 
     subject_field: ClassVar[str] = "extended_by"
+
+    @model_serializer(mode="wrap")
+    def _rollout(self, handler: Any) -> Any:
+        return omitted_while_none(handler(self), "request_key")
 
     def attested_fields(self) -> dict[str, Any]:
         return {

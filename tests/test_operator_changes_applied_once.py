@@ -21,10 +21,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+import activities.write_activities as write_activities
 from activities.write_activities import WriteActivities
 from roundtable.models import ExtendInput
+from roundtable.permissions import MAX_ATTESTATION_AGE, Decider, attest
 from roundtable.security import Target
 from roundtable.tools.registry import ToolRegistry
 from tests.helpers import new_run, waiting_action
@@ -197,3 +200,56 @@ async def test_a_timed_out_edited_approval_is_answered_and_told(tmp_path) -> Non
         assert answer == "approved"
         assert (await h.result(handle)).status == "completed"
         await seat_was_told_of_edits(h, handle)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_two_long_update_ids_are_two_requests(store: Any) -> None:
+    """Update ids go into the key as their digest: two that share their
+    first 250 characters are still two requests (cut to the column's 255,
+    the second was taken for the first, and changed nothing)."""
+    run = await new_run(store)
+    action = await waiting_action(store, run, "long-ids", datetime.now(UTC) + timedelta(hours=1))
+    approval_id = action["approval_id"]
+    first = (await store.get_approval(approval_id))["expires_at"]
+    prefix = "client-chosen-update-id-" + "x" * 240
+    for n in (1, 2):
+        await store.extend_approval(
+            approval_id, 60, "op-1", 3600, max_extensions=5, request_key=f"{prefix}-{n}"
+        )
+    assert (await store.get_approval(approval_id))["expires_at"] == first + timedelta(seconds=120)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_retry_past_the_attestations_age_answers_as_recorded(
+    store: Any, action_secret: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local activity is retried without limit while the database is
+    starved: a retry after the attestation's ten minutes must answer with
+    the extension its first attempt recorded, not refuse it as stale (the
+    operator would then send it again, under a new update id, and it would
+    extend twice)."""
+    run = await new_run(store)
+    action = await waiting_action(store, run, "att-retry", datetime.now(UTC) + timedelta(hours=1))
+    approval_id = action["approval_id"]
+    writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
+    sent = attest(
+        ExtendInput(approval_id=approval_id, seconds=600, extended_by="op-1"),
+        Decider(user_id="op-1", role="operator"),
+        datetime.now(UTC),
+    )
+    keyed = sent.model_copy(update={"request_key": "update-1"})  # as the workflow sends it
+    first = await ActivityEnvironment().run(writes.extend_approval, keyed)
+    later = datetime.now(UTC) + MAX_ATTESTATION_AGE + timedelta(minutes=1)
+
+    class _Later(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return later
+
+    monkeypatch.setattr(write_activities, "datetime", _Later)
+    again = await ActivityEnvironment().run(writes.extend_approval, keyed)
+    assert again.expires_at == first.expires_at
+    # A new request with the same stale attestation is still refused.
+    with pytest.raises(ApplicationError, match="attestation_expired"):
+        fresh_key = sent.model_copy(update={"request_key": "update-2"})
+        await ActivityEnvironment().run(writes.extend_approval, fresh_key)

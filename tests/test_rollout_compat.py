@@ -15,10 +15,13 @@ from pydantic import create_model
 
 from roundtable.models import (
     CapabilitySnapshot,
+    Decision,
     EnsureRunInput,
     EnsureRunOutput,
+    ExtendInput,
     Model,
     ReadToolInput,
+    RecordDecisionInput,
     RunState,
     TakeTurnInput,
     ToolCall,
@@ -27,6 +30,8 @@ from roundtable.temporal import SharedAdapterPayloadConverter
 
 OPENED = {"run_id": "r", "session_id": "s", "snapshot": CapabilitySnapshot(tools=[], agents=[])}
 OPENING = {"run_id": "r", "user_id": "u", "task_text": "t", "seats": ["seat-1"]}
+EXTEND = {"approval_id": "a", "seconds": 60, "extended_by": "op-1"}
+DECISION = Decision(approval_id="a", decision="approved", decided_by="op-1")
 TURN = {"run_id": "r", "seat": "seat-1", "round": 1, "role": "seat", "model": "m", "task_text": "t"}
 # (model, its other fields, the fields added for runs under rules-as-of-2026-12
 # with a value each may carry). The release before is the model without any of
@@ -36,6 +41,8 @@ ADDED = [
     (EnsureRunInput, OPENING, {"open_as": "running", "keep_snapshot": True}),
     (TakeTurnInput, TURN, {"tools_of": "d" * 64, "chain": "first-execution-run-id"}),
     (RunState, {"run_id": "r"}, {"snapshot_digest": "d" * 64}),
+    (ExtendInput, EXTEND, {"request_key": "update-1"}),
+    (RecordDecisionInput, {"decision": DECISION}, {"request_key": "update-1"}),
 ]
 
 

@@ -147,6 +147,7 @@ class Store:
     decide_approval = _on("approvals", Approvals.decide)
     approve_with_edits = _on("approvals", Approvals.approve_with_edits)
     extend_approval = _on("approvals", Approvals.extend)
+    keyed_approval_change = _on("approvals", Approvals.keyed_change)
     expire_approval = _on("approvals", Approvals.expire)
     expire_due_approvals = _on("approvals", Approvals.expire_due)
 

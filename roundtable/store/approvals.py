@@ -5,6 +5,7 @@ each of an approval's transitions, with its checks, is here and nowhere else.)""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -278,6 +279,29 @@ class Approvals:
             }
         return decided, changes
 
+    async def keyed_change(
+        self, event_type: str, approval_id: str, request_key: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The change ``request_key`` asked of the approval, if it is recorded
+        (``event_type``: approval.extended or action.arguments_edited): the
+        approval as it stands, with its action's status, and the change's
+        audit payload. None if not (or no key). A retried attempt answers
+        from it before any other check: the attempt that recorded it made
+        them all, and one made since could refuse a change that stands."""
+        key = _keyed(event_type, approval_id, request_key)
+        if key is None:
+            return None
+        async with self.db.snapshot() as session:
+            approval = await session.get(ApprovalRow, approval_id)
+            if approval is None:
+                return None
+            payload = await _recorded_payload(session, approval.run_id, key)
+            if payload is None:
+                return None
+            action = await session.get(ActionRow, approval.action_id)
+            status = str(action.status) if action is not None else None
+            return {**row_to_dict(approval), "action_status": status}, payload
+
     async def extend(
         self,
         approval_id: str,
@@ -503,10 +527,13 @@ class Approvals:
 def _keyed(event_type: str, approval_id: str, request_key: str | None) -> str | None:
     """The audit event's dedupe key for one request's change to one approval
     (None: no request key, no dedupe). The approval is in it, so one update
-    id can never stand for a change to another approval."""
+    id can never stand for a change to another approval; the request key
+    goes in as its SHA-256, so two long update ids (Temporal takes them up
+    to 1,000 characters) never share a key cut to the column's 255."""
     if request_key is None:
         return None
-    return f"{event_type}:{approval_id}:{request_key}"[:255]
+    digest = hashlib.sha256(request_key.encode()).hexdigest()
+    return f"{event_type}:{approval_id}:{digest}"
 
 
 async def _recorded_payload(
