@@ -29,7 +29,7 @@ from roundtable.states import (
     ApprovalStatus,
 )
 from roundtable.store import commit_notes
-from roundtable.store.database import Database
+from roundtable.store.database import Database, logged, logged_payload
 from roundtable.store.decision import (
     action_after_decision,
     action_after_expiry,
@@ -228,10 +228,9 @@ class Approvals:
         async with self.db.transaction() as session:
             run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
             action = await session.get(ActionRow, approval.action_id)
-            recorded = await _recorded_payload(session, run.id, key)
+            recorded = await logged_payload(session, run.id, key) if key else None
             if recorded is not None:  # this request's own edit, committed before
-                answer = {**row_to_dict(approval), "action_status": str(action.status)}
-                return answer, recorded["changes"]
+                return _answered(approval, str(action.status)), recorded["changes"]
             require_pending(approval)
             if arguments_digest is not None:
                 require_digest(action, arguments_digest)
@@ -272,11 +271,11 @@ class Approvals:
             action_status = await self._apply_decision(
                 session, run, approval, ApprovalStatus.APPROVED, decided_by, reason, now
             )
-            decided = {
-                **row_to_dict(approval),
+            decided = _answered(
+                approval,
+                action_status,
                 **decided_values(ApprovalStatus.APPROVED, decided_by, reason, now),
-                "action_status": action_status,
-            }
+            )
         return decided, changes
 
     async def keyed_change(
@@ -295,12 +294,11 @@ class Approvals:
             approval = await session.get(ApprovalRow, approval_id)
             if approval is None:
                 return None
-            payload = await _recorded_payload(session, approval.run_id, key)
+            payload = await logged_payload(session, approval.run_id, key)
             if payload is None:
                 return None
             action = await session.get(ActionRow, approval.action_id)
-            status = str(action.status) if action is not None else None
-            return {**row_to_dict(approval), "action_status": status}, payload
+            return _answered(approval, str(action.status)), payload
 
     async def extend(
         self,
@@ -335,7 +333,7 @@ class Approvals:
         key = _keyed("approval.extended", approval_id, request_key)
         async with self.db.transaction() as session:
             run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
-            if await _recorded_payload(session, run.id, key) is not None:
+            if key and await logged(session, run.id, key):
                 return row_to_dict(approval)  # this request's, committed before
             require_pending(approval)
             now = await database_now(session)
@@ -536,15 +534,7 @@ def _keyed(event_type: str, approval_id: str, request_key: str | None) -> str | 
     return f"{event_type}:{approval_id}:{digest}"
 
 
-async def _recorded_payload(
-    session: AsyncSession, run_id: str, dedupe_key: str | None
-) -> dict[str, Any] | None:
-    """The payload of the run's event recorded under ``dedupe_key``, if any."""
-    if dedupe_key is None:
-        return None
-    found = await session.execute(
-        select(AuditEventRow.payload).where(
-            AuditEventRow.run_id == run_id, AuditEventRow.dedupe_key == dedupe_key
-        )
-    )
-    return found.scalar_one_or_none()
+def _answered(approval: ApprovalRow, action_status: str, **decided: Any) -> dict[str, Any]:
+    """The approval as a call answers it: its row (with ``decided``, what a
+    decision changed by a statement of its own), and its action's status."""
+    return {**row_to_dict(approval), **decided, "action_status": action_status}

@@ -370,12 +370,19 @@ async def reload(session: AsyncSession, model: type[R], row_id: str) -> R:
 
 async def logged(session: AsyncSession, run_id: str, dedupe_key: str) -> bool:
     """Whether the run's log already holds the event with this key."""
+    return await logged_payload(session, run_id, dedupe_key) is not None
+
+
+async def logged_payload(
+    session: AsyncSession, run_id: str, dedupe_key: str
+) -> dict[str, Any] | None:
+    """The payload of the run's event with this key, if the log holds it."""
     hit = await session.execute(
-        select(AuditEventRow.id).where(
+        select(AuditEventRow.payload).where(
             AuditEventRow.run_id == run_id, AuditEventRow.dedupe_key == dedupe_key
         )
     )
-    return hit.scalar_one_or_none() is not None
+    return hit.scalar_one_or_none()
 
 
 async def _lock_owner_run(session: AsyncSession, model: type[R], row_id: str) -> RunRow:
