@@ -45,6 +45,7 @@ from roundtable.models import (
 from roundtable.names import CONFLICT
 from roundtable.operations import nudge
 from roundtable.permissions import (
+    AttestationExpiredError,
     Authority,
     Decider,
     TenantNotAllowedError,
@@ -244,7 +245,22 @@ class WriteActivities:
             )
             if kept is not None:
                 return _recorded(kept[0], edits=kept[1]["changes"])
-        decider = verified_decider(inp, datetime.now(UTC))
+        try:
+            decider = verified_decider(inp, datetime.now(UTC))
+        except AttestationExpiredError:
+            # A plain decision's retry past the attestation's age (the
+            # database starved for ten minutes) whose first attempt recorded
+            # it: the decision stands, and is answered so. Looked up here
+            # only, not on every decision's path: a retry within the age
+            # finds its record under the run lock (decide_on_connection).
+            kept = None
+            if inp.arguments is None:  # an edit's record was looked up above
+                kept = await self.store.keyed_approval_change(
+                    f"approval.{inp.decision}", inp.approval_id, request.request_key
+                )
+            if kept is None:
+                raise
+            return _recorded(kept[0])
 
         def may_decide(run_owner: str, risk_level: str) -> None:
             self.authority.check_decider(decider, run_owner, risk_level)
@@ -274,6 +290,7 @@ class WriteActivities:
                 inp.arguments_digest,
                 run_status=request.run_status,
                 guard=may_decide,
+                request_key=request.request_key,
             )
         except ConflictError as exc:
             log_refusal("decide_approval", CONFLICT, exc)

@@ -533,8 +533,8 @@ class RecordDecisionInput(Model):
     # What the run shows once the decision is recorded, set in the decision's
     # own transaction (workflows/status.py); None: the workflow publishes it.
     run_status: str | None = None
-    # The id of the update that asked (None for a signal): an edited
-    # approval is recorded under it, so an attempt retried after the first
+    # The id of the update that asked (None for a signal): the decision (or
+    # the edit) is recorded under it, so an attempt retried after the first
     # one committed (a timeout cancelled it, its answer was lost) finds that
     # record instead of deciding again.
     request_key: str | None = None

@@ -1,5 +1,6 @@
-"""An operator's extension or edited approval is applied once, however
-often its local activity is tried (from the reviews of 2026-12-06).
+"""An operator's decision, extension or edited approval is applied once,
+however often its local activity is tried (from the reviews of 2026-12-06;
+plain decisions since 2026-12-07).
 
 A local activity whose store call is cancelled (its start-to-close timeout,
 BOOKKEEPING, while the call waits for SQLite's writer queue or a starved
@@ -26,9 +27,10 @@ from temporalio.testing import ActivityEnvironment
 
 import activities.write_activities as write_activities
 from activities.write_activities import WriteActivities
-from roundtable.models import ExtendInput
+from roundtable.models import Decision, ExtendInput, RecordDecisionInput
 from roundtable.permissions import MAX_ATTESTATION_AGE, Decider, attest
 from roundtable.security import Target
+from roundtable.store.errors import ConflictError
 from roundtable.tools.registry import ToolRegistry
 from tests.helpers import new_run, waiting_action
 from tests.test_decisions_answered_from_their_commit import approve_edited, seat_was_told_of_edits
@@ -253,3 +255,80 @@ async def test_a_retry_past_the_attestations_age_answers_as_recorded(
     with pytest.raises(ApplicationError, match="attestation_expired"):
         fresh_key = sent.model_copy(update={"request_key": "update-2"})
         await ActivityEnvironment().run(writes.extend_approval, fresh_key)
+
+
+async def test_a_decision_asked_again_by_its_request_answers_as_it_stands(store: Any) -> None:
+    """The decision's own request, asked again after its first attempt
+    committed, changes nothing and is answered with the approval as it
+    stands (what a fresh read says), not with a conflict. Any other request
+    on the decided approval is the conflict it always was."""
+    action = await _pending(store, "plain-again")
+    approval_id = action["approval_id"]
+    first = await store.decide_approval(
+        approval_id, "approved", "op-1", "looks right", request_key="update-1"
+    )
+    again = await store.decide_approval(
+        approval_id, "approved", "op-1", "looks right", request_key="update-1"
+    )
+    fresh = await store.get_approval(approval_id)
+    _same({name: again[name] for name in fresh}, fresh)
+    assert again["action_status"] == first["action_status"] == "approved"
+    assert again["run_status"] == first["run_status"]
+    events = [e["event_type"] for e in await store.list_events(action["run_id"])]
+    assert events.count("approval.approved") == events.count("action.approved") == 1
+    # Another request, the other decision under the same request, no request.
+    for key, decision in (("update-2", "approved"), ("update-1", "rejected"), (None, "approved")):
+        with pytest.raises(ConflictError, match="already approved"):
+            await store.decide_approval(approval_id, decision, "op-1", request_key=key)
+
+
+def _plain_decision(approval_id: str, **more: Any) -> Decision:
+    return Decision(approval_id=approval_id, decision="approved", decided_by="op-1", **more)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_decision_cancelled_by_its_timeout_is_answered_as_it_stands(store: Any) -> None:
+    """Its first attempt cancelled while queued behind a writer, committed
+    all the same: Temporal's retry is told the decision stands."""
+    action = await _pending(store, "plain-cancel")
+    approval_id = action["approval_id"]
+    writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
+    inp = RecordDecisionInput(decision=_plain_decision(approval_id), request_key="update-1")
+
+    await _cancelled_while_queued(store, lambda env: env.run(writes.decide_approval, inp))
+    assert (await store.get_approval(approval_id))["status"] == "approved"  # committed
+    answer = await ActivityEnvironment().run(writes.decide_approval, inp)  # Temporal's retry
+    assert answer.conflict is None, answer.conflict
+    assert (answer.approval_status, answer.status) == ("approved", "approved")
+    events = [e["event_type"] for e in await store.list_events(action["run_id"])]
+    assert events.count("approval.approved") == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_decision_retried_past_the_attestations_age_answers_as_recorded(
+    store: Any, action_secret: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry after the attestation's ten minutes answers with the
+    decision its first attempt recorded; a new request carrying the same
+    stale attestation is still refused."""
+    action = await _pending(store, "plain-att")
+    approval_id = action["approval_id"]
+    writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
+    sent = attest(
+        _plain_decision(approval_id), Decider(user_id="op-1", role="operator"), datetime.now(UTC)
+    )
+    keyed = RecordDecisionInput(decision=sent, request_key="update-1")
+    first = await ActivityEnvironment().run(writes.decide_approval, keyed)
+    later = datetime.now(UTC) + MAX_ATTESTATION_AGE + timedelta(minutes=1)
+
+    class _Later(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return later
+
+    monkeypatch.setattr(write_activities, "datetime", _Later)
+    again = await ActivityEnvironment().run(writes.decide_approval, keyed)
+    assert again.conflict is None and again.approval_status == first.approval_status
+    with pytest.raises(ApplicationError, match="attestation_expired"):
+        fresh_key = keyed.model_copy(update={"request_key": "update-2"})
+        await ActivityEnvironment().run(writes.decide_approval, fresh_key)

@@ -5,7 +5,6 @@ each of an approval's transitions, with its checks, is here and nowhere else.)""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,6 +37,7 @@ from roundtable.store.decision import (
     decision_payload,
     expired_values,
     expiry_payload,
+    request_dedupe_key,
 )
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError
@@ -163,6 +163,7 @@ class Approvals:
         arguments_digest: str | None = None,
         run_status: str | None = None,
         guard: Callable[[str, str], None] | None = None,
+        request_key: str | None = None,
     ) -> dict[str, Any]:
         """Approve or reject a pending approval, exactly once.
 
@@ -175,6 +176,11 @@ class Approvals:
         workflow's word), set in the same transaction (see carry_run_status_on).
         ``guard(run owner, risk level)``: who may decide, checked first, on the
         locked rows; whatever it raises refuses the decision.
+
+        ``request_key`` (the asking update's id): the decision is recorded
+        under it; a call that finds this request's decision recorded (its
+        first attempt committed, and its answer was lost) changes nothing and
+        answers with the approval as it stands, not with a conflict.
 
         Returns the approval as decided, with ``action_status`` (its action's
         status now) and ``run_status`` (the run's), read in the same transaction.
@@ -194,6 +200,7 @@ class Approvals:
                 arguments_digest,
                 run_status,
                 guard,
+                request_key,
             )
         if decided is None:  # expired instead, and committed so
             raise ConflictError(f"approval {approval_id!r} expired before the decision arrived")
@@ -224,7 +231,7 @@ class Approvals:
         changing nothing."""
         require_text("decided_by", decided_by)
         refuse_unstorable("reason", reason)
-        key = _keyed("action.arguments_edited", approval_id, request_key)
+        key = request_dedupe_key("action.arguments_edited", approval_id, request_key)
         async with self.db.transaction() as session:
             run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
             action = await session.get(ActionRow, approval.action_id)
@@ -282,12 +289,14 @@ class Approvals:
         self, event_type: str, approval_id: str, request_key: str | None
     ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The change ``request_key`` asked of the approval, if it is recorded
-        (``event_type``: approval.extended or action.arguments_edited): the
+        (``event_type``: approval.extended, action.arguments_edited, or
+        approval.approved or approval.rejected for a plain decision): the
         approval as it stands, with its action's status, and the change's
         audit payload. None if not (or no key). A retried attempt answers
-        from it before any other check: the attempt that recorded it made
-        them all, and one made since could refuse a change that stands."""
-        key = _keyed(event_type, approval_id, request_key)
+        from it before any check it could fail now: the attempt that
+        recorded it made them all, and one made since could refuse a change
+        that stands."""
+        key = request_dedupe_key(event_type, approval_id, request_key)
         if key is None:
             return None
         async with self.db.snapshot() as session:
@@ -330,7 +339,7 @@ class Approvals:
         if seconds > max_seconds:
             raise InvalidInputError(f"an extension is at most {int(max_seconds)} seconds")
         require_text("extended_by", extended_by)
-        key = _keyed("approval.extended", approval_id, request_key)
+        key = request_dedupe_key("approval.extended", approval_id, request_key)
         async with self.db.transaction() as session:
             run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
             if key and await logged(session, run.id, key):
@@ -520,18 +529,6 @@ class Approvals:
                 {"action_id": action.id, "reason": reason, "approval_id": withdrawn},
                 now,
             )
-
-
-def _keyed(event_type: str, approval_id: str, request_key: str | None) -> str | None:
-    """The audit event's dedupe key for one request's change to one approval
-    (None: no request key, no dedupe). The approval is in it, so one update
-    id can never stand for a change to another approval; the request key
-    goes in as its SHA-256, so two long update ids (Temporal takes them up
-    to 1,000 characters) never share a key cut to the column's 255."""
-    if request_key is None:
-        return None
-    digest = hashlib.sha256(request_key.encode()).hexdigest()
-    return f"{event_type}:{approval_id}:{digest}"
 
 
 def _answered(approval: ApprovalRow, action_status: str, **decided: Any) -> dict[str, Any]:

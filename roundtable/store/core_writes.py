@@ -134,6 +134,15 @@ class ChainedRun:
 
 
 @cache
+def event_logged() -> Any:
+    """The run's event with a dedupe key, if the log holds it (its id);
+    binds ``run_id`` and ``key``."""
+    return select(_EVENTS.c.id).where(
+        _EVENTS.c.run_id == bindparam("run_id"), _EVENTS.c.dedupe_key == bindparam("key")
+    )
+
+
+@cache
 def insert_into(table: Table) -> Any:
     """``INSERT INTO table``, built once per table: a fast connection keeps
     each statement's compiled form by the statement object

@@ -16,6 +16,7 @@ functions below, which the ORM paths (Approvals.expire, the sweep) use too.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from datetime import datetime
 from functools import cache
@@ -30,7 +31,13 @@ from roundtable.states import (
 )
 from roundtable.store import commit_notes
 from roundtable.store.core_statements import CoreConnection
-from roundtable.store.core_writes import ChainedRun, facts_read, locked_facts, update_row
+from roundtable.store.core_writes import (
+    ChainedRun,
+    event_logged,
+    facts_read,
+    locked_facts,
+    update_row,
+)
 from roundtable.store.errors import ConflictError
 from roundtable.store.run_status import carry_run_status_on
 from roundtable.store.schema import ActionRow, ApprovalRow, RunRow
@@ -92,6 +99,18 @@ def expiry_payload(approval_id: str, action_id: str) -> dict[str, Any]:
     return {"approval_id": approval_id, "action_id": action_id, "reason": APPROVAL_EXPIRED_REASON}
 
 
+def request_dedupe_key(event_type: str, approval_id: str, request_key: str | None) -> str | None:
+    """The audit event's dedupe key for one request's change to one approval
+    (None: no request key, no dedupe). The approval is in it, so one update
+    id can never stand for a change to another approval; the request key
+    goes in as its SHA-256, so two long update ids (Temporal takes them up
+    to 1,000 characters) never share a key cut to the column's 255."""
+    if request_key is None:
+        return None
+    digest = hashlib.sha256(request_key.encode()).hexdigest()
+    return f"{event_type}:{approval_id}:{digest}"
+
+
 async def decide_on_connection(
     connection: CoreConnection,
     notes: list[commit_notes.Note],
@@ -102,18 +121,29 @@ async def decide_on_connection(
     arguments_digest: str | None,
     run_status: str | None,
     guard: Callable[[str, str], None] | None,
+    request_key: str | None = None,
 ) -> dict[str, Any] | None:
     """Decide under the run lock, in the caller's transaction. Returns the
     approval as decided, with ``action_status`` and ``run_status``; None when
     the deadline had passed, in which case the approval and its action were
     expired instead (the caller commits that, then refuses the decision).
-    Whatever a check raises leaves nothing written."""
+    Whatever a check raises leaves nothing written.
+
+    ``request_key`` (the asking update's id): the decision is recorded under
+    it, and a call that finds its own decision recorded (an attempt before
+    committed it, and its answer was lost, or its timeout cancelled it while
+    its transaction ran on) writes nothing and answers with the approval as
+    it stands: the operator is told the decision stands, not that it
+    conflicts with itself."""
     facts, now = await locked_facts(
         connection, _APPROVALS, approval_id, _facts_statement, "approval"
     )
     if guard is not None:
         guard(facts["user_id"], facts["risk_level"])
+    key = request_dedupe_key(f"approval.{decision}", approval_id, request_key)
     if facts["status"] != ApprovalStatus.PENDING:
+        if key is not None and await _logged(connection, facts["run_id"], key):
+            return _as_it_stands(facts)
         raise ConflictError(f"approval {approval_id!r} is already {facts['status']}")
     if arguments_digest is not None and facts["arguments_digest"] != arguments_digest:
         raise ConflictError(
@@ -127,15 +157,15 @@ async def decide_on_connection(
         outcome = ApprovalStatus.EXPIRED
         approval_values, action_values = expired_values(now), action_after_expiry(now)
         said = expiry_payload(approval_id, action_id)
-        events = (("approval.expired", said), ("action.rejected", said))
+        events = (("approval.expired", said, None), ("action.rejected", said, None))
     else:
         outcome = decision
         approval_values = decided_values(decision, decided_by, reason, now)
         action_values = action_after_decision(decision, now)
         said = decision_payload(approval_id, action_id, decided_by, reason)
         events = (
-            (f"approval.{decision}", said),
-            (f"action.{action_values['status']}", said),
+            (f"approval.{decision}", said, key),
+            (f"action.{action_values['status']}", said, None),
         )
     decided = (
         await update_row(
@@ -164,8 +194,8 @@ async def decide_on_connection(
     ).scalar_one_or_none()
     if tool is not None and action_values["status"] in ENDING_ACTION_STATUSES:
         notes.append(commit_notes.ActionEnded(tool, str(action_values["status"])))
-    for event_type, payload in events:
-        run.append(event_type, payload, now)
+    for event_type, payload, dedupe_key in events:
+        run.append(event_type, payload, now, dedupe_key=dedupe_key)
     if outcome != ApprovalStatus.EXPIRED:
         held = {"session_id": facts["session_id"], "failure": facts["run_failure"]}
         run_now = await carry_run_status_on(connection, run, run_now, run_status, held, now)
@@ -174,6 +204,21 @@ async def decide_on_connection(
         return None
     action_status = str(action_values["status"]) if tool is not None else facts["action_status"]
     return {**decided._asdict(), "action_status": action_status, "run_status": str(run_now)}
+
+
+async def _logged(connection: CoreConnection, run_id: str, key: str) -> bool:
+    seen = await connection.execute(event_logged(), {"run_id": run_id, "key": key})
+    return seen.first() is not None
+
+
+def _as_it_stands(facts: Any) -> dict[str, Any]:
+    """The approval as the locked read found it, as a decision answers it."""
+    approval = {name: facts[name] for name in _APPROVALS.c.keys()}
+    return {
+        **approval,
+        "action_status": facts["action_status"],
+        "run_status": str(RunStatus(facts["run_status"])),
+    }
 
 
 @cache

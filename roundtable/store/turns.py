@@ -28,7 +28,13 @@ from sqlalchemy import bindparam, func, select
 
 from roundtable.completion import complete_every_public_coroutine
 from roundtable.security import decrypt_arguments, encrypt_arguments
-from roundtable.store.core_writes import ChainedRun, execute_last, facts_read, locked_facts
+from roundtable.store.core_writes import (
+    ChainedRun,
+    event_logged,
+    execute_last,
+    facts_read,
+    locked_facts,
+)
 from roundtable.store.database import Database
 from roundtable.store.engine import dialect_insert, is_postgresql
 from roundtable.store.errors import InvalidInputError, NotFoundError
@@ -71,13 +77,6 @@ def _chain_head(postgresql: bool) -> Any:
     """The run's chain head and the clock, read under its lock: not the
     whole row, which a turn's usage has no use for."""
     return facts_read(postgresql, _RUNS, _RUNS, [_RUNS.c.id])
-
-
-@cache
-def _usage_logged() -> Any:
-    return select(_EVENTS.c.id).where(
-        _EVENTS.c.run_id == bindparam("run_id"), _EVENTS.c.dedupe_key == bindparam("key")
-    )
 
 
 @cache
@@ -179,7 +178,7 @@ class Turns:
             key = f"{TURN_COMPLETED}:{turn}"
         async with self.db.core_transaction() as (connection, _):
             held, now = await locked_facts(connection, _RUNS, run_id, _chain_head, "run")
-            seen = await connection.execute(_usage_logged(), {"run_id": run_id, "key": key})
+            seen = await connection.execute(event_logged(), {"run_id": run_id, "key": key})
             if seen.scalar_one_or_none() is not None:
                 return False
             run = ChainedRun(held["id"], held["last_event_seq"], held["last_event_hash"])
