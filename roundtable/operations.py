@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -98,12 +99,20 @@ def _typed(exc: WorkflowUpdateFailedError) -> Exception:
 
 
 async def send_update(
-    client: Client, run_id: str, update: str, payload: Any, result_type: type = str
+    client: Client,
+    run_id: str,
+    update: str,
+    payload: Any,
+    result_type: type = str,
+    update_id: str | None = None,
 ) -> Any:
-    """An update to the run's workflow, its refusals as the store's typed errors."""
+    """An update to the run's workflow, its refusals as the store's typed
+    errors. ``update_id``: the update's id (default: a fresh one); Temporal
+    answers a second update with the id of one it has with that one's
+    outcome, and the workflow records the change under it."""
     try:
         return await client.get_workflow_handle(run_id).execute_update(
-            update, payload, result_type=result_type
+            update, payload, id=update_id, result_type=result_type
         )
     except WorkflowUpdateFailedError as exc:
         raise _typed(exc) from exc
@@ -136,17 +145,35 @@ async def decide(
     arguments: dict[str, Any] | None = None,
     *,
     decider: Decider | None = None,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     """Decide a pending approval, optionally approving edited ``arguments``.
     ``decider``: who the API or CLI authenticated (role and tenants), attested
     for the worker, which checks separation of duties (permissions.py).
+    ``idempotency_key``: the caller's name for this request; sent again
+    (its answer lost), it is answered as the first was and decides nothing
+    again (:func:`idempotent_update_id`); ``replayed`` in the answer says
+    it was answered from the record.
     NotFoundError / ConflictError / InvalidInputError / ForbiddenError."""
+    update_id = None
+    if idempotency_key is not None:
+        asked = {
+            "decision": decision,
+            "reason": reason,
+            "arguments_digest": arguments_digest,
+            "arguments": arguments,
+        }
+        update_id = idempotent_update_id("decide", decided_by, approval_id, idempotency_key, asked)
     # Checked here as well as by the store under the run lock: a run started
     # before safety-rules-v1 takes any decision the workflow hears as final,
     # even one the store refused, so a stale decision must never reach it.
     approval, action = await store.approval_and_action(approval_id)
     if approval["status"] != "pending":
-        raise ConflictError(f"approval {approval_id} is already {approval['status']}")
+        change = "action.arguments_edited" if arguments is not None else f"approval.{decision}"
+        kept = await store.keyed_approval_change(change, approval_id, update_id)
+        if kept is None:
+            raise ConflictError(f"approval {approval_id} is already {approval['status']}")
+        return {**_decision_answer(approval, kept[0]["status"]), "replayed": True}
     if arguments_digest is not None and action["arguments_digest"] != arguments_digest:
         raise ConflictError("arguments_digest does not match the arguments awaiting approval")
     status = await send_update(
@@ -165,13 +192,42 @@ async def decide(
             ),
             decider,
         ),
+        update_id=update_id,
     )
+    return {**_decision_answer(approval, status), "replayed": False}
+
+
+def _decision_answer(approval: dict[str, Any], status: str) -> dict[str, Any]:
     return {
-        "approval_id": approval_id,
+        "approval_id": approval["id"],
         "run_id": approval["run_id"],
         "action_id": approval["action_id"],
         "status": status,
     }
+
+
+def idempotent_update_id(
+    kind: str, caller: str, approval_id: str, idempotency_key: str, asked: dict[str, Any]
+) -> str:
+    """The id of the update a request made under an Idempotency-Key is sent
+    as: the same caller, approval, key and request give the same id, so a
+    request sent again (its answer lost) is the first one: Temporal answers
+    it with the first update's outcome while it holds it, and the workflow
+    records the change under the id (the store answers a retry from that
+    record). Another caller's key, or the same key with another request
+    (another decision, other edits, another extension), is another request."""
+    said = json.dumps(
+        {
+            "kind": kind,
+            "caller": caller,
+            "approval_id": approval_id,
+            "key": idempotency_key,
+            "asked": asked,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return f"{kind}-{hashlib.sha256(said.encode()).hexdigest()}"
 
 
 def _attested(message: Attestable, decider: Decider | None) -> Attestable:
@@ -189,15 +245,25 @@ async def extend(
     max_extensions: int | None = None,
     max_total_seconds: int | None = None,
     decider: Decider | None = None,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     """Push a pending approval's deadline back through its workflow (the timer
     follows). The store refuses (ConflictError) an extension beyond
     ``max_extensions`` or past ``max_total_seconds`` after the approval was
     created; the worker's own limits apply as well. ``decider``: who extends,
-    attested so the worker records them (else as unattested)."""
+    attested so the worker records them (else as unattested).
+    ``idempotency_key``: as for :func:`decide`: sent again, the extension
+    is answered as the first was and the deadline moves once."""
+    update_id = None
+    if idempotency_key is not None:
+        asked = {"seconds": seconds}
+        update_id = idempotent_update_id("extend", by, approval_id, idempotency_key, asked)
     approval = await store.get_approval(approval_id)
     if approval["status"] != "pending":
-        raise ConflictError(f"approval {approval_id} is already {approval['status']}")
+        kept = await store.keyed_approval_change("approval.extended", approval_id, update_id)
+        if kept is None:
+            raise ConflictError(f"approval {approval_id} is already {approval['status']}")
+        return {**_extension_answer(approval, kept[0]["expires_at"]), "replayed": True}
     if seconds > max_seconds:
         raise InvalidInputError(f"an extension is at most {max_seconds} seconds")
     extended = await send_update(
@@ -216,11 +282,16 @@ async def extend(
             decider,
         ),
         ExtendOutput,
+        update_id=update_id,
     )
+    return {**_extension_answer(approval, extended.expires_at), "replayed": False}
+
+
+def _extension_answer(approval: dict[str, Any], expires_at: datetime) -> dict[str, Any]:
     return {
-        "approval_id": approval_id,
+        "approval_id": approval["id"],
         "run_id": approval["run_id"],
-        "expires_at": extended.expires_at.isoformat(),
+        "expires_at": expires_at.isoformat(),
     }
 
 

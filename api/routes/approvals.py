@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.auth import Caller, Context, Principal
@@ -23,6 +23,11 @@ router = APIRouter(
     dependencies=AUTHENTICATED,
     responses=problems(401, 422),
 )
+
+
+# The caller's name for a decision or extension: sent again with the same
+# body, the request is answered as the first was (operations.idempotent_update_id).
+IdempotencyKey = Annotated[str | None, Header(min_length=1, max_length=255)]
 
 
 class DecisionBody(BaseModel):
@@ -104,12 +109,19 @@ async def get_approval(approval_id: str, caller: Caller, ctx: Context) -> dict[s
     responses=problems(400, 403, 404, 409, 413, 503),
 )
 async def decide(
-    approval_id: str, body: DecisionBody, caller: Caller, ctx: Context
+    approval_id: str,
+    body: DecisionBody,
+    caller: Caller,
+    ctx: Context,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     """Approve or reject, bound to the arguments you saw. 409 when the approval
-    is no longer pending or the arguments changed; the decider is the token's owner."""
+    is no longer pending or the arguments changed; the decider is the token's owner.
+    A POST sent again with the same ``Idempotency-Key`` and body (its answer
+    lost) is answered as the first was, and decides nothing again."""
     await decidable_approval(ctx, caller, approval_id, "decide")
-    return await operations.decide(
+    decided = await operations.decide(
         await ctx.temporal(),
         ctx.store,
         approval_id,
@@ -119,7 +131,9 @@ async def decide(
         body.arguments_digest,
         body.arguments,
         decider=caller.decider(),
+        idempotency_key=idempotency_key,
     )
+    return _replayed_if(decided, response)
 
 
 class ExtendBody(BaseModel):
@@ -133,11 +147,18 @@ class ExtendBody(BaseModel):
     responses=problems(400, 403, 404, 409, 413, 503),
 )
 async def extend(
-    approval_id: str, body: ExtendBody, caller: Caller, ctx: Context
+    approval_id: str,
+    body: ExtendBody,
+    caller: Caller,
+    ctx: Context,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
-    """Give people more time to decide; bounded by the server's maximum."""
+    """Give people more time to decide; bounded by the server's maximum. A
+    POST sent again with the same ``Idempotency-Key`` and body is answered
+    as the first was: the deadline moves once."""
     await decidable_approval(ctx, caller, approval_id, "extend")
-    return await operations.extend(
+    extended = await operations.extend(
         await ctx.temporal(),
         ctx.store,
         approval_id,
@@ -147,4 +168,14 @@ async def extend(
         max_extensions=ctx.settings.max_approval_extensions,
         max_total_seconds=ctx.settings.max_approval_total_seconds,
         decider=caller.decider(),
+        idempotency_key=idempotency_key,
     )
+    return _replayed_if(extended, response)
+
+
+def _replayed_if(answer: dict[str, Any], response: Response) -> dict[str, Any]:
+    """``Idempotent-Replayed: true`` when the answer is a request's recorded
+    one, as for a run started again under its key."""
+    if answer.pop("replayed"):
+        response.headers["Idempotent-Replayed"] = "true"
+    return answer

@@ -94,7 +94,7 @@ class Local:
         self, approval_id: str, decision: str, reason: str | None, by: str | None
     ) -> dict[str, Any]:
         decider = actor(by)
-        return await operations.decide(
+        decided = await operations.decide(
             await self.temporal(),
             self.store,
             approval_id,
@@ -103,6 +103,8 @@ class Local:
             reason,
             decider=Decider(user_id=decider, role="operator"),
         )
+        decided.pop("replayed")  # sent under no key: never a replay
+        return decided
 
     async def reconcile(
         self, action_id: str, outcome: str, note: str, by: str | None
