@@ -144,7 +144,9 @@ def _longest_pair(runs: int, taken: dict[str, list[dict[str, float]]]) -> float:
 def _figures(runs: int, taken: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     figures: dict[str, Any] = {"runs_at_once": runs, "batches": len(taken["bare"])}
     for side, batches in taken.items():
-        figures[side] = {key: median(b[key] for b in batches) for key in batches[0]}
+        # Rounded: with an even number of pairs the median is the mean of two,
+        # whose float noise (14.530000000000001) is no part of the figure.
+        figures[side] = {key: round(median(b[key] for b in batches), 2) for key in batches[0]}
         figures[side]["by_batch"] = batches
     ratios = {"ratio_runs_per_s": "runs_per_s", "ratio_cpu_per_run": "cpu_ms_per_run"}
     for key, figure in ratios.items():
