@@ -332,3 +332,30 @@ async def test_a_decision_retried_past_the_attestations_age_answers_as_recorded(
     with pytest.raises(ApplicationError, match="attestation_expired"):
         fresh_key = keyed.model_copy(update={"request_key": "update-2"})
         await ActivityEnvironment().run(writes.decide_approval, fresh_key)
+
+
+async def test_an_edit_is_refused_when_its_action_no_longer_waits(store: Any) -> None:
+    """A pending approval whose action does not wait for it (no path leads
+    there; here by surgery) is never edited nor approved: the arguments of
+    a write that may be under way stay as they are, and nothing is
+    answered as if the action had moved."""
+    from roundtable.store.schema import ActionRow
+    from tests.helpers import set_column
+
+    action = await _pending(store, "edit-astray")
+    await set_column(store, ActionRow, ActionRow.id == action["id"], status="executing")
+    with pytest.raises(ConflictError, match="not waiting for approval"):
+        await store.approve_with_edits(
+            action["approval_id"],
+            "op-1",
+            None,
+            None,
+            {"tenant_id": "tenant-a", "object_id": "elsewhere"},
+            Target(key="k-astray", scope=None, namespace_wide=False),
+        )
+    after = await store.get_action(action["id"])
+    assert (after["status"], after["target_key"]) == ("executing", action["target_key"])
+    assert after["arguments_digest"] == action["arguments_digest"]
+    assert (await store.get_approval(action["approval_id"]))["status"] == "pending"
+    events = [e["event_type"] for e in await store.list_events(action["run_id"])]
+    assert "action.arguments_edited" not in events and "approval.approved" not in events

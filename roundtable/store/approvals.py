@@ -239,6 +239,13 @@ class Approvals:
             if recorded is not None:  # this request's own edit, committed before
                 return _answered(approval, str(action.status)), recorded["changes"]
             require_pending(approval)
+            if action.status != ActionStatus.WAITING_APPROVAL:
+                # Unreachable while a pending approval's action always waits
+                # for it; refused rather than edit the arguments of a write
+                # that may be under way.
+                raise ConflictError(
+                    f"action {action.id!r} is {action.status}, not waiting for approval"
+                )
             if arguments_digest is not None:
                 require_digest(action, arguments_digest)
             now = await database_now(session)
@@ -428,9 +435,11 @@ class Approvals:
         commit_notes.approval_settled(session, decision, approval.created_at, now)
         action_values = action_after_decision(decision, now)
         action_status = action_values["status"]
-        await self.db.move_action(
+        moved = await self.db.move_action(
             session, approval.action_id, (ActionStatus.WAITING_APPROVAL,), action_values
         )
+        if not moved:  # its action no longer waits: refuse, never answer a guess
+            raise ConflictError(f"action {approval.action_id!r} is not waiting for approval")
         who = decision_payload(approval.id, approval.action_id, decided_by, reason)
         await self.db.audit(session, run, f"approval.{decision}", who, now)
         await self.db.audit(session, run, f"action.{action_status}", who, now)
