@@ -221,6 +221,19 @@ async def test_two_long_update_ids_are_two_requests(store: Any) -> None:
     assert (await store.get_approval(approval_id))["expires_at"] == first + timedelta(seconds=120)
 
 
+def _past_the_attestations_age(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on the activities' clock reads a minute past the age at
+    which an attestation made now is refused as stale."""
+    later = datetime.now(UTC) + MAX_ATTESTATION_AGE + timedelta(minutes=1)
+
+    class _Later(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return later
+
+    monkeypatch.setattr(write_activities, "datetime", _Later)
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 async def test_a_retry_past_the_attestations_age_answers_as_recorded(
     store: Any, action_secret: str, monkeypatch: pytest.MonkeyPatch
@@ -241,14 +254,7 @@ async def test_a_retry_past_the_attestations_age_answers_as_recorded(
     )
     keyed = sent.model_copy(update={"request_key": "update-1"})  # as the workflow sends it
     first = await ActivityEnvironment().run(writes.extend_approval, keyed)
-    later = datetime.now(UTC) + MAX_ATTESTATION_AGE + timedelta(minutes=1)
-
-    class _Later(datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
-            return later
-
-    monkeypatch.setattr(write_activities, "datetime", _Later)
+    _past_the_attestations_age(monkeypatch)
     again = await ActivityEnvironment().run(writes.extend_approval, keyed)
     assert again.expires_at == first.expires_at
     # A new request with the same stale attestation is still refused.
@@ -319,14 +325,7 @@ async def test_a_decision_retried_past_the_attestations_age_answers_as_recorded(
     )
     keyed = RecordDecisionInput(decision=sent, request_key="update-1")
     first = await ActivityEnvironment().run(writes.decide_approval, keyed)
-    later = datetime.now(UTC) + MAX_ATTESTATION_AGE + timedelta(minutes=1)
-
-    class _Later(datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
-            return later
-
-    monkeypatch.setattr(write_activities, "datetime", _Later)
+    _past_the_attestations_age(monkeypatch)
     again = await ActivityEnvironment().run(writes.decide_approval, keyed)
     assert again.conflict is None and again.approval_status == first.approval_status
     with pytest.raises(ApplicationError, match="attestation_expired"):
