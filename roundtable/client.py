@@ -76,6 +76,7 @@ class RunHandle:
         decided_by: str,
         reason: str | None = None,
         arguments_digest: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
         return await self.client.decide(
             self.run_id,
@@ -84,6 +85,7 @@ class RunHandle:
             decided_by=decided_by,
             reason=reason,
             arguments_digest=arguments_digest,
+            idempotency_key=idempotency_key,
         )
 
     async def reconcile(
@@ -156,8 +158,19 @@ class RoundtableClient:
         decided_by: str,
         reason: str | None = None,
         arguments_digest: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
-        """Approve or reject; ConflictError when the approval is no longer pending."""
+        """Approve or reject; ConflictError when the approval is no longer
+        pending. ``idempotency_key``: the service's name for this request;
+        sent again (its answer lost) with the same arguments while the run
+        is open, it is answered as the first was and decides nothing again
+        (operations.idempotent_update_id)."""
+        update_id = None
+        if idempotency_key is not None:
+            asked = {"decision": decision, "reason": reason, "arguments_digest": arguments_digest}
+            update_id = operations.idempotent_update_id(
+                "decide", decided_by, approval_id, idempotency_key, {**asked, "arguments": None}
+            )
         return await operations.send_update(
             self.temporal,
             run_id,
@@ -169,6 +182,7 @@ class RoundtableClient:
                 reason=reason,
                 arguments_digest=arguments_digest,
             ),
+            update_id=update_id,
         )
 
     async def reconcile(

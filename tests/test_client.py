@@ -46,6 +46,44 @@ async def test_start_decide_and_result(tmp_path) -> None:
             await client.reconcile(handle.run_id, "nothing", "failed", decided_by="svc-42")
 
 
+async def test_a_decision_sent_again_under_its_key_is_answered_as_the_first(tmp_path) -> None:
+    """A service whose answer was lost sends the decision again under its
+    key: answered as the first, decided once. Two writes keep the run open
+    while the first approval is decided twice."""
+    calls = [ticket_call("ticket_update", "T-1"), ticket_call("ticket_update", "T-2")]
+    async with harness(tmp_path) as h:
+        client = RoundtableClient(h.client, h.task_queue)
+        handle = await client.start_run(
+            RunInput(
+                task_text="t",
+                user_id="svc-42",
+                script=ScriptDocument.model_validate(script(("seat-1", 1, calls), final="ok")),
+            )
+        )
+        for _ in range(200):
+            state = await handle.state()
+            if len(state.pending_approvals) == 2:
+                break
+            await asyncio.sleep(0.05)
+        first, second = sorted(state.pending_approvals)
+        for _ in range(2):
+            decided = await handle.decide(
+                first, "approved", decided_by="svc-42", idempotency_key="approve-first"
+            )
+            assert decided == "approved"
+        with pytest.raises(ConflictError):  # another key: another request
+            await handle.decide(first, "approved", decided_by="svc-42", idempotency_key="other")
+        with pytest.raises(ConflictError):  # the same key, another decision
+            await handle.decide(
+                first, "rejected", decided_by="svc-42", idempotency_key="approve-first"
+            )
+        await handle.decide(second, "approved", decided_by="svc-42")
+        assert (await handle.result()).status == "completed"
+        events = await h.store.list_events(handle.run_id)
+        approved = [e for e in events if e["event_type"] == "approval.approved"]
+        assert [e["payload"]["approval_id"] for e in approved].count(first) == 1
+
+
 async def test_starting_the_same_run_twice_starts_it_once(tmp_path) -> None:
     async with harness(tmp_path) as h:
         client = RoundtableClient(h.client, h.task_queue)
