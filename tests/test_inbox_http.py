@@ -310,3 +310,23 @@ async def test_no_page_shows_a_secret_argument(tmp_path) -> None:
             assert form["redacted"] == ["body"]
             for text in (inbox, page, json.dumps(form)):
                 assert secret not in text
+
+
+async def test_the_inbox_extends_then_decides(tmp_path) -> None:
+    """The inbox calls the API's own routes in Python: an extension and a
+    decision made there are applied, and the deadline moves once."""
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started = await start(api, approval_timeout_seconds=600)
+        approval = await pending_approval(api, started["run_id"])
+        async with browser(api) as alice:
+            ok = {"X-CSRF-Token": await sign_in(alice, api.tokens["alice"])}
+            extended = await alice.post(
+                f"/inbox/approvals/{approval['id']}/extend", json={"seconds": 60}, headers=ok
+            )
+            assert extended.status_code == 200, extended.text
+            assert extended.json()["expires_at"] > approval["expires_at"]
+            decided = await alice.post(
+                f"/inbox/approvals/{approval['id']}/decision", json=decision(approval), headers=ok
+            )
+            assert decided.status_code == 200, decided.text
+            assert decided.json()["status"] == "approved"

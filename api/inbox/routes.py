@@ -307,14 +307,20 @@ async def decide(approval_id: str, request: Request, ctx: Ctx) -> dict[str, Any]
         if problems:
             detail = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
             raise Problem(422, "invalid_input", detail, errors=problems)
-    return await approval_routes.decide(approval_id, body, signed.principal, ctx)
+    # The inbox's own answer carries no replay header: a browser's click is
+    # sent once (its page re-reads the approval after).
+    return await approval_routes.decide(
+        approval_id, body, signed.principal, ctx, Response(), idempotency_key=None
+    )
 
 
 @router.post("/approvals/{approval_id}/extend")
 async def extend(approval_id: str, request: Request, ctx: Ctx) -> dict[str, Any]:
     signed = await require_post(request, ctx, None)
     body = await _body(request, approval_routes.ExtendBody)
-    return await approval_routes.extend(approval_id, body, signed.principal, ctx)
+    return await approval_routes.extend(
+        approval_id, body, signed.principal, ctx, Response(), idempotency_key=None
+    )
 
 
 @router.post("/actions/{action_id}/reconcile")
