@@ -45,7 +45,6 @@ from roundtable.models import (
 from roundtable.names import CONFLICT
 from roundtable.operations import nudge
 from roundtable.permissions import (
-    AttestationExpiredError,
     Authority,
     Decider,
     TenantNotAllowedError,
@@ -236,31 +235,10 @@ class WriteActivities:
         approval's real status, so the workflow follows the database."""
         inp = request.decision
         bind(approval_id=inp.approval_id)
-        if inp.arguments is not None:
-            # This request's edit, recorded by an attempt before (its answer
-            # lost, or a timeout cancelled it while its transaction ran on):
-            # answered as recorded, before the attestation's age is checked.
-            kept = await self.store.keyed_approval_change(
-                "action.arguments_edited", inp.approval_id, request.request_key
-            )
-            if kept is not None:
-                return _recorded(kept[0], edits=kept[1]["changes"])
-        try:
-            decider = verified_decider(inp, datetime.now(UTC))
-        except AttestationExpiredError:
-            # A plain decision's retry past the attestation's age (the
-            # database starved for ten minutes) whose first attempt recorded
-            # it: the decision stands, and is answered so. Looked up here
-            # only, not on every decision's path: a retry within the age
-            # finds its record under the run lock (decide_on_connection).
-            kept = None
-            if inp.arguments is None:  # an edit's record was looked up above
-                kept = await self.store.keyed_approval_change(
-                    f"approval.{inp.decision}", inp.approval_id, request.request_key
-                )
-            if kept is None:
-                raise
-            return _recorded(kept[0])
+        # A retried attempt meets every check its first attempt met, its
+        # attestation's age included (_asked_at), and finds what that attempt
+        # recorded under the run lock, after anything still queued of it.
+        decider = verified_decider(inp, _asked_at())
 
         def may_decide(run_owner: str, risk_level: str) -> None:
             self.authority.check_decider(decider, run_owner, risk_level)
@@ -372,15 +350,8 @@ class WriteActivities:
         """The worker's own limits hold whatever the message says; who extends
         is whom the API or CLI attested, else recorded as nobody vouched for."""
         bind(approval_id=inp.approval_id)
-        # This request's extension, recorded by an attempt before: answered
-        # as recorded, before the attestation's age is checked.
-        kept = await self.store.keyed_approval_change(
-            "approval.extended", inp.approval_id, inp.request_key
-        )
-        if kept is not None:
-            return ExtendOutput(approval_id=inp.approval_id, expires_at=kept[0]["expires_at"])
         rules = self.authority
-        extender = verified_decider(inp, datetime.now(UTC))
+        extender = verified_decider(inp, _asked_at())
         by = extender.user_id if extender.role else f"unattested:{extender.user_id}"
         approval = await self.store.extend_approval(
             inp.approval_id,
@@ -668,6 +639,19 @@ async def _fence_target(
             f"{action['tool_name']}'s own log shows this write applied: reconcile it as succeeded"
         )
     return action["fencing_token"] + 1
+
+
+def _asked_at() -> datetime:
+    """The time an operator's change is checked against (an attestation's
+    age): now for a first attempt; for a retried one, when its first
+    attempt was scheduled (a local activity keeps that time across its
+    attempts). A retry is the same request, taken up then: refused for an
+    age the database's slowness gave it, it would be answered "send it
+    again" while its first attempt, still queued, commits it, and sent
+    again it would be applied twice. A request no worker took up in time is
+    still refused at its first attempt."""
+    info = activity.info()
+    return info.scheduled_time if info.attempt > 1 else datetime.now(UTC)
 
 
 def _recorded(decided: dict[str, Any], **more: Any) -> DecisionRecorded:

@@ -164,11 +164,15 @@ class RoundtableClient:
         pending. ``idempotency_key``: the service's name for this request;
         sent again (its answer lost) with the same arguments while the run
         is open, it is answered as the first was and decides nothing again
-        (operations.idempotent_update_id)."""
+        (operations.idempotent_request_id). The update is named by the
+        request itself, so Temporal answers it with the first attempt's
+        outcome, a refusal too: this client cannot read the store for the
+        record, as the API does. A request refused for a passing reason is
+        sent again under a new key."""
         update_id = None
         if idempotency_key is not None:
             asked = {"decision": decision, "reason": reason, "arguments_digest": arguments_digest}
-            update_id = operations.idempotent_update_id(
+            update_id = operations.idempotent_request_id(
                 "decide", decided_by, approval_id, idempotency_key, {**asked, "arguments": None}
             )
         return await operations.send_update(

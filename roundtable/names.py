@@ -25,6 +25,12 @@ DECISION_SIGNAL = "approval_decision"  # raw signal, for `temporal workflow sign
 RECONCILE_SIGNAL = "reconcile_action_signal"
 REFRESH_SIGNAL = "refresh"  # "the store changed under you: look again"
 STATE_QUERY = "state"
+# An update sent for a caller's request under an Idempotency-Key is named
+# "<request>/<attempt>": each attempt is an update of its own (a refusal of
+# one is never the answer to the next), and the workflow records the change
+# under what comes before the first "/" (the request), so the attempts of
+# one request apply it once. No id the SDK makes has a "/".
+REQUEST_ATTEMPT_SEPARATOR = "/"
 
 # ApplicationError types: the worker raises them, callers map them to errors.
 CONFLICT = "Conflict"

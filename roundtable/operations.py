@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -42,6 +42,7 @@ from roundtable.names import (
     RECONCILE_UPDATE,
     RECONCILE_WORKFLOW,
     REFRESH_SIGNAL,
+    REQUEST_ATTEMPT_SEPARATOR,
     RUN_WORKFLOW,
 )
 from roundtable.permissions import Attestable, Authority, Decider, attest
@@ -152,10 +153,10 @@ async def decide(
     for the worker, which checks separation of duties (permissions.py).
     ``idempotency_key``: the caller's name for this request; sent again
     (its answer lost), it is answered as the first was and decides nothing
-    again (:func:`idempotent_update_id`); ``replayed`` in the answer says
+    again (:func:`idempotent_request_id`); ``replayed`` in the answer says
     it was answered from the record.
     NotFoundError / ConflictError / InvalidInputError / ForbiddenError."""
-    update_id = None
+    request = None
     if idempotency_key is not None:
         asked = {
             "decision": decision,
@@ -163,20 +164,20 @@ async def decide(
             "arguments_digest": arguments_digest,
             "arguments": arguments,
         }
-        update_id = idempotent_update_id("decide", decided_by, approval_id, idempotency_key, asked)
+        request = idempotent_request_id("decide", decided_by, approval_id, idempotency_key, asked)
+    change = "action.arguments_edited" if arguments is not None else f"approval.{decision}"
     # Checked here as well as by the store under the run lock: a run started
     # before safety-rules-v1 takes any decision the workflow hears as final,
     # even one the store refused, so a stale decision must never reach it.
     approval, action = await store.approval_and_action(approval_id)
     if approval["status"] != "pending":
-        change = "action.arguments_edited" if arguments is not None else f"approval.{decision}"
-        kept = await store.keyed_approval_change(change, approval_id, update_id)
+        kept = await _recorded_request(store, change, approval_id, request)
         if kept is None:
             raise ConflictError(f"approval {approval_id} is already {approval['status']}")
-        return {**_decision_answer(approval, kept[0]["status"]), "replayed": True}
+        return {**_decision_answer(kept, kept["status"]), "replayed": True}
     if arguments_digest is not None and action["arguments_digest"] != arguments_digest:
         raise ConflictError("arguments_digest does not match the arguments awaiting approval")
-    status = await send_update(
+    sending = send_update(
         client,
         approval["run_id"],
         DECIDE_UPDATE,
@@ -192,9 +193,48 @@ async def decide(
             ),
             decider,
         ),
-        update_id=update_id,
+        update_id=attempt_of(request),
     )
+    status, kept = await _sent_or_recorded(sending, store, change, approval_id, request)
+    if kept is not None:
+        return {**_decision_answer(kept, kept["status"]), "replayed": True}
     return {**_decision_answer(approval, status), "replayed": False}
+
+
+async def _sent_or_recorded(
+    sending: Awaitable[Any], store: Store, change: str, approval_id: str, request: str | None
+) -> tuple[Any, dict[str, Any] | None]:
+    """The update's answer, or, when the run refuses it as a conflict and
+    another attempt of ``request`` recorded ``change`` since it was looked
+    for (the run then takes the approval as already decided), that record:
+    the approval as it stands."""
+    try:
+        return await sending, None
+    except ConflictError:
+        kept = await _recorded_request(store, change, approval_id, request)
+        if kept is None:
+            raise
+        return None, kept
+
+
+async def _recorded_request(
+    store: Store, change: str, approval_id: str, request: str | None
+) -> dict[str, Any] | None:
+    """The approval as it stands, if ``request`` (an idempotent request's
+    id) recorded ``change`` on it; None if not, or no request."""
+    if request is None:
+        return None
+    kept = await store.keyed_approval_change(change, approval_id, request)
+    return kept[0] if kept is not None else None
+
+
+def attempt_of(request: str | None) -> str | None:
+    """The id of one attempt at ``request`` (None: the SDK names it): an
+    update of its own, whose refusal is never the answer to the next
+    attempt, recorded by the run under the request (names.py)."""
+    if request is None:
+        return None
+    return f"{request}{REQUEST_ATTEMPT_SEPARATOR}{uuid.uuid4().hex}"
 
 
 def _decision_answer(approval: dict[str, Any], status: str) -> dict[str, Any]:
@@ -206,16 +246,17 @@ def _decision_answer(approval: dict[str, Any], status: str) -> dict[str, Any]:
     }
 
 
-def idempotent_update_id(
+def idempotent_request_id(
     kind: str, caller: str, approval_id: str, idempotency_key: str, asked: dict[str, Any]
 ) -> str:
-    """The id of the update a request made under an Idempotency-Key is sent
-    as: the same caller, approval, key and request give the same id, so a
-    request sent again (its answer lost) is the first one: Temporal answers
-    it with the first update's outcome while it holds it, and the workflow
-    records the change under the id (the store answers a retry from that
-    record). Another caller's key, or the same key with another request
-    (another decision, other edits, another extension), is another request."""
+    """The id of a request made under an Idempotency-Key: the same caller,
+    approval, key and request give the same id, so a request sent again (its
+    answer lost) is the first one. Each attempt at it is an update of its
+    own (:func:`attempt_of`); the run records the change under this id, so
+    an attempt that finds it recorded changes nothing and answers with it
+    (as does the API, from the audit log, once the approval is decided).
+    Another caller's key, or the same key with another request (another
+    decision, other edits, another extension), is another request."""
     said = json.dumps(
         {
             "kind": kind,
@@ -253,20 +294,22 @@ async def extend(
     created; the worker's own limits apply as well. ``decider``: who extends,
     attested so the worker records them (else as unattested).
     ``idempotency_key``: as for :func:`decide`: sent again, the extension
-    is answered as the first was and the deadline moves once."""
-    update_id = None
+    is answered as it stands and the deadline moves once."""
+    request = None
     if idempotency_key is not None:
         asked = {"seconds": seconds}
-        update_id = idempotent_update_id("extend", by, approval_id, idempotency_key, asked)
+        request = idempotent_request_id("extend", by, approval_id, idempotency_key, asked)
+    extension = "approval.extended"
+    # An extension leaves its approval pending: its record is looked for first.
+    kept = await _recorded_request(store, extension, approval_id, request)
+    if kept is not None:
+        return {**_extension_answer(kept), "replayed": True}
     approval = await store.get_approval(approval_id)
     if approval["status"] != "pending":
-        kept = await store.keyed_approval_change("approval.extended", approval_id, update_id)
-        if kept is None:
-            raise ConflictError(f"approval {approval_id} is already {approval['status']}")
-        return {**_extension_answer(approval, kept[0]["expires_at"]), "replayed": True}
+        raise ConflictError(f"approval {approval_id} is already {approval['status']}")
     if seconds > max_seconds:
         raise InvalidInputError(f"an extension is at most {max_seconds} seconds")
-    extended = await send_update(
+    sending = send_update(
         client,
         approval["run_id"],
         EXTEND_UPDATE,
@@ -282,16 +325,19 @@ async def extend(
             decider,
         ),
         ExtendOutput,
-        update_id=update_id,
+        update_id=attempt_of(request),
     )
-    return {**_extension_answer(approval, extended.expires_at), "replayed": False}
+    extended, kept = await _sent_or_recorded(sending, store, extension, approval_id, request)
+    if kept is not None:
+        return {**_extension_answer(kept), "replayed": True}
+    return {**_extension_answer({**approval, "expires_at": extended.expires_at}), "replayed": False}
 
 
-def _extension_answer(approval: dict[str, Any], expires_at: datetime) -> dict[str, Any]:
+def _extension_answer(approval: dict[str, Any]) -> dict[str, Any]:
     return {
         "approval_id": approval["id"],
         "run_id": approval["run_id"],
-        "expires_at": expires_at.isoformat(),
+        "expires_at": approval["expires_at"].isoformat(),
     }
 
 

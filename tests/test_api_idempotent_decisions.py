@@ -11,8 +11,13 @@ Real HTTP, a real worker, the time-skipping Temporal server.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
+import roundtable.operations as operations
+from roundtable.permissions import MAX_ATTESTATION_AGE, attest
 from tests.api_server import Api, serve_api
 from tests.test_api import finished, pending_approval, start
 from tests.workflow_harness import harness
@@ -25,12 +30,19 @@ async def _events(api: Api, run_id: str, event_type: str) -> list[dict[str, Any]
     return [e for e in listed.json()["items"] if e["event_type"] == event_type]
 
 
+async def _approval_to_decide(api: Api) -> tuple[dict, str, dict]:
+    """A run of alice's waiting for one approval: the run, the approval's
+    decision path and the body that approves it."""
+    started = await start(api)
+    approval = await pending_approval(api, started["run_id"])
+    path = f"/v1/approvals/{approval['id']}/decision"
+    body = {"decision": "approved", "arguments_digest": approval["arguments_digest"]}
+    return started, path, body
+
+
 async def test_a_decision_sent_again_under_its_key_is_answered_as_the_first(tmp_path) -> None:
     async with harness(tmp_path) as h, serve_api(h) as api:
-        started = await start(api)
-        approval = await pending_approval(api, started["run_id"])
-        path = f"/v1/approvals/{approval['id']}/decision"
-        body = {"decision": "approved", "arguments_digest": approval["arguments_digest"]}
+        started, path, body = await _approval_to_decide(api)
         keyed = {**api.auth("alice"), KEYED: "approve-T-1"}
 
         first = await api.http.post(path, json=body, headers=keyed)
@@ -71,6 +83,7 @@ async def test_an_extension_sent_again_under_its_key_moves_the_deadline_once(tmp
         again = await api.http.post(path, json={"seconds": 3600}, headers=keyed)
         assert again.status_code == 200, again.text
         assert again.json() == first.json()
+        assert again.headers["Idempotent-Replayed"] == "true"  # from the record, still pending
         listed = await pending_approval(api, started["run_id"])
         assert listed["expires_at"] == first.json()["expires_at"]
         assert len(await _events(api, started["run_id"], "approval.extended")) == 1
@@ -117,3 +130,32 @@ async def test_a_key_must_be_one_to_255_characters(tmp_path) -> None:
         assert (await pending_approval(api, started["run_id"]))["expires_at"] == approval[
             "expires_at"
         ]
+
+
+async def test_a_refused_attempt_is_not_the_answer_to_the_next(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused as stale ("send it again": no worker took it up in time), a
+    request sent again under the same key is decided, not refused again
+    (review of 2026-12-07: under one update id for the request, Temporal
+    answered every attempt with the first one's refusal)."""
+    stamped: list[datetime] = []
+
+    def stale_once(message: Any, decider: Any) -> Any:
+        when = datetime.now(UTC)
+        if not stamped:
+            when -= MAX_ATTESTATION_AGE + timedelta(minutes=1)
+        stamped.append(when)
+        return attest(message, decider, when)
+
+    monkeypatch.setattr(operations, "_attested", stale_once)
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started, path, body = await _approval_to_decide(api)
+        keyed = {**api.auth("alice"), KEYED: "approve-once"}
+        refused = await api.http.post(path, json=body, headers=keyed)
+        assert refused.status_code == 403 and "send it again" in refused.text, refused.text
+        assert (await pending_approval(api, started["run_id"]))["status"] == "pending"
+        again = await api.http.post(path, json=body, headers=keyed)
+        assert again.status_code == 200, again.text
+        assert again.json()["status"] == "approved"
+        assert len(stamped) == 2

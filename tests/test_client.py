@@ -46,7 +46,7 @@ async def test_start_decide_and_result(tmp_path) -> None:
             await client.reconcile(handle.run_id, "nothing", "failed", decided_by="svc-42")
 
 
-async def test_a_decision_sent_again_under_its_key_is_answered_as_the_first(tmp_path) -> None:
+async def test_a_service_decision_sent_again_under_its_key_is_answered_once(tmp_path) -> None:
     """A service whose answer was lost sends the decision again under its
     key: answered as the first, decided once. Two writes keep the run open
     while the first approval is decided twice."""

@@ -18,6 +18,7 @@ approval says, field by field, on both databases.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -234,6 +235,14 @@ def _past_the_attestations_age(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(write_activities, "datetime", _Later)
 
 
+def _retry(scheduled: datetime) -> ActivityEnvironment:
+    """An activity's second attempt, as Temporal runs a local activity's:
+    its scheduled time is its first attempt's."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2, scheduled_time=scheduled)
+    return env
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 async def test_a_retry_past_the_attestations_age_answers_as_recorded(
     store: Any, action_secret: str, monkeypatch: pytest.MonkeyPatch
@@ -253,10 +262,12 @@ async def test_a_retry_past_the_attestations_age_answers_as_recorded(
         datetime.now(UTC),
     )
     keyed = sent.model_copy(update={"request_key": "update-1"})  # as the workflow sends it
+    scheduled = datetime.now(UTC)
     first = await ActivityEnvironment().run(writes.extend_approval, keyed)
     _past_the_attestations_age(monkeypatch)
-    again = await ActivityEnvironment().run(writes.extend_approval, keyed)
+    again = await _retry(scheduled).run(writes.extend_approval, keyed)
     assert again.expires_at == first.expires_at
+    assert (await store.get_approval(approval_id))["expires_at"] == first.expires_at
     # A new request with the same stale attestation is still refused.
     with pytest.raises(ApplicationError, match="attestation_expired"):
         fresh_key = sent.model_copy(update={"request_key": "update-2"})
@@ -288,8 +299,25 @@ async def test_a_decision_asked_again_by_its_request_answers_as_it_stands(store:
             await store.decide_approval(approval_id, decision, "op-1", request_key=key)
 
 
-def _plain_decision(approval_id: str, **more: Any) -> Decision:
-    return Decision(approval_id=approval_id, decision="approved", decided_by="op-1", **more)
+def _plain_decision(approval_id: str, decided_by: str = "op-1") -> Decision:
+    return Decision(approval_id=approval_id, decision="approved", decided_by=decided_by)
+
+
+async def _approved_once(store: Any, action: dict[str, Any], answer: Any) -> None:
+    """The retry was told the approval stands, and it was recorded once."""
+    assert answer.conflict is None, answer.conflict
+    assert (answer.approval_status, answer.status) == ("approved", "approved")
+    events = [e["event_type"] for e in await store.list_events(action["run_id"])]
+    assert events.count("approval.approved") == 1
+
+
+def _op1_approves(approval_id: str) -> tuple[RecordDecisionInput, datetime]:
+    """op-1's approval, attested now, as the workflow sends it (keyed by its
+    update), and the time its first attempt is scheduled."""
+    sent = attest(
+        _plain_decision(approval_id), Decider(user_id="op-1", role="operator"), datetime.now(UTC)
+    )
+    return RecordDecisionInput(decision=sent, request_key="update-1"), datetime.now(UTC)
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -304,10 +332,7 @@ async def test_a_decision_cancelled_by_its_timeout_is_answered_as_it_stands(stor
     await _cancelled_while_queued(store, lambda env: env.run(writes.decide_approval, inp))
     assert (await store.get_approval(approval_id))["status"] == "approved"  # committed
     answer = await ActivityEnvironment().run(writes.decide_approval, inp)  # Temporal's retry
-    assert answer.conflict is None, answer.conflict
-    assert (answer.approval_status, answer.status) == ("approved", "approved")
-    events = [e["event_type"] for e in await store.list_events(action["run_id"])]
-    assert events.count("approval.approved") == 1
+    await _approved_once(store, action, answer)
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -316,17 +341,14 @@ async def test_a_decision_retried_past_the_attestations_age_answers_as_recorded(
 ) -> None:
     """A retry after the attestation's ten minutes answers with the
     decision its first attempt recorded; a new request carrying the same
-    stale attestation is still refused."""
+    stale attestation (a first attempt) is still refused."""
     action = await _pending(store, "plain-att")
     approval_id = action["approval_id"]
     writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
-    sent = attest(
-        _plain_decision(approval_id), Decider(user_id="op-1", role="operator"), datetime.now(UTC)
-    )
-    keyed = RecordDecisionInput(decision=sent, request_key="update-1")
+    keyed, scheduled = _op1_approves(approval_id)
     first = await ActivityEnvironment().run(writes.decide_approval, keyed)
     _past_the_attestations_age(monkeypatch)
-    again = await ActivityEnvironment().run(writes.decide_approval, keyed)
+    again = await _retry(scheduled).run(writes.decide_approval, keyed)
     assert again.conflict is None and again.approval_status == first.approval_status
     with pytest.raises(ApplicationError, match="attestation_expired"):
         fresh_key = keyed.model_copy(update={"request_key": "update-2"})
@@ -358,3 +380,67 @@ async def test_an_edit_is_refused_when_its_action_no_longer_waits(store: Any) ->
     assert (await store.get_approval(action["approval_id"]))["status"] == "pending"
     events = [e["event_type"] for e in await store.list_events(action["run_id"])]
     assert "action.arguments_edited" not in events and "approval.approved" not in events
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_retry_past_the_age_waits_for_its_first_attempt_still_queued(
+    store: Any, action_secret: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database starved past the attestation's age: the first attempt,
+    cancelled by its timeout, still waits in SQLite's writer queue when
+    Temporal retries. The retry is not refused as stale ("send it again",
+    for a decision about to stand): it queues behind the first attempt and
+    is answered with what that attempt recorded (review of 2026-12-07)."""
+    action = await _pending(store, "stale-queued")
+    approval_id = action["approval_id"]
+    writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
+    keyed, scheduled = _op1_approves(approval_id)
+    queue = store.db._local_writer
+    await queue.acquire()
+    try:
+        env = ActivityEnvironment()
+        first = asyncio.create_task(env.run(writes.decide_approval, keyed))
+        await _until_queued(queue)
+        env.cancel()
+        await asyncio.sleep(0.05)
+        _past_the_attestations_age(monkeypatch)
+        retried = asyncio.create_task(_retry(scheduled).run(writes.decide_approval, keyed))
+        await asyncio.sleep(0.2)
+        assert not retried.done()  # queued behind the first attempt, not refused
+    finally:
+        queue.release()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await _approved_once(store, action, await retried)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_record_answers_only_the_person_it_recorded(
+    store: Any, action_secret: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone who sends another person's request key (an update id chosen
+    through Temporal directly) with a forged attestation is never told the
+    other's decision, edit or extension is theirs (review of 2026-12-07)."""
+    action = await _pending(store, "forged")
+    approval_id = action["approval_id"]
+    writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
+    extension = ExtendInput(
+        approval_id=approval_id, seconds=60, extended_by="op-1", request_key="update-2"
+    )
+    await ActivityEnvironment().run(writes.extend_approval, extension)
+    await store.decide_approval(approval_id, "approved", "op-1", None, request_key="update-1")
+    scheduled = datetime.now(UTC)
+
+    def forged(message: Any) -> Any:
+        stamped = attest(message, Decider(user_id="mallory", role="operator"), scheduled)
+        mac = stamped.attested_by.model_copy(update={"mac": "0" * 64})
+        return stamped.model_copy(update={"attested_by": mac})
+
+    _past_the_attestations_age(monkeypatch)
+    decision = forged(_plain_decision(approval_id, decided_by="mallory"))
+    answer = await _retry(scheduled).run(
+        writes.decide_approval, RecordDecisionInput(decision=decision, request_key="update-1")
+    )
+    assert answer.conflict is not None and "someone else" in answer.conflict
+    with pytest.raises(ConflictError, match="someone else"):
+        await store.extend_approval(approval_id, 60, "mallory", 3600, request_key="update-2")

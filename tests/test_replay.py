@@ -37,7 +37,10 @@ from tests.replaying import replay_failure
 # recorded-with-kept-snapshots/, runs whose store keeps their snapshot, so
 # their opening's result and state name its digest (the same command order:
 # no patch; replay guards that the models still read them, not which form a
-# turn is sent in: activity inputs are not compared).
+# turn is sent in: activity inputs are not compared); in
+# recorded-with-keyed-requests/, runs decided and extended under an
+# Idempotency-Key, whose updates are named "<request>/<attempt>" (the same
+# command order: no patch; the change is recorded under the request).
 # A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {

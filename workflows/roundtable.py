@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         RECONCILE_SIGNAL,
         RECONCILE_UPDATE,
         REFRESH_SIGNAL,
+        REQUEST_ATTEMPT_SEPARATOR,
         RUN_WORKFLOW,
         STATE_QUERY,
     )
@@ -722,8 +723,11 @@ def _since_last_turn(transcript: list[ChatMessage], seat: str) -> list[ChatMessa
 
 
 def _update_key() -> str | None:
-    """The id of the update being handled (None outside one): what an
-    operator's change is recorded under, so its local activity, retried
-    after a first attempt that committed, does not apply it twice."""
+    """The request the update being handled is an attempt of (None outside
+    one): what an operator's change is recorded under, so its local
+    activity, retried after a first attempt that committed, does not apply
+    it twice, nor does another attempt of the same request (an update id
+    "<request>/<attempt>", REQUEST_ATTEMPT_SEPARATOR). An id without the
+    separator (the SDK's own, every update before it) is its own request."""
     info = workflow.current_update_info()
-    return info.id if info is not None else None
+    return info.id.split(REQUEST_ATTEMPT_SEPARATOR, 1)[0] if info is not None else None

@@ -26,7 +26,7 @@ router = APIRouter(
 
 
 # The caller's name for a decision or extension: sent again with the same
-# body, the request is answered as the first was (operations.idempotent_update_id).
+# body, the request is answered as the first was (operations.idempotent_request_id).
 IdempotencyKey = Annotated[str | None, Header(min_length=1, max_length=255)]
 
 

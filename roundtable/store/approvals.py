@@ -28,7 +28,7 @@ from roundtable.states import (
     ApprovalStatus,
 )
 from roundtable.store import commit_notes
-from roundtable.store.database import Database, logged, logged_payload
+from roundtable.store.database import Database, logged_payload
 from roundtable.store.decision import (
     action_after_decision,
     action_after_expiry,
@@ -38,6 +38,7 @@ from roundtable.store.decision import (
     expired_values,
     expiry_payload,
     request_dedupe_key,
+    same_actor,
 )
 from roundtable.store.engine import database_now
 from roundtable.store.errors import ConflictError, InvalidInputError
@@ -237,6 +238,7 @@ class Approvals:
             action = await session.get(ActionRow, approval.action_id)
             recorded = await logged_payload(session, run.id, key) if key else None
             if recorded is not None:  # this request's own edit, committed before
+                same_actor(recorded, "edited_by", decided_by)
                 return _answered(approval, str(action.status)), recorded["changes"]
             require_pending(approval)
             if action.status != ActionStatus.WAITING_APPROVAL:
@@ -349,8 +351,10 @@ class Approvals:
         key = request_dedupe_key("approval.extended", approval_id, request_key)
         async with self.db.transaction() as session:
             run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
-            if key and await logged(session, run.id, key):
-                return row_to_dict(approval)  # this request's, committed before
+            recorded = await logged_payload(session, run.id, key) if key else None
+            if recorded is not None:  # this request's, committed before
+                same_actor(recorded, "by", extended_by)
+                return row_to_dict(approval)
             require_pending(approval)
             now = await database_now(session)
             if now >= approval.expires_at:

@@ -134,10 +134,10 @@ class ChainedRun:
 
 
 @cache
-def event_logged() -> Any:
-    """The run's event with a dedupe key, if the log holds it (its id);
-    binds ``run_id`` and ``key``."""
-    return select(_EVENTS.c.id).where(
+def event_logged(payload: bool = False) -> Any:
+    """The run's event with a dedupe key, if the log holds it: its id, or
+    its payload; binds ``run_id`` and ``key``."""
+    return select(_EVENTS.c.payload if payload else _EVENTS.c.id).where(
         _EVENTS.c.run_id == bindparam("run_id"), _EVENTS.c.dedupe_key == bindparam("key")
     )
 

@@ -142,8 +142,11 @@ async def decide_on_connection(
         guard(facts["user_id"], facts["risk_level"])
     key = request_dedupe_key(f"approval.{decision}", approval_id, request_key)
     if facts["status"] != ApprovalStatus.PENDING:
-        if key is not None and await _logged(connection, facts["run_id"], key):
-            return _as_it_stands(facts)
+        if key is not None:
+            recorded = await _logged(connection, facts["run_id"], key)
+            if recorded is not None:
+                same_actor(recorded, "decided_by", decided_by)
+                return _as_it_stands(facts)
         raise ConflictError(f"approval {approval_id!r} is already {facts['status']}")
     if arguments_digest is not None and facts["arguments_digest"] != arguments_digest:
         raise ConflictError(
@@ -206,9 +209,18 @@ async def decide_on_connection(
     return {**decided._asdict(), "action_status": action_status, "run_status": str(run_now)}
 
 
-async def _logged(connection: CoreConnection, run_id: str, key: str) -> bool:
-    seen = await connection.execute(event_logged(), {"run_id": run_id, "key": key})
-    return seen.first() is not None
+async def _logged(connection: CoreConnection, run_id: str, key: str) -> dict[str, Any] | None:
+    seen = await connection.execute(event_logged(payload=True), {"run_id": run_id, "key": key})
+    return seen.scalar_one_or_none()
+
+
+def same_actor(recorded: dict[str, Any], field: str, actor: str) -> None:
+    """A request's record answers only the person it recorded: one whose
+    key matches but whose name does not (a key chosen to match another's,
+    through Temporal directly) is refused, never told another's change is
+    theirs."""
+    if recorded.get(field) != actor:
+        raise ConflictError("this request was recorded for someone else; send a new one")
 
 
 def _as_it_stands(facts: Any) -> dict[str, Any]:
