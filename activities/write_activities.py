@@ -28,6 +28,7 @@ from roundtable.models import (
     ActionRef,
     ApprovalRef,
     CallRef,
+    Decision,
     DecisionRecorded,
     ExecuteWriteInput,
     ExecuteWriteOutput,
@@ -45,11 +46,13 @@ from roundtable.models import (
 from roundtable.names import CONFLICT
 from roundtable.operations import nudge
 from roundtable.permissions import (
+    AttestationExpiredError,
     Authority,
     Decider,
     TenantNotAllowedError,
     check_reconciler,
     check_tenant,
+    decider_whatever_its_age,
     verified_decider,
 )
 from roundtable.security import (
@@ -235,10 +238,17 @@ class WriteActivities:
         approval's real status, so the workflow follows the database."""
         inp = request.decision
         bind(approval_id=inp.approval_id)
-        # A retried attempt meets every check its first attempt met, its
-        # attestation's age included (_asked_at), and finds what that attempt
-        # recorded under the run lock, after anything still queued of it.
-        decider = verified_decider(inp, _asked_at())
+        try:
+            decider = verified_decider(inp, datetime.now(UTC))
+        except AttestationExpiredError as stale:
+            # An attempt of a request its earlier attempt recorded (the
+            # database starved past the attestation's age, or the run's
+            # worker was replaced) is answered with that record; anything
+            # else stays refused.
+            edited = inp.arguments is not None
+            change = "action.arguments_edited" if edited else f"approval.{inp.decision}"
+            kept = await self._recorded_despite_age(inp, change, request.request_key, stale)
+            return _recorded(kept[0], edits=kept[1]["changes"] if edited else None)
 
         def may_decide(run_owner: str, risk_level: str) -> None:
             self.authority.check_decider(decider, run_owner, risk_level)
@@ -351,7 +361,12 @@ class WriteActivities:
         is whom the API or CLI attested, else recorded as nobody vouched for."""
         bind(approval_id=inp.approval_id)
         rules = self.authority
-        extender = verified_decider(inp, _asked_at())
+        try:
+            extender = verified_decider(inp, datetime.now(UTC))
+        except AttestationExpiredError as stale:  # as for a decision
+            extension = "approval.extended"
+            kept = await self._recorded_despite_age(inp, extension, inp.request_key, stale)
+            return ExtendOutput(approval_id=inp.approval_id, expires_at=kept[0]["expires_at"])
         by = extender.user_id if extender.role else f"unattested:{extender.user_id}"
         approval = await self.store.extend_approval(
             inp.approval_id,
@@ -363,6 +378,33 @@ class WriteActivities:
             request_key=inp.request_key,
         )
         return ExtendOutput(approval_id=approval["id"], expires_at=approval["expires_at"])
+
+    async def _recorded_despite_age(
+        self,
+        message: Decision | ExtendInput,
+        change: str,
+        request_key: str | None,
+        stale: AttestationExpiredError,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The change ``request_key`` recorded, for an attempt whose
+        attestation is too old to make it: read under the run lock, behind
+        an earlier attempt still queued or running, and only for the person
+        the attestation (checked, whatever its age) names. Without such a
+        record the attempt is refused as stale, as before: a request that
+        nothing recorded is never first applied with an expired word."""
+        vouched = decider_whatever_its_age(message)
+        kept = None
+        if vouched.role is not None:
+            kept = await self.store.keyed_approval_change(
+                change,
+                message.approval_id,
+                request_key,
+                actor=vouched.user_id,
+                locked=True,
+            )
+        if kept is None:
+            raise stale
+        return kept
 
     async def _decision_view(
         self, approval_id: str, conflict: str | None = None
@@ -639,19 +681,6 @@ async def _fence_target(
             f"{action['tool_name']}'s own log shows this write applied: reconcile it as succeeded"
         )
     return action["fencing_token"] + 1
-
-
-def _asked_at() -> datetime:
-    """The time an operator's change is checked against (an attestation's
-    age): now for a first attempt; for a retried one, when its first
-    attempt was scheduled (a local activity keeps that time across its
-    attempts). A retry is the same request, taken up then: refused for an
-    age the database's slowness gave it, it would be answered "send it
-    again" while its first attempt, still queued, commits it, and sent
-    again it would be applied twice. A request no worker took up in time is
-    still refused at its first attempt."""
-    info = activity.info()
-    return info.scheduled_time if info.attempt > 1 else datetime.now(UTC)
 
 
 def _recorded(decided: dict[str, Any], **more: Any) -> DecisionRecorded:

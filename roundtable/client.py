@@ -168,7 +168,8 @@ class RoundtableClient:
         request itself, so Temporal answers it with the first attempt's
         outcome, a refusal too: this client cannot read the store for the
         record, as the API does. A request refused for a passing reason is
-        sent again under a new key."""
+        sent again under a new key (a new decision on an approval already
+        decided is a conflict, never a second decision)."""
         update_id = None
         if idempotency_key is not None:
             asked = {"decision": decision, "reason": reason, "arguments_digest": arguments_digest}

@@ -10,6 +10,7 @@ workflows and scripts: add, never rename.
 
 from __future__ import annotations
 
+import re
 from types import MappingProxyType
 
 # Workflows, and the schedule that starts the sweep.
@@ -26,11 +27,13 @@ RECONCILE_SIGNAL = "reconcile_action_signal"
 REFRESH_SIGNAL = "refresh"  # "the store changed under you: look again"
 STATE_QUERY = "state"
 # An update sent for a caller's request under an Idempotency-Key is named
-# "<request>/<attempt>": each attempt is an update of its own (a refusal of
-# one is never the answer to the next), and the workflow records the change
-# under what comes before the first "/" (the request), so the attempts of
-# one request apply it once. No id the SDK makes has a "/".
+# "<request>/<attempt>" (operations.attempt_of): each attempt is an update
+# of its own (a refusal of one is never the answer to the next), and the
+# workflow records the change under the request, so the attempts of one
+# request apply it once. Only ids of exactly this form are attempts: the
+# SDK's own, and any other a caller chooses, are each their own request.
 REQUEST_ATTEMPT_SEPARATOR = "/"
+KEYED_ATTEMPT = re.compile(r"((?:decide|extend)-[0-9a-f]{64})/[0-9a-f]{32}")
 
 # ApplicationError types: the worker raises them, callers map them to errors.
 CONFLICT = "Conflict"

@@ -55,7 +55,7 @@ from roundtable.store import (
     RunGrant,
     Store,
 )
-from roundtable.store.errors import forbidden
+from roundtable.store.errors import StoreError, forbidden
 
 FINGERPRINT_MEMO = "request_fingerprint"
 RECONCILE_WITHIN = timedelta(minutes=2)
@@ -171,7 +171,7 @@ async def decide(
     # even one the store refused, so a stale decision must never reach it.
     approval, action = await store.approval_and_action(approval_id)
     if approval["status"] != "pending":
-        kept = await _recorded_request(store, change, approval_id, request)
+        kept = await _recorded_request(store, change, approval_id, request, decided_by)
         if kept is None:
             raise ConflictError(f"approval {approval_id} is already {approval['status']}")
         return {**_decision_answer(kept, kept["status"]), "replayed": True}
@@ -195,36 +195,42 @@ async def decide(
         ),
         update_id=attempt_of(request),
     )
-    status, kept = await _sent_or_recorded(sending, store, change, approval_id, request)
+    status, kept = await _sent_or_recorded(sending, store, change, approval_id, request, decided_by)
     if kept is not None:
         return {**_decision_answer(kept, kept["status"]), "replayed": True}
     return {**_decision_answer(approval, status), "replayed": False}
 
 
 async def _sent_or_recorded(
-    sending: Awaitable[Any], store: Store, change: str, approval_id: str, request: str | None
+    sending: Awaitable[Any],
+    store: Store,
+    change: str,
+    approval_id: str,
+    request: str | None,
+    actor: str,
 ) -> tuple[Any, dict[str, Any] | None]:
-    """The update's answer, or, when the run refuses it as a conflict and
-    another attempt of ``request`` recorded ``change`` since it was looked
-    for (the run then takes the approval as already decided), that record:
-    the approval as it stands."""
+    """The update's answer, or, when the run refuses it and another attempt
+    of ``request`` recorded ``change`` since it was looked for (the run
+    then takes the approval as already decided, or the attempt's word as
+    too old), that record: the approval as it stands."""
     try:
         return await sending, None
-    except ConflictError:
-        kept = await _recorded_request(store, change, approval_id, request)
+    except StoreError:
+        kept = await _recorded_request(store, change, approval_id, request, actor)
         if kept is None:
             raise
         return None, kept
 
 
 async def _recorded_request(
-    store: Store, change: str, approval_id: str, request: str | None
+    store: Store, change: str, approval_id: str, request: str | None, actor: str
 ) -> dict[str, Any] | None:
     """The approval as it stands, if ``request`` (an idempotent request's
-    id) recorded ``change`` on it; None if not, or no request."""
+    id) recorded ``change`` on it for ``actor``; None if not, or no
+    request (one recorded for another person is not this caller's)."""
     if request is None:
         return None
-    kept = await store.keyed_approval_change(change, approval_id, request)
+    kept = await store.keyed_approval_change(change, approval_id, request, actor=actor)
     return kept[0] if kept is not None else None
 
 
@@ -301,7 +307,7 @@ async def extend(
         request = idempotent_request_id("extend", by, approval_id, idempotency_key, asked)
     extension = "approval.extended"
     # An extension leaves its approval pending: its record is looked for first.
-    kept = await _recorded_request(store, extension, approval_id, request)
+    kept = await _recorded_request(store, extension, approval_id, request, by)
     if kept is not None:
         return {**_extension_answer(kept), "replayed": True}
     approval = await store.get_approval(approval_id)
@@ -327,7 +333,7 @@ async def extend(
         ExtendOutput,
         update_id=attempt_of(request),
     )
-    extended, kept = await _sent_or_recorded(sending, store, extension, approval_id, request)
+    extended, kept = await _sent_or_recorded(sending, store, extension, approval_id, request, by)
     if kept is not None:
         return {**_extension_answer(kept), "replayed": True}
     return {**_extension_answer({**approval, "expires_at": extended.expires_at}), "replayed": False}

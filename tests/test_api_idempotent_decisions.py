@@ -159,3 +159,50 @@ async def test_a_refused_attempt_is_not_the_answer_to_the_next(
         assert again.status_code == 200, again.text
         assert again.json()["status"] == "approved"
         assert len(stamped) == 2
+
+
+async def test_a_request_recorded_for_someone_else_is_not_the_callers(tmp_path) -> None:
+    """Someone with Temporal access sends an extension under the request
+    id of alice's (it shows in the run's history): alice's keyed request is
+    refused, never answered as a replay of a change that is not hers
+    (second review of 2026-12-07)."""
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started = await start(api, approval_timeout_seconds=600)
+        approval = await pending_approval(api, started["run_id"])
+        alices = operations.idempotent_request_id(
+            "extend", "alice", approval["id"], "more-time", {"seconds": 3600}
+        )
+        squatted = await h.store.extend_approval(
+            approval["id"], 60, "unattested:mallory", 3600, request_key=alices
+        )
+        answer = await api.http.post(
+            f"/v1/approvals/{approval['id']}/extend",
+            json={"seconds": 3600},
+            headers={**api.auth("alice"), KEYED: "more-time"},
+        )
+        assert answer.status_code == 409 and "someone else" in answer.text, answer.text
+        assert "Idempotent-Replayed" not in answer.headers
+        now = await h.store.get_approval(approval["id"])
+        assert now["expires_at"] == squatted["expires_at"]
+
+
+async def test_only_an_attempts_own_form_shares_its_request(tmp_path) -> None:
+    """Update ids a caller chooses through Temporal that merely share a
+    prefix before a "/" are two requests, two extensions; only the API's
+    own "<request>/<attempt>" ids are attempts of one request."""
+    from roundtable.models import ExtendInput, ExtendOutput
+    from roundtable.names import EXTEND_UPDATE
+
+    async with harness(tmp_path) as h, serve_api(h) as api:
+        started = await start(api, approval_timeout_seconds=600)
+        approval = await pending_approval(api, started["run_id"])
+        for update_id, seconds in (("ops/1", 600), ("ops/2", 900)):
+            await operations.send_update(
+                h.client,
+                started["run_id"],
+                EXTEND_UPDATE,
+                ExtendInput(approval_id=approval["id"], seconds=seconds, extended_by="ops"),
+                ExtendOutput,
+                update_id=update_id,
+            )
+        assert len(await _events(api, started["run_id"], "approval.extended")) == 2

@@ -235,14 +235,6 @@ def _past_the_attestations_age(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(write_activities, "datetime", _Later)
 
 
-def _retry(scheduled: datetime) -> ActivityEnvironment:
-    """An activity's second attempt, as Temporal runs a local activity's:
-    its scheduled time is its first attempt's."""
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, attempt=2, scheduled_time=scheduled)
-    return env
-
-
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 async def test_a_retry_past_the_attestations_age_answers_as_recorded(
     store: Any, action_secret: str, monkeypatch: pytest.MonkeyPatch
@@ -262,10 +254,9 @@ async def test_a_retry_past_the_attestations_age_answers_as_recorded(
         datetime.now(UTC),
     )
     keyed = sent.model_copy(update={"request_key": "update-1"})  # as the workflow sends it
-    scheduled = datetime.now(UTC)
     first = await ActivityEnvironment().run(writes.extend_approval, keyed)
     _past_the_attestations_age(monkeypatch)
-    again = await _retry(scheduled).run(writes.extend_approval, keyed)
+    again = await ActivityEnvironment().run(writes.extend_approval, keyed)
     assert again.expires_at == first.expires_at
     assert (await store.get_approval(approval_id))["expires_at"] == first.expires_at
     # A new request with the same stale attestation is still refused.
@@ -311,13 +302,13 @@ async def _approved_once(store: Any, action: dict[str, Any], answer: Any) -> Non
     assert events.count("approval.approved") == 1
 
 
-def _op1_approves(approval_id: str) -> tuple[RecordDecisionInput, datetime]:
+def _op1_approves(approval_id: str) -> RecordDecisionInput:
     """op-1's approval, attested now, as the workflow sends it (keyed by its
-    update), and the time its first attempt is scheduled."""
+    update)."""
     sent = attest(
         _plain_decision(approval_id), Decider(user_id="op-1", role="operator"), datetime.now(UTC)
     )
-    return RecordDecisionInput(decision=sent, request_key="update-1"), datetime.now(UTC)
+    return RecordDecisionInput(decision=sent, request_key="update-1")
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -345,10 +336,10 @@ async def test_a_decision_retried_past_the_attestations_age_answers_as_recorded(
     action = await _pending(store, "plain-att")
     approval_id = action["approval_id"]
     writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
-    keyed, scheduled = _op1_approves(approval_id)
+    keyed = _op1_approves(approval_id)
     first = await ActivityEnvironment().run(writes.decide_approval, keyed)
     _past_the_attestations_age(monkeypatch)
-    again = await _retry(scheduled).run(writes.decide_approval, keyed)
+    again = await ActivityEnvironment().run(writes.decide_approval, keyed)
     assert again.conflict is None and again.approval_status == first.approval_status
     with pytest.raises(ApplicationError, match="attestation_expired"):
         fresh_key = keyed.model_copy(update={"request_key": "update-2"})
@@ -394,7 +385,7 @@ async def test_a_retry_past_the_age_waits_for_its_first_attempt_still_queued(
     action = await _pending(store, "stale-queued")
     approval_id = action["approval_id"]
     writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
-    keyed, scheduled = _op1_approves(approval_id)
+    keyed = _op1_approves(approval_id)
     queue = store.db._local_writer
     await queue.acquire()
     try:
@@ -404,7 +395,7 @@ async def test_a_retry_past_the_age_waits_for_its_first_attempt_still_queued(
         env.cancel()
         await asyncio.sleep(0.05)
         _past_the_attestations_age(monkeypatch)
-        retried = asyncio.create_task(_retry(scheduled).run(writes.decide_approval, keyed))
+        retried = asyncio.create_task(ActivityEnvironment().run(writes.decide_approval, keyed))
         await asyncio.sleep(0.2)
         assert not retried.done()  # queued behind the first attempt, not refused
     finally:
@@ -429,18 +420,57 @@ async def test_a_record_answers_only_the_person_it_recorded(
     )
     await ActivityEnvironment().run(writes.extend_approval, extension)
     await store.decide_approval(approval_id, "approved", "op-1", None, request_key="update-1")
-    scheduled = datetime.now(UTC)
 
-    def forged(message: Any) -> Any:
-        stamped = attest(message, Decider(user_id="mallory", role="operator"), scheduled)
-        mac = stamped.attested_by.model_copy(update={"mac": "0" * 64})
-        return stamped.model_copy(update={"attested_by": mac})
+    def mallorys(attested_at: datetime, forged: bool) -> RecordDecisionInput:
+        decision = _plain_decision(approval_id, decided_by="mallory")
+        stamped = attest(decision, Decider(user_id="mallory", role="operator"), attested_at)
+        if forged:
+            mac = stamped.attested_by.model_copy(update={"mac": "0" * 64})
+            stamped = stamped.model_copy(update={"attested_by": mac})
+        return RecordDecisionInput(decision=stamped, request_key="update-1")
 
-    _past_the_attestations_age(monkeypatch)
-    decision = forged(_plain_decision(approval_id, decided_by="mallory"))
-    answer = await _retry(scheduled).run(
-        writes.decide_approval, RecordDecisionInput(decision=decision, request_key="update-1")
-    )
+    now = datetime.now(UTC)
+    # Fresh but forged (nobody vouched: taken as an unattested decider here).
+    answer = await ActivityEnvironment().run(writes.decide_approval, mallorys(now, forged=True))
     assert answer.conflict is not None and "someone else" in answer.conflict
+    # Too old, forged or genuine: the record is op-1's, so the word stays refused.
+    _past_the_attestations_age(monkeypatch)
+    for forged in (True, False):
+        with pytest.raises(ApplicationError, match="attestation_expired"):
+            await ActivityEnvironment().run(writes.decide_approval, mallorys(now, forged))
     with pytest.raises(ConflictError, match="someone else"):
         await store.extend_approval(approval_id, 60, "mallory", 3600, request_key="update-2")
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_request_nothing_recorded_is_never_applied_with_an_expired_word(
+    store: Any, action_secret: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every attempt of a decision and of an extension failed before
+    committing (the database down for hours): a later attempt, its
+    attestation long expired, is refused, and changes nothing (second
+    review of 2026-12-07: reading the age against the first attempt's
+    scheduled time applied them hours late)."""
+    action = await _pending(store, "never-recorded")
+    approval_id = action["approval_id"]
+    before = await store.get_approval(approval_id)
+    writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
+    extension = attest(
+        ExtendInput(approval_id=approval_id, seconds=600, extended_by="op-1"),
+        Decider(user_id="op-1", role="operator"),
+        datetime.now(UTC),
+    ).model_copy(update={"request_key": "update-2"})
+    decision = _op1_approves(approval_id)
+    first_scheduled = datetime.now(UTC)
+    _past_the_attestations_age(monkeypatch)
+    for run_activity, sent in (
+        (writes.extend_approval, extension),
+        (writes.decide_approval, decision),
+    ):
+        # The sixtieth attempt, as Temporal runs it: its first one's schedule.
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, attempt=60, scheduled_time=first_scheduled)
+        with pytest.raises(ApplicationError, match="attestation_expired"):
+            await env.run(run_activity, sent)
+    after = await store.get_approval(approval_id)
+    assert (after["status"], after["expires_at"]) == ("pending", before["expires_at"])

@@ -49,11 +49,11 @@ with workflow.unsafe.imports_passed_through():
         DECIDE_UPDATE,
         DECISION_SIGNAL,
         EXTEND_UPDATE,
+        KEYED_ATTEMPT,
         NOT_TRACKED,
         RECONCILE_SIGNAL,
         RECONCILE_UPDATE,
         REFRESH_SIGNAL,
-        REQUEST_ATTEMPT_SEPARATOR,
         RUN_WORKFLOW,
         STATE_QUERY,
     )
@@ -727,7 +727,10 @@ def _update_key() -> str | None:
     one): what an operator's change is recorded under, so its local
     activity, retried after a first attempt that committed, does not apply
     it twice, nor does another attempt of the same request (an update id
-    "<request>/<attempt>", REQUEST_ATTEMPT_SEPARATOR). An id without the
-    separator (the SDK's own, every update before it) is its own request."""
+    "<request>/<attempt>", names.KEYED_ATTEMPT). Any other id (the SDK's
+    own, every update before it) is its own request."""
     info = workflow.current_update_info()
-    return info.id.split(REQUEST_ATTEMPT_SEPARATOR, 1)[0] if info is not None else None
+    if info is None:
+        return None
+    attempt = KEYED_ATTEMPT.fullmatch(info.id)
+    return attempt.group(1) if attempt is not None else info.id

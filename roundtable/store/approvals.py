@@ -295,25 +295,37 @@ class Approvals:
         return decided, changes
 
     async def keyed_change(
-        self, event_type: str, approval_id: str, request_key: str | None
+        self,
+        event_type: str,
+        approval_id: str,
+        request_key: str | None,
+        *,
+        actor: str | None = None,
+        locked: bool = False,
     ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The change ``request_key`` asked of the approval, if it is recorded
         (``event_type``: approval.extended, action.arguments_edited, or
         approval.approved or approval.rejected for a plain decision): the
         approval as it stands, with its action's status, and the change's
-        audit payload. None if not (or no key). A retried attempt answers
-        from it before any check it could fail now: the attempt that
-        recorded it made them all, and one made since could refuse a change
-        that stands."""
+        audit payload. None if not (or no key), and None if it was recorded
+        for another person than ``actor`` (a key chosen to match another's).
+        ``locked``: read under the run lock, after any transaction of the
+        run still queued or running (an earlier attempt's, say) has ended."""
         key = request_dedupe_key(event_type, approval_id, request_key)
         if key is None:
             return None
-        async with self.db.snapshot() as session:
-            approval = await session.get(ApprovalRow, approval_id)
-            if approval is None:
-                return None
+        reading = self.db.transaction() if locked else self.db.snapshot()
+        async with reading as session:
+            if locked:
+                _, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
+            else:
+                approval = await session.get(ApprovalRow, approval_id)
+                if approval is None:
+                    return None
             payload = await logged_payload(session, approval.run_id, key)
             if payload is None:
+                return None
+            if actor is not None and payload.get(_ACTOR_FIELDS[event_type]) != actor:
                 return None
             action = await session.get(ActionRow, approval.action_id)
             return _answered(approval, str(action.status)), payload
@@ -542,6 +554,15 @@ class Approvals:
                 {"action_id": action.id, "reason": reason, "approval_id": withdrawn},
                 now,
             )
+
+
+# Who each keyed change's audit payload says made it.
+_ACTOR_FIELDS = {
+    "approval.approved": "decided_by",
+    "approval.rejected": "decided_by",
+    "action.arguments_edited": "edited_by",
+    "approval.extended": "by",
+}
 
 
 def _answered(approval: ApprovalRow, action_status: str, **decided: Any) -> dict[str, Any]:
