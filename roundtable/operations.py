@@ -110,7 +110,8 @@ async def send_update(
     """An update to the run's workflow, its refusals as the store's typed
     errors. ``update_id``: the update's id (default: a fresh one); Temporal
     answers a second update with the id of one it has with that one's
-    outcome, and the workflow records the change under it."""
+    outcome, and the workflow records the change under the request the id
+    names (names.KEYED_ATTEMPT: an attempt's request, else the id itself)."""
     try:
         return await client.get_workflow_handle(run_id).execute_update(
             update, payload, id=update_id, result_type=result_type
