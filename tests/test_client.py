@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -16,24 +17,28 @@ from roundtable.client import (
 from tests.workflow_harness import harness, script, ticket_call
 
 
+async def _waiting_for(client: RoundtableClient, calls: list) -> tuple[Any, list[str]]:
+    """svc-42's one-seat run of ``calls``, once every write waits for its
+    approval: its handle and the approvals, sorted."""
+    handle = await client.start_run(
+        RunInput(
+            task_text="t",
+            user_id="svc-42",
+            script=ScriptDocument.model_validate(script(("seat-1", 1, calls), final="ok")),
+        )
+    )
+    for _ in range(200):
+        state = await handle.state()
+        if len(state.pending_approvals) == len(calls):
+            break
+        await asyncio.sleep(0.05)
+    return handle, sorted(state.pending_approvals)
+
+
 async def test_start_decide_and_result(tmp_path) -> None:
     async with harness(tmp_path) as h:
         client = RoundtableClient(h.client, h.task_queue)
-        handle = await client.start_run(
-            RunInput(
-                task_text="t",
-                user_id="svc-42",
-                script=ScriptDocument.model_validate(
-                    script(("seat-1", 1, [ticket_call("ticket_update")]), final="ok")
-                ),
-            )
-        )
-        for _ in range(200):
-            state = await handle.state()
-            if state.pending_approvals:
-                break
-            await asyncio.sleep(0.05)
-        (approval_id,) = state.pending_approvals
+        handle, (approval_id,) = await _waiting_for(client, [ticket_call("ticket_update")])
         with pytest.raises(ConflictError):
             await handle.decide("not-pending", "approved", decided_by="svc-42")
         assert await handle.decide(approval_id, "approved", decided_by="svc-42") == "approved"
@@ -53,19 +58,7 @@ async def test_a_service_decision_sent_again_under_its_key_is_answered_once(tmp_
     calls = [ticket_call("ticket_update", "T-1"), ticket_call("ticket_update", "T-2")]
     async with harness(tmp_path) as h:
         client = RoundtableClient(h.client, h.task_queue)
-        handle = await client.start_run(
-            RunInput(
-                task_text="t",
-                user_id="svc-42",
-                script=ScriptDocument.model_validate(script(("seat-1", 1, calls), final="ok")),
-            )
-        )
-        for _ in range(200):
-            state = await handle.state()
-            if len(state.pending_approvals) == 2:
-                break
-            await asyncio.sleep(0.05)
-        first, second = sorted(state.pending_approvals)
+        handle, (first, second) = await _waiting_for(client, calls)
         for _ in range(2):
             decided = await handle.decide(
                 first, "approved", decided_by="svc-42", idempotency_key="approve-first"
