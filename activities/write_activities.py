@@ -248,7 +248,9 @@ class WriteActivities:
             edited = inp.arguments is not None
             change = "action.arguments_edited" if edited else f"approval.{inp.decision}"
             kept = await self._recorded_despite_age(inp, change, request.request_key, stale)
-            return _recorded(kept[0], edits=kept[1]["changes"] if edited else None)
+            run_status = kept[0]["run_status"] if request.run_status else None
+            edits = kept[1]["changes"] if edited else None
+            return _recorded(kept[0], edits=edits, run_status=run_status)
 
         def may_decide(run_owner: str, risk_level: str) -> None:
             self.authority.check_decider(decider, run_owner, risk_level)

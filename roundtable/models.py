@@ -576,10 +576,12 @@ class ExtendInput(Model):
     max_total_seconds: int | None = Field(default=None, gt=0)
     # Who extends, as the API or CLI authenticated them (see Attestation).
     attested_by: Attestation | None = None
-    # Set by the workflow to the id of the update that asked (a caller's is
-    # replaced): the extension is recorded under it, so an attempt retried
-    # after the first one committed finds it instead of extending again.
-    request_key: str | None = Field(default=None, max_length=200)
+    # Set by the workflow to the request of the update that asked (a caller's
+    # is replaced): the extension is recorded under it, so an attempt retried
+    # after the first one committed finds it instead of extending again. As
+    # long as an update id may be (Temporal's 1,000): a longer cap made an
+    # extension by a long id fail to reach its activity (the store hashes it).
+    request_key: str | None = Field(default=None, max_length=1000)
 
     subject_field: ClassVar[str] = "extended_by"
 

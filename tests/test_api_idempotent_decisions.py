@@ -180,7 +180,7 @@ async def test_a_request_recorded_for_someone_else_is_not_the_callers(tmp_path) 
             json={"seconds": 3600},
             headers={**api.auth("alice"), KEYED: "more-time"},
         )
-        assert answer.status_code == 409 and "someone else" in answer.text, answer.text
+        assert answer.status_code == 409 and "another person" in answer.text, answer.text
         assert "Idempotent-Replayed" not in answer.headers
         now = await h.store.get_approval(approval["id"])
         assert now["expires_at"] == squatted["expires_at"]

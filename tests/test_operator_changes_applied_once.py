@@ -432,13 +432,13 @@ async def test_a_record_answers_only_the_person_it_recorded(
     now = datetime.now(UTC)
     # Fresh but forged (nobody vouched: taken as an unattested decider here).
     answer = await ActivityEnvironment().run(writes.decide_approval, mallorys(now, forged=True))
-    assert answer.conflict is not None and "someone else" in answer.conflict
+    assert answer.conflict is not None and "another person" in answer.conflict
     # Too old, forged or genuine: the record is op-1's, so the word stays refused.
     _past_the_attestations_age(monkeypatch)
     for forged in (True, False):
         with pytest.raises(ApplicationError, match="attestation_expired"):
             await ActivityEnvironment().run(writes.decide_approval, mallorys(now, forged))
-    with pytest.raises(ConflictError, match="someone else"):
+    with pytest.raises(ConflictError, match="another person"):
         await store.extend_approval(approval_id, 60, "mallory", 3600, request_key="update-2")
 
 
@@ -474,3 +474,33 @@ async def test_a_request_nothing_recorded_is_never_applied_with_an_expired_word(
             await env.run(run_activity, sent)
     after = await store.get_approval(approval_id)
     assert (after["status"], after["expires_at"]) == ("pending", before["expires_at"])
+
+
+def test_an_extension_by_an_update_id_of_any_length_reaches_its_activity() -> None:
+    """The workflow keeps an id that is not an attempt's whole (up to
+    Temporal's 1,000 characters): its extension's input must still decode on
+    the worker (third review of 2026-12-07: a 200-character cap left it
+    retrying for ever)."""
+    for update_id in ("ops/" + "x" * 250, "y" * 1000):
+        sent = ExtendInput(approval_id="a", seconds=60, extended_by="ops").model_copy(
+            update={"request_key": update_id}
+        )
+        assert ExtendInput.model_validate_json(sent.model_dump_json()).request_key == update_id
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_stale_attempt_answers_with_the_runs_status_as_a_fresh_one_does(
+    store: Any, action_secret: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answered from its record past the attestation's age, an attempt that
+    carried the run's status tells the run what the store holds, as an
+    attempt within the age does (the run otherwise writes it again)."""
+    action = await _pending(store, "stale-status")
+    status = (await store.get_run(action["run_id"]))["status"]
+    writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
+    keyed = _op1_approves(action["approval_id"]).model_copy(update={"run_status": status})
+    first = await ActivityEnvironment().run(writes.decide_approval, keyed)
+    _past_the_attestations_age(monkeypatch)
+    stale = await ActivityEnvironment().run(writes.decide_approval, keyed)
+    assert first.run_status is not None
+    assert (stale.conflict, stale.run_status) == (None, first.run_status)

@@ -307,8 +307,9 @@ class Approvals:
         (``event_type``: approval.extended, action.arguments_edited, or
         approval.approved or approval.rejected for a plain decision): the
         approval as it stands, with its action's status, and the change's
-        audit payload. None if not (or no key), and None if it was recorded
-        for another person than ``actor`` (a key chosen to match another's).
+        audit payload (the answer carries the run's status too). None if
+        not (or no key), and None if it was recorded for another person than
+        ``actor`` (a key chosen to match another's).
         ``locked``: read under the run lock, after any transaction of the
         run still queued or running (an earlier attempt's, say) has ended."""
         key = request_dedupe_key(event_type, approval_id, request_key)
@@ -317,18 +318,20 @@ class Approvals:
         reading = self.db.transaction() if locked else self.db.snapshot()
         async with reading as session:
             if locked:
-                _, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
+                run, approval = await self.db.lock_row(session, ApprovalRow, approval_id)
             else:
                 approval = await session.get(ApprovalRow, approval_id)
                 if approval is None:
                     return None
+                run = await session.get(RunRow, approval.run_id)
             payload = await logged_payload(session, approval.run_id, key)
             if payload is None:
                 return None
             if actor is not None and payload.get(_ACTOR_FIELDS[event_type]) != actor:
                 return None
             action = await session.get(ActionRow, approval.action_id)
-            return _answered(approval, str(action.status)), payload
+            answered = _answered(approval, str(action.status), run_status=str(run.status))
+            return answered, payload
 
     async def extend(
         self,

@@ -218,9 +218,15 @@ def same_actor(recorded: dict[str, Any], field: str, actor: str) -> None:
     """A request's record answers only the person it recorded: one whose
     key matches but whose name does not (a key chosen to match another's,
     through Temporal directly) is refused, never told another's change is
-    theirs."""
+    theirs. Not told to send it again either: the record may be the
+    caller's own, made when the server's word did not verify (an extension
+    is then recorded as "unattested:<name>"), and a new request would apply
+    it twice."""
     if recorded.get(field) != actor:
-        raise ConflictError("this request was recorded for someone else; send a new one")
+        raise ConflictError(
+            "this request was recorded for another person (or for the same one "
+            "without the server's word): it is not applied again"
+        )
 
 
 def _as_it_stands(facts: Any) -> dict[str, Any]:
