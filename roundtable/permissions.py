@@ -254,13 +254,14 @@ def verified_decider(message: Decision | ReconcileInput | ExtendInput, now: date
     for the name it carries (role None). One too old is refused
     (AttestationExpiredError): what it limited would go unchecked."""
     stamp = message.attested_by
-    subject = getattr(message, message.subject_field)
-    nobody = Decider(user_id=subject, role=None)
     # A time without a zone cannot be compared (and no server writes one):
-    # refused as no attestation, never an error the decision retries on.
-    if stamp is None or stamp.at.tzinfo is None:
-        return nobody
-    if abs(now - stamp.at) > MAX_ATTESTATION_AGE:
+    # taken as no attestation (decider_whatever_its_age), never an error
+    # the decision retries on.
+    if (
+        stamp is not None
+        and stamp.at.tzinfo is not None
+        and (abs(now - stamp.at) > MAX_ATTESTATION_AGE)
+    ):
         # Refused, not taken as nobody's: whatever the attestation limited
         # (tenants, say) would no longer be checked. A decision that waited
         # this long (no worker took it) is made again.
@@ -276,11 +277,12 @@ def decider_whatever_its_age(message: Decision | ReconcileInput | ExtendInput) -
     make a change (verified_decider)."""
     stamp = message.attested_by
     subject = getattr(message, message.subject_field)
+    nobody = Decider(user_id=subject, role=None)
     if stamp is None or stamp.at.tzinfo is None:
-        return Decider(user_id=subject, role=None)
+        return nobody
     expected = _mac(message.attested_fields(), stamp.role, stamp.tenants, stamp.at)
     if not hmac.compare_digest(expected, stamp.mac):
-        return Decider(user_id=subject, role=None)
+        return nobody
     tenants = tuple(stamp.tenants) if stamp.tenants is not None else None
     return Decider(user_id=subject, role=stamp.role, tenants=tenants)
 
