@@ -161,6 +161,7 @@ def build_worker(
         writes.extend_approval,
         writes.expire_approval,
         writes.approval_status,
+        writes.request_decision,
         writes.settle_write,
         writes.withdraw_write,
         writes.withdraw_call,

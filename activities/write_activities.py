@@ -64,7 +64,7 @@ from roundtable.security import (
     redact_text,
     target_of,
 )
-from roundtable.states import REFUSED, RUN_ENDED_REASON, ActionStatus, WriteEnd
+from roundtable.states import REFUSED, RUN_ENDED_REASON, ActionStatus, ApprovalStatus, WriteEnd
 from roundtable.store import (
     AttemptMayBeRunningError,
     ClaimOutcome,
@@ -355,6 +355,40 @@ class WriteActivities:
     @typed_store_errors
     async def approval_status(self, ref: ApprovalRef) -> DecisionRecorded:
         return await self._decision_view(ref.approval_id)
+
+    @activity.defn(name="request_decision")
+    @typed_store_errors
+    async def request_decision(self, request: RecordDecisionInput) -> DecisionRecorded:
+        """After a decision's activity failed on a tool worker: what the store
+        holds for that request. Its own record (this request's key, this
+        person) is answered as the decision would have been, edits and run
+        status included; anything else is the approval as it stands, with a
+        conflict when it is no longer pending (another request decided it,
+        or it expired), so the caller is never told another's decision is
+        theirs. Read under the run lock, behind a transaction of the run
+        still under way in this process (a lost attempt on another worker
+        may still commit after: then the caller was refused and the run
+        follows the store, as for any conflict)."""
+        inp = request.decision
+        bind(approval_id=inp.approval_id)
+        edited = inp.arguments is not None
+        change = "action.arguments_edited" if edited else f"approval.{inp.decision}"
+        kept = await self.store.keyed_approval_change(
+            change, inp.approval_id, request.request_key, actor=inp.decided_by, locked=True
+        )
+        if kept is not None:
+            run_status = kept[0]["run_status"] if request.run_status else None
+            return _recorded(
+                kept[0], edits=kept[1]["changes"] if edited else None, run_status=run_status
+            )
+        view = await self._decision_view(inp.approval_id)
+        if view.approval_status == ApprovalStatus.PENDING:
+            return view
+        return view.model_copy(
+            update={
+                "conflict": f"decided by another request, not this one ({view.approval_status})"
+            }
+        )
 
     @activity.defn(name="extend_approval")
     @typed_store_errors

@@ -40,7 +40,11 @@ from tests.replaying import replay_failure
 # turn is sent in: activity inputs are not compared); in
 # recorded-with-keyed-requests/, runs decided and extended under an
 # Idempotency-Key, whose updates are named "<request>/<attempt>" (the same
-# command order: no patch; the change is recorded under the request).
+# command order: no patch; the change is recorded under the request); in
+# recorded-before-decision-by-request/, runs whose decision failed on a tool
+# worker and answered from the approval's status alone, and in
+# recorded-with-decision-by-request/, the same runs answering from their
+# request's own record (decision-fallback-by-request).
 # A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {

@@ -8,6 +8,7 @@ workers, real SQLite store and demo ticket system."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -374,8 +375,9 @@ async def test_a_decision_queued_past_its_attestation_keeps_the_tenant_check(tmp
 
 
 class _DiesAfterDeciding:
-    """The tool worker's store: the decision commits, then the worker dies
-    before it can report it (stands in for a crash right after the commit)."""
+    """The tool worker's store: the decision (or the edit) commits, then the
+    worker dies before it can report it (stands in for a crash right after
+    the commit)."""
 
     def __init__(self, store: Any, committed: asyncio.Event) -> None:
         self._store, self._committed = store, committed
@@ -385,17 +387,41 @@ class _DiesAfterDeciding:
 
     async def decide_approval(self, *args: Any, **kwargs: Any) -> Any:
         await self._store.decide_approval(*args, **kwargs)
+        await self._dies()
+
+    async def approve_with_edits(self, *args: Any, **kwargs: Any) -> Any:
+        await self._store.approve_with_edits(*args, **kwargs)
+        await self._dies()
+
+    async def _dies(self) -> None:
         self._committed.set()
         await asyncio.Event().wait()
 
 
-async def test_a_decision_refused_with_no_tool_worker_changed_nothing(tmp_path) -> None:
-    """README: a decision that needs a missing tool worker "is refused
-    (NoToolWorker, HTTP 409) and changes nothing". The routed decide_approval
-    keeps the default retry policy: attempt 1 committed the decision and its
-    worker died; attempt 2 found no tool worker, timed out schedule-to-start,
-    and ToolRoutes.once reported NoToolWorker. The approver is told nothing
-    was done, the store says approved, and the run still waits on it."""
+class _AnotherDecidesThenDies(_DiesAfterDeciding):
+    """The tool worker's store: while op-1's decision is under way, op-2's
+    plain approval (another request) commits first; then the worker dies
+    before op-1's call is answered."""
+
+    async def decide_approval(self, approval_id: str, *args: Any, **kwargs: Any) -> Any:
+        await self._store.decide_approval(approval_id, "approved", "op-2", "op-2's reason")
+        await self._dies()
+
+    async def approve_with_edits(self, approval_id: str, *args: Any, **kwargs: Any) -> Any:
+        await self.decide_approval(approval_id)
+
+
+async def _decided_on_a_dying_tool_worker(
+    tmp_path: Any, dying_store: type[_DiesAfterDeciding], **fields: Any
+) -> tuple[Any, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """op-1 decides (``fields``: edits) a write routed to a tool worker whose
+    store is ``dying_store``: something commits, then the worker dies. The
+    routed decide_approval keeps the default retry policy: its next attempt
+    finds no tool worker and times out schedule-to-start, so the run is
+    left with the store's word alone. Returns what op-1 was told, the
+    approval as the store has it, the ticket system's writes once a healthy
+    tool worker has taken the run to its end, and what the seat was told of
+    its write."""
     calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
     committed = asyncio.Event()
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
@@ -409,14 +435,14 @@ async def test_a_decision_refused_with_no_tool_worker_changed_nothing(tmp_path) 
         dying = build_worker(
             h.client,
             TOOLS_QUEUE,
-            _DiesAfterDeciding(h.store, committed),
+            dying_store(h.store, committed),
             h.registry,
             authority=TRUSTING,
             role="tools",
             graceful_shutdown_timeout=timedelta(0),
         )
         running = asyncio.create_task(dying.run())
-        update = asyncio.create_task(decide(handle, approval_id))
+        update = asyncio.create_task(decide(handle, approval_id, **fields))
         await asyncio.wait_for(committed.wait(), 20)
         await dying.shutdown()
         await running
@@ -425,10 +451,76 @@ async def test_a_decision_refused_with_no_tool_worker_changed_nothing(tmp_path) 
         except Exception as exc:
             outcome = f"refused: {getattr(exc, 'cause', exc)}"
         approval = await h.store.get_approval(approval_id)
-        await handle.terminate(reason="review test cleanup")
-    assert not (str(outcome).startswith("refused") and approval["status"] != "pending"), (
-        f"told {outcome!r}, while the store says the approval is {approval['status']}"
+        async with tool_worker(h):
+            await asyncio.wait_for(handle.result(), 30)
+        thread = (await h.state(handle)).threads["seat-1"]
+        told = [json.loads(m.content) for m in thread if m.role == "tool"]
+        return outcome, approval, await h.tickets.write_log(), told
+
+
+async def test_a_decision_refused_with_no_tool_worker_changed_nothing(tmp_path) -> None:
+    """README: a decision that needs a missing tool worker "is refused
+    (NoToolWorker, HTTP 409) and changes nothing". Attempt 1 committed the
+    decision and its worker died; attempt 2 found no tool worker. The
+    approver was told nothing was done, the store said approved, and the
+    run still waited on it. The decision is op-1's own: op-1 is told it
+    stands."""
+    outcome, approval, writes, _ = await _decided_on_a_dying_tool_worker(
+        tmp_path, _DiesAfterDeciding
     )
+    assert (outcome, approval["status"], approval["decided_by"]) == ("approved", "approved", "op-1")
+    assert [w["outcome"] for w in writes] == ["applied"]
+
+
+async def test_an_edit_recorded_before_its_tool_worker_died_is_op_1s_and_is_written(
+    tmp_path,
+) -> None:
+    """As above, with edits: op-1 is told their edited approval stands, the
+    write goes out with the edits, and the seat is told of them (the run
+    used to answer from the approval's status alone, and the seat never
+    learnt its write had been edited)."""
+    edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"owner": "b"}}
+    outcome, approval, writes, told = await _decided_on_a_dying_tool_worker(
+        tmp_path, _DiesAfterDeciding, arguments=edited
+    )
+    assert (outcome, approval["decided_by"]) == ("approved", "op-1")
+    assert [(w["ticket_id"], w["outcome"]) for w in writes] == [("T-2", "applied")]
+    edit = {"field": "ticket_id", "before": "T-1", "after": "T-2"}
+    assert edit in told[0]["result"].get("operator_edits", []), told
+
+
+async def test_a_decision_whose_tool_worker_died_is_not_told_another_persons(
+    tmp_path,
+) -> None:
+    """op-1's decision goes to a tool worker that dies; in the meantime
+    op-2's approval (another request) is the one recorded. The run used to
+    ask the store for the approval's status alone, and told op-1
+    "approved" because approved is what op-1 asked: op-1 believed they had
+    decided a write that op-2 decided, with op-2's reason on record. op-1
+    is told the approval was decided by another request."""
+    outcome, approval, writes, _ = await _decided_on_a_dying_tool_worker(
+        tmp_path, _AnotherDecidesThenDies
+    )
+    assert (approval["status"], approval["decided_by"]) == ("approved", "op-2")
+    assert str(outcome).startswith("refused") and "another request" in str(outcome), outcome
+    assert [w["outcome"] for w in writes] == ["applied"]  # op-2's decision stands
+
+
+async def test_an_edit_whose_tool_worker_died_is_not_told_another_persons_approval(
+    tmp_path,
+) -> None:
+    """The same with op-1's edits: op-2's plain approval was recorded, so
+    the write goes out with its original arguments. op-1 was told
+    "approved", believing their edits were made; they are told the
+    approval was decided by another request."""
+    edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"owner": "b"}}
+    outcome, approval, writes, told = await _decided_on_a_dying_tool_worker(
+        tmp_path, _AnotherDecidesThenDies, arguments=edited
+    )
+    assert approval["decided_by"] == "op-2"
+    assert str(outcome).startswith("refused") and "another request" in str(outcome), outcome
+    assert "operator_edits" not in told[0]["result"], told
+    assert [(w["ticket_id"], w["outcome"]) for w in writes] == [("T-1", "applied")]
 
 
 # --------------------------------------------------------------- 11. an outage fails the run

@@ -97,6 +97,13 @@ TIMERS_DECIDE_PATCH = "approval-times-decided-by-timers"
 # of them were twelve a run. Runs without it (started before) ask for each
 # patch as they always did, so their histories replay unchanged.
 CURRENT_RULES_PATCH = "rules-as-of-2026-12"
+# A decision whose activity failed on a tool worker asks the store for its
+# own request's record (workflows/write_path.py, request_decision) where it
+# used to ask only for the approval's status: a decision another person
+# recorded in the meantime was answered as the caller's own when both asked
+# for the same status. Asked only on that path, so only runs that took it
+# carry the marker.
+DECISION_BY_REQUEST_PATCH = "decision-fallback-by-request"
 
 
 @workflow.defn(name=RUN_WORKFLOW)
@@ -571,15 +578,26 @@ class RoundtableWorkflow:
                 if self._routes.queue(pending.tool_name) is None:
                     raise
                 # On a tool worker that failed, the decision may have been
-                # recorded all the same: follow the store, and answer with it.
-                now = await self._writes.check_approval(pending)
-                if now == decision.decision:  # what was asked is what stands
-                    return now
-                if now == ApprovalStatus.PENDING:
+                # recorded all the same: follow the store, and answer with
+                # this request's record, never with another's.
+                key = _update_key()
+                if key is None or not workflow.patched(DECISION_BY_REQUEST_PATCH):
+                    return await self._decided_as_it_stands(decision, pending, exc)
+                out = await self._writes.request_decision(
+                    pending,
+                    RecordDecisionInput(
+                        decision=decision,
+                        run_status=self._status.once_decided(decision.approval_id),
+                        request_key=key,
+                    ),
+                )
+                if out.approval_status == ApprovalStatus.PENDING:
                     raise
-                raise ApplicationError(
-                    f"approval {decision.approval_id!r} is {now} ({exc})", type=CONFLICT
-                ) from exc
+                if out.conflict:
+                    raise ApplicationError(
+                        f"approval {decision.approval_id!r}: {out.conflict} ({exc})",
+                        type=CONFLICT,
+                    ) from exc
             self._status.told(out.run_status)
         if out.edits:
             self._inbox.edits[out.approval_id] = out.edits
@@ -594,6 +612,21 @@ class RoundtableWorkflow:
         if out.conflict:
             raise ApplicationError(out.conflict, type=CONFLICT)
         return out.approval_status
+
+    async def _decided_as_it_stands(
+        self, decision: Decision, pending: PendingWrite, failed: ApplicationError
+    ) -> str:
+        """The fallback of signals (nobody to answer) and of runs that took it
+        before DECISION_BY_REQUEST_PATCH: the approval's status alone, taken
+        as the caller's when it is what they asked for."""
+        now = await self._writes.check_approval(pending)
+        if now == decision.decision:
+            return now
+        if now == ApprovalStatus.PENDING:
+            raise failed
+        raise ApplicationError(
+            f"approval {decision.approval_id!r} is {now} ({failed})", type=CONFLICT
+        ) from failed
 
     @workflow.update(name=EXTEND_UPDATE)
     async def extend_approval(self, request: ExtendInput) -> ExtendOutput:

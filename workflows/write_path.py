@@ -20,9 +20,11 @@ with workflow.unsafe.imports_passed_through():
     from roundtable.models import (
         ActionRef,
         ApprovalRef,
+        DecisionRecorded,
         ExecuteWriteInput,
         ExecuteWriteOutput,
         PendingWrite,
+        RecordDecisionInput,
         RunInput,
         RunState,
         ToolOutcome,
@@ -195,6 +197,21 @@ class WritePath:
         )
         self.follow(write, seen)
         return seen.approval_status
+
+    async def request_decision(
+        self, write: PendingWrite, request: RecordDecisionInput
+    ) -> DecisionRecorded:
+        """Follow the store's word on the approval, as a decision whose
+        activity failed on a tool worker left it; the answer says whether
+        the decision that stands is this request's (no conflict)."""
+        seen = await workflow.execute_local_activity_method(
+            WriteActivities.request_decision,
+            request,
+            start_to_close_timeout=BOOKKEEPING,
+            summary="check decision",
+        )
+        self.follow(write, seen)
+        return seen
 
     def follow(self, write: PendingWrite, seen, answered: bool = False) -> None:  # type: ignore[no-untyped-def]
         """Take the database's word on an approval: decided only once it is no
