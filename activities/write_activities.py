@@ -359,36 +359,36 @@ class WriteActivities:
     @activity.defn(name="request_decision")
     @typed_store_errors
     async def request_decision(self, request: RecordDecisionInput) -> DecisionRecorded:
-        """After a decision's activity failed on a tool worker: what the store
-        holds for that request. Its own record (this request's key, this
-        person) is answered as the decision would have been, edits and run
-        status included; anything else is the approval as it stands, with a
-        conflict when it is no longer pending (another request decided it,
-        or it expired), so the caller is never told another's decision is
-        theirs. Read under the run lock, behind a transaction of the run
-        still under way in this process (a lost attempt on another worker
-        may still commit after: then the caller was refused and the run
-        follows the store, as for any conflict)."""
+        """After a decision's activity failed on a tool worker with no answer
+        (it died, or none took it): the approval as it stands, the edits it
+        was approved with whoever made them (the write goes out with them,
+        so its seat is told), and a conflict unless the decision that stands
+        is this request's own record (its key, its person). So a caller is
+        never told another's decision is theirs. A word whose MAC fails
+        answers no record; one with none is looked up under the bare name
+        it claims, as an unattested decision is recorded (docs/
+        architecture.md). Without a request (a signal) whose decision stands
+        cannot be told: not pending is a conflict, which a signal only logs."""
         inp = request.decision
         bind(approval_id=inp.approval_id)
-        edited = inp.arguments is not None
-        change = "action.arguments_edited" if edited else f"approval.{inp.decision}"
-        kept = await self.store.keyed_approval_change(
-            change, inp.approval_id, request.request_key, actor=inp.decided_by, locked=True
+        change = (
+            "action.arguments_edited" if inp.arguments is not None else f"approval.{inp.decision}"
         )
-        if kept is not None:
-            run_status = kept[0]["run_status"] if request.run_status else None
-            return _recorded(
-                kept[0], edits=kept[1]["changes"] if edited else None, run_status=run_status
-            )
-        view = await self._decision_view(inp.approval_id)
-        if view.approval_status == ApprovalStatus.PENDING:
-            return view
-        return view.model_copy(
-            update={
-                "conflict": f"decided by another request, not this one ({view.approval_status})"
-            }
+        forged = inp.attested_by is not None and decider_whatever_its_age(inp).role is None
+        answered, ours, edits = await self.store.decision_request_outcome(
+            change,
+            inp.approval_id,
+            None if forged else request.request_key,
+            actor=inp.decided_by,
         )
+        run_status = answered["run_status"] if request.run_status else None
+        seen = _recorded(answered, edits=edits, run_status=run_status)
+        status = seen.approval_status
+        if ours or status == ApprovalStatus.PENDING:
+            return seen
+        if status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED):
+            return seen.model_copy(update={"conflict": f"{status} by another request"})
+        return seen.model_copy(update={"conflict": str(status)})
 
     @activity.defn(name="extend_approval")
     @typed_store_errors

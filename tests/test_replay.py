@@ -43,8 +43,9 @@ from tests.replaying import replay_failure
 # command order: no patch; the change is recorded under the request); in
 # recorded-before-decision-by-request/, runs whose decision failed on a tool
 # worker and answered from the approval's status alone, and in
-# recorded-with-decision-by-request/, the same runs answering from their
-# request's own record (decision-fallback-by-request).
+# recorded-with-decision-by-request/, the same runs (and a signal's) answering
+# from their request's own record, the seat told of the approval's edits
+# (decision-fallback-by-request).
 # A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {

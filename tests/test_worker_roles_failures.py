@@ -19,8 +19,9 @@ from temporalio.client import WorkflowFailureError
 from roundtable import operations
 from roundtable.config import Settings
 from roundtable.models import Decision
-from roundtable.names import DECIDE_UPDATE
+from roundtable.names import DECIDE_UPDATE, DECISION_SIGNAL
 from roundtable.permissions import MAX_ATTESTATION_AGE, Decider, attest
+from roundtable.security import Target
 from roundtable.store import ConflictError
 from roundtable.tools.registry import ToolContext, ToolDefinition, ToolRegistry
 from roundtable.tools.tickets import TicketUpdateArgs
@@ -411,17 +412,27 @@ class _AnotherDecidesThenDies(_DiesAfterDeciding):
         await self.decide_approval(approval_id)
 
 
+class _AnotherEditsThenDies(_DiesAfterDeciding):
+    """As _AnotherDecidesThenDies, op-2's approval moving the write to T-3."""
+
+    async def decide_approval(self, approval_id: str, *args: Any, **kwargs: Any) -> Any:
+        edited = {"tenant_id": "acme", "ticket_id": "T-3", "fields": {"owner": "c"}}
+        target = Target(key="acme/T-3", scope=None, namespace_wide=False)  # the lease its own
+        await self._store.approve_with_edits(approval_id, "op-2", None, None, edited, target)
+        await self._dies()
+
+
 async def _decided_on_a_dying_tool_worker(
-    tmp_path: Any, dying_store: type[_DiesAfterDeciding], **fields: Any
+    tmp_path: Any, dying_store: type[_DiesAfterDeciding], signal: bool = False, **fields: Any
 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-    """op-1 decides (``fields``: edits) a write routed to a tool worker whose
-    store is ``dying_store``: something commits, then the worker dies. The
-    routed decide_approval keeps the default retry policy: its next attempt
-    finds no tool worker and times out schedule-to-start, so the run is
-    left with the store's word alone. Returns what op-1 was told, the
-    approval as the store has it, the ticket system's writes once a healthy
-    tool worker has taken the run to its end, and what the seat was told of
-    its write."""
+    """op-1 decides (``fields``: edits; by an update, or a ``signal``) a
+    write routed to a tool worker whose store is ``dying_store``: something
+    commits, then the worker dies. The routed decide_approval keeps the
+    default retry policy: its next attempt finds no tool worker and times
+    out schedule-to-start, so the run is left with the store's word alone.
+    Returns what op-1 was told (None for a signal), the approval as the
+    store has it, the ticket system's writes once a healthy tool worker has
+    taken the run to its end, and what the seat was told of its write."""
     calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
     committed = asyncio.Event()
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
@@ -442,14 +453,22 @@ async def _decided_on_a_dying_tool_worker(
             graceful_shutdown_timeout=timedelta(0),
         )
         running = asyncio.create_task(dying.run())
-        update = asyncio.create_task(decide(handle, approval_id, **fields))
+        if signal:
+            sent = Decision(approval_id=approval_id, decision="approved", decided_by="op-1")
+            await handle.signal(DECISION_SIGNAL, sent.model_copy(update=fields))
+        else:
+            update = asyncio.create_task(decide(handle, approval_id, **fields))
         await asyncio.wait_for(committed.wait(), 20)
         await dying.shutdown()
         await running
-        try:
-            outcome: Any = await asyncio.wait_for(update, 30)
-        except Exception as exc:
-            outcome = f"refused: {getattr(exc, 'cause', exc)}"
+        outcome: Any = None
+        if signal:  # the run has followed the store: its write waits for a tool worker
+            await h.wait_for(handle, lambda s: not s.pending_approvals)
+        else:
+            try:
+                outcome = await asyncio.wait_for(update, 30)
+            except Exception as exc:
+                outcome = f"refused: {getattr(exc, 'cause', exc)}"
         approval = await h.store.get_approval(approval_id)
         async with tool_worker(h):
             await asyncio.wait_for(handle.result(), 30)
@@ -561,3 +580,31 @@ async def test_a_tool_worker_outage_longer_than_the_approval_timeout_does_not_fa
                     await handle.terminate(reason="review test cleanup")
     assert run["status"] != "failed", f"the run failed: {run['failure']}"
     assert actions and actions[0]["status"] == "waiting_approval", actions
+
+
+async def test_an_edit_signalled_to_a_tool_worker_that_died_reaches_the_seat(tmp_path) -> None:
+    """A signal answers nobody, but its edits stand: the write goes out with
+    them, and the seat is told (the run used to take the approval's status
+    alone, and never learnt of edits from it). From the review of 521197c."""
+    edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"owner": "b"}}
+    _, approval, writes, told = await _decided_on_a_dying_tool_worker(
+        tmp_path, _DiesAfterDeciding, signal=True, arguments=edited
+    )
+    assert approval["status"] == "approved"  # by the signal's sender (the client's identity)
+    assert [(w["ticket_id"], w["outcome"]) for w in writes] == [("T-2", "applied")]
+    edit = {"field": "ticket_id", "before": "T-1", "after": "T-2"}
+    assert edit in told[0]["result"].get("operator_edits", []), told
+
+
+async def test_another_persons_edit_reaches_the_seat_when_a_decision_failed(tmp_path) -> None:
+    """op-2 approved with edits while op-1's plain approval failed on a dying
+    tool worker: op-1 is refused, and the seat is told of op-2's edits, which
+    its write went out with."""
+    outcome, approval, writes, told = await _decided_on_a_dying_tool_worker(
+        tmp_path, _AnotherEditsThenDies
+    )
+    assert approval["decided_by"] == "op-2"
+    assert str(outcome).startswith("refused") and "another request" in str(outcome), outcome
+    assert [(w["ticket_id"], w["outcome"]) for w in writes] == [("T-3", "applied")]
+    edit = {"field": "ticket_id", "before": "T-1", "after": "T-3"}
+    assert edit in told[0]["result"].get("operator_edits", []), told

@@ -64,7 +64,7 @@ with workflow.unsafe.imports_passed_through():
 # a sandbox runs this module (the strict replay tests; the worker runs none,
 # roundtable/workflow_runner.py) its restrictions watch them too.
 from workflows.notifier import Notifier
-from workflows.routing import GaveUp, ToolRoutes
+from workflows.routing import GaveUp, ToolRoutes, final
 from workflows.status import StatusBoard
 from workflows.timeouts import BOOKKEEPING, MODEL_CALL, TOOL_CALL
 from workflows.write_path import SETTLED, Inbox, WritePath
@@ -98,11 +98,14 @@ TIMERS_DECIDE_PATCH = "approval-times-decided-by-timers"
 # patch as they always did, so their histories replay unchanged.
 CURRENT_RULES_PATCH = "rules-as-of-2026-12"
 # A decision whose activity failed on a tool worker asks the store for its
-# own request's record (workflows/write_path.py, request_decision) where it
-# used to ask only for the approval's status: a decision another person
-# recorded in the meantime was answered as the caller's own when both asked
-# for the same status. Asked only on that path, so only runs that took it
-# carry the marker.
+# own request's record and the approval's edits (workflows/write_path.py,
+# request_decision) where it used to ask only for the approval's status: a
+# decision another person recorded in the meantime was answered as the
+# caller's own when both asked for the same status, and edits that stood
+# were never told to the seat. Asked only on that path, so only runs that
+# took it carry the marker; the SDK keeps a run's first answer for the whole
+# run, so a run that took the old path before the deploy keeps it for its
+# later decisions too.
 DECISION_BY_REQUEST_PATCH = "decision-fallback-by-request"
 
 
@@ -580,22 +583,25 @@ class RoundtableWorkflow:
                 # On a tool worker that failed, the decision may have been
                 # recorded all the same: follow the store, and answer with
                 # this request's record, never with another's.
-                key = _update_key()
-                if key is None or not workflow.patched(DECISION_BY_REQUEST_PATCH):
+                if not workflow.patched(DECISION_BY_REQUEST_PATCH):
                     return await self._decided_as_it_stands(decision, pending, exc)
+                if final(exc.__cause__):  # the activity's own refusal: its answer
+                    raise
                 out = await self._writes.request_decision(
                     pending,
                     RecordDecisionInput(
                         decision=decision,
                         run_status=self._status.once_decided(decision.approval_id),
-                        request_key=key,
+                        request_key=_update_key(),
                     ),
                 )
+                if out.edits:  # whoever made them, the write goes out with them
+                    self._inbox.edits[out.approval_id] = out.edits
                 if out.approval_status == ApprovalStatus.PENDING:
                     raise
                 if out.conflict:
                     raise ApplicationError(
-                        f"approval {decision.approval_id!r}: {out.conflict} ({exc})",
+                        f"approval {decision.approval_id!r} is {out.conflict} ({exc})",
                         type=CONFLICT,
                     ) from exc
             self._status.told(out.run_status)
@@ -616,9 +622,9 @@ class RoundtableWorkflow:
     async def _decided_as_it_stands(
         self, decision: Decision, pending: PendingWrite, failed: ApplicationError
     ) -> str:
-        """The fallback of signals (nobody to answer) and of runs that took it
-        before DECISION_BY_REQUEST_PATCH: the approval's status alone, taken
-        as the caller's when it is what they asked for."""
+        """The fallback of runs that took it before DECISION_BY_REQUEST_PATCH:
+        the approval's status alone, taken as the caller's when it is what
+        they asked for; edits made are never told to the seat."""
         now = await self._writes.check_approval(pending)
         if now == decision.decision:
             return now

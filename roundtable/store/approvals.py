@@ -41,7 +41,7 @@ from roundtable.store.decision import (
     same_actor,
 )
 from roundtable.store.engine import database_now
-from roundtable.store.errors import ConflictError, InvalidInputError
+from roundtable.store.errors import ConflictError, InvalidInputError, NotFoundError
 from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
 from roundtable.store.schema import (
     ActionRow,
@@ -332,6 +332,42 @@ class Approvals:
             action = await session.get(ActionRow, approval.action_id)
             answered = _answered(approval, str(action.status), run_status=str(run.status))
             return answered, payload
+
+    async def request_outcome(
+        self, event_type: str, approval_id: str, request_key: str | None, *, actor: str
+    ) -> tuple[dict[str, Any], bool, list[dict[str, Any]] | None]:
+        """Where a decision's request stands, once its call failed with no
+        answer (a tool worker that died): the approval as it stands, with
+        its action's and run's status; whether the change ``request_key``
+        asked (``event_type``, as for :meth:`keyed_change`) is recorded for
+        ``actor``; and the changes of the approval's edit if one was made,
+        whoever made it (an approval is edited at most once, as it is
+        decided: the write goes out with them, so its seat is told).
+        Read in one snapshot, without the run lock: a tool worker frozen
+        inside its transaction must not hold the operator waiting."""
+        key = request_dedupe_key(event_type, approval_id, request_key)
+        async with self.db.snapshot() as session:
+            approval = await session.get(ApprovalRow, approval_id)
+            if approval is None:
+                raise NotFoundError(f"approval {approval_id!r} not found")
+            run = await session.get(RunRow, approval.run_id)
+            action = await session.get(ActionRow, approval.action_id)
+            own = await logged_payload(session, run.id, key) if key else None
+            ours = own is not None and own.get(_ACTOR_FIELDS[event_type]) == actor
+            edits = None
+            if approval.status != ApprovalStatus.PENDING:
+                edited = await session.execute(
+                    select(AuditEventRow.payload).where(
+                        AuditEventRow.run_id == run.id,
+                        AuditEventRow.event_type == "action.arguments_edited",
+                    )
+                )
+                edits = next(
+                    (e["changes"] for e in edited.scalars() if e["approval_id"] == approval_id),
+                    None,
+                )
+            answered = _answered(approval, str(action.status), run_status=str(run.status))
+        return answered, ours, edits
 
     async def extend(
         self,

@@ -1,0 +1,159 @@
+"""What a decision is told when its call on a tool worker failed with no
+answer (the worker died, or none took it): ``WriteActivities.request_decision``,
+on both databases (the run's side in tests/test_worker_roles_failures.py).
+
+The run used to ask the store for the approval's status alone, and answered
+the caller with it whenever it was the decision they had asked for: a
+decision another person, or another request of theirs, had recorded in the
+meantime was told to them as their own. Now only the request's own record
+(its key, its person) is its answer; anything else that ended the approval
+is a conflict, named for what it is. The approval's edits are returned
+whoever made them: the write goes out with them, so its seat is told.
+(Review of 521197c, 2026-12-07: the forged word, the expired wording.)
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.write_activities import WriteActivities
+from roundtable.models import Decision, DecisionRecorded, RecordDecisionInput
+from roundtable.permissions import Decider, attest
+from roundtable.security import Target
+from roundtable.tools.registry import ToolRegistry
+from tests.test_operator_changes_applied_once import _pending, _plain_decision
+from tests.workflow_harness import TRUSTING
+
+REQUEST = "update-of-op-1"
+EDITED = {"tenant_id": "tenant-a", "object_id": "edited"}
+
+
+async def _asked(
+    store: Any, decision: Decision, request_key: str | None = REQUEST
+) -> DecisionRecorded:
+    """What the run is told of ``decision``, sent as ``request_key``."""
+    writes = WriteActivities(store, ToolRegistry(), authority=TRUSTING)
+    sent = RecordDecisionInput(decision=decision, request_key=request_key, run_status="running")
+    return await ActivityEnvironment().run(writes.request_decision, sent)
+
+
+async def _edit(store: Any, approval_id: str, by: str, request_key: str | None) -> None:
+    target = Target(key="k-edited", scope=None, namespace_wide=False)
+    await store.approve_with_edits(
+        approval_id, by, None, None, EDITED, target, request_key=request_key
+    )
+
+
+def _edited_fields(told: DecisionRecorded) -> set[str]:
+    """The fields the edits told of (their values are redacted: the test
+    action marks none safe to show)."""
+    return {change["field"] for change in told.edits or []}
+
+
+def _edited(approval_id: str) -> Decision:
+    return _plain_decision(approval_id).model_copy(update={"arguments": EDITED})
+
+
+async def test_its_own_record_is_its_answer(store: Any) -> None:
+    action = await _pending(store, "lost-own")
+    await store.decide_approval(action["approval_id"], "approved", "op-1", request_key=REQUEST)
+    told = await _asked(store, _plain_decision(action["approval_id"]))
+    assert told.conflict is None, told.conflict
+    assert (told.approval_status, told.status, told.run_status) == (
+        "approved",
+        "approved",
+        (await store.get_run(action["run_id"]))["status"],
+    )
+
+
+async def test_its_own_edit_is_its_answer_with_the_edits(store: Any) -> None:
+    action = await _pending(store, "lost-own-edit")
+    await _edit(store, action["approval_id"], "op-1", REQUEST)
+    told = await _asked(store, _edited(action["approval_id"]))
+    assert told.conflict is None, told.conflict
+    assert told.approval_status == "approved"
+    assert _edited_fields(told) == {"object_id", "tenant_id"}, told.edits
+
+
+async def test_a_pending_approval_is_no_answer(store: Any) -> None:
+    action = await _pending(store, "lost-pending")
+    told = await _asked(store, _plain_decision(action["approval_id"]))
+    assert (told.approval_status, told.conflict, told.edits) == ("pending", None, None)
+
+
+@pytest.mark.parametrize(
+    ("by", "request_key", "decision"),
+    [
+        ("op-2", None, "approved"),  # another person, by a signal
+        ("op-2", "update-of-op-2", "approved"),  # another person's request
+        ("op-2", REQUEST, "approved"),  # another person under this request's id
+        ("op-1", "another-update-of-op-1", "approved"),  # the same person, another request
+        ("op-2", "update-of-op-2", "rejected"),
+    ],
+)
+async def test_a_decision_recorded_by_anything_else_is_a_conflict(
+    store: Any, by: str, request_key: str | None, decision: str
+) -> None:
+    action = await _pending(store, f"lost-other-{by}-{request_key}-{decision}")
+    await store.decide_approval(action["approval_id"], decision, by, request_key=request_key)
+    told = await _asked(store, _plain_decision(action["approval_id"]))
+    assert told.conflict == f"{decision} by another request", told.conflict
+    assert told.approval_status == decision
+
+
+async def test_edits_anyone_made_are_returned_with_the_conflict(store: Any) -> None:
+    """op-2 approved with edits; op-1's plain approval failed: op-1 is told
+    of a conflict, and the seat of the edits its write goes out with."""
+    action = await _pending(store, "lost-edited-by-op-2")
+    await _edit(store, action["approval_id"], "op-2", "update-of-op-2")
+    told = await _asked(store, _plain_decision(action["approval_id"]))
+    assert told.conflict == "approved by another request"
+    assert _edited_fields(told) == {"object_id", "tenant_id"}, told.edits
+
+
+async def test_an_edit_asked_is_not_answered_by_a_plain_approval(store: Any) -> None:
+    """op-1 asked for edits; the record under their request is a plain
+    approval (another decision than the one asked): a conflict, no edits."""
+    action = await _pending(store, "lost-edit-vs-plain")
+    await store.decide_approval(action["approval_id"], "approved", "op-1", request_key=REQUEST)
+    told = await _asked(store, _edited(action["approval_id"]))
+    assert (told.conflict, told.edits) == ("approved by another request", None)
+
+
+async def test_an_expired_approval_is_said_to_be_expired(store: Any) -> None:
+    action = await _pending(store, "lost-expired")
+    assert await store.expire_approval(action["approval_id"])
+    told = await _asked(store, _plain_decision(action["approval_id"]))
+    assert told.conflict == "expired", told.conflict
+
+
+async def test_a_signal_is_never_told_a_decision_is_its_own(store: Any) -> None:
+    """A signal has no request id: whose decision stands cannot be told."""
+    action = await _pending(store, "lost-signal")
+    await store.decide_approval(action["approval_id"], "approved", "op-1")
+    told = await _asked(store, _plain_decision(action["approval_id"]), request_key=None)
+    assert told.conflict == "approved by another request"
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_word_whose_mac_fails_answers_no_record(store: Any, action_secret: str) -> None:
+    """A message claiming op-1 with a forged attestation, under op-1's
+    request id, is not told op-1's decision is its own (the workflow does
+    not even ask after the tool worker's own refusal; this is the
+    activity's part)."""
+    action = await _pending(store, "lost-forged")
+    approval_id = action["approval_id"]
+    await store.decide_approval(approval_id, "approved", "op-1", request_key=REQUEST)
+    stamped = attest(
+        _plain_decision(approval_id), Decider(user_id="op-1", role="operator"), datetime.now(UTC)
+    )
+    assert stamped.attested_by is not None
+    forged = stamped.model_copy(
+        update={"attested_by": stamped.attested_by.model_copy(update={"mac": "0" * 64})}
+    )
+    assert (await _asked(store, forged)).conflict == "approved by another request"
+    assert (await _asked(store, stamped)).conflict is None  # the real word is answered
