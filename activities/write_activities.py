@@ -375,10 +375,10 @@ class WriteActivities:
             "action.arguments_edited" if inp.arguments is not None else f"approval.{inp.decision}"
         )
         forged = inp.attested_by is not None and decider_whatever_its_age(inp).role is None
-        answered, ours, edits = await self.store.decision_request_outcome(
-            change,
+        answered, ours, edits = await self.store.approval_standing(
             inp.approval_id,
-            None if forged else request.request_key,
+            event_type=change,
+            request_key=None if forged else request.request_key,
             actor=inp.decided_by,
         )
         run_status = answered["run_status"] if request.run_status else None
@@ -445,15 +445,11 @@ class WriteActivities:
     async def _decision_view(
         self, approval_id: str, conflict: str | None = None
     ) -> DecisionRecorded:
-        approval, action = await self.store.approval_and_action(approval_id)
-        return DecisionRecorded(
-            approval_id=approval_id,
-            action_id=action["id"],
-            status=action["status"],
-            approval_status=approval["status"],
-            expires_at=approval["expires_at"],
-            conflict=conflict,
-        )
+        """The approval as it stands, with its edits once decided (however
+        the run learns of a decision, its seat is told of the edits its
+        write goes out with)."""
+        answered, _, edits = await self.store.approval_standing(approval_id)
+        return _recorded(answered, edits=edits, conflict=conflict)
 
     # ----------------------------------------------------------------- execution
 

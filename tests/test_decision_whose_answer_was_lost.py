@@ -14,6 +14,7 @@ whoever made them: the write goes out with them, so its seat is told.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,8 +26,10 @@ from roundtable.models import Decision, DecisionRecorded, RecordDecisionInput
 from roundtable.permissions import Decider, attest
 from roundtable.security import Target
 from roundtable.tools.registry import ToolRegistry
+from tests.test_decisions_answered_from_their_commit import approve_edited, seat_was_told_of_edits
 from tests.test_operator_changes_applied_once import _pending, _plain_decision
-from tests.workflow_harness import TRUSTING
+from tests.workflow_harness import TRUSTING, harness, script, ticket_call
+from worker import build_worker
 
 REQUEST = "update-of-op-1"
 EDITED = {"tenant_id": "tenant-a", "object_id": "edited"}
@@ -157,3 +160,59 @@ async def test_a_word_whose_mac_fails_answers_no_record(store: Any, action_secre
     )
     assert (await _asked(store, forged)).conflict == "approved by another request"
     assert (await _asked(store, stamped)).conflict is None  # the real word is answered
+
+
+# ------------------------------------------------ edits whose answer came late
+
+
+class _AnswersAfterTheWrite:
+    """The worker's store: an edited approval commits, and its answer comes
+    back only once the write has gone out (an answer delayed, a retry after
+    a lost one): the run learnt the approval was decided some other way."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def approve_with_edits(self, approval_id: str, *args: Any, **kwargs: Any) -> Any:
+        answer = await self._store.approve_with_edits(approval_id, *args, **kwargs)
+        action_id = (await self._store.get_approval(approval_id))["action_id"]
+        for _ in range(600):
+            if (await self._store.get_action(action_id))["status"] == "succeeded":
+                # Until the write's outcome has reached the run: while a
+                # local activity runs, its workflow task stays open, and new
+                # events reach the run only at the task's heartbeat (80% of
+                # its 10 s timeout).
+                await asyncio.sleep(10)
+                return answer
+            await asyncio.sleep(0.1)
+        raise AssertionError("the write never went out")
+
+
+def _answering_late(client: Any, queue: str, store: Any, registry: Any, **options: Any) -> Any:
+    return build_worker(client, queue, _AnswersAfterTheWrite(store), registry, **options)
+
+
+@pytest.mark.timeout(120)
+async def test_edits_reach_the_seat_when_the_decisions_answer_comes_after_the_write(
+    tmp_path: Any,
+) -> None:
+    """The run learns the approval is decided from its deadline's timer (the
+    expiry finds it approved) while the edited decision's answer is still on
+    its way; the write goes out with the edits. The seat used to be told of
+    edits only by that answer, and was told nothing: it read its own
+    arguments as written (the third review of 2026-12-06, low finding 5)."""
+    calls = [ticket_call("ticket_update", "T-1", fields={"priority": "low"})]
+    async with harness(tmp_path, worker_factory=_answering_late, dev_server=True) as h:
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, calls)), approval_timeout_seconds=3
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        assert await approve_edited(handle, approval_id) == "approved"
+        assert (await h.result(handle)).status == "completed"
+        (write,) = await h.tickets.write_log()
+        assert write["ticket_id"] == "T-2"  # the edits went out
+        await seat_was_told_of_edits(h, handle)

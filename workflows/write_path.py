@@ -213,11 +213,15 @@ class WritePath:
         self.follow(write, seen)
         return seen
 
-    def follow(self, write: PendingWrite, seen, answered: bool = False) -> None:  # type: ignore[no-untyped-def]
+    def follow(self, write: PendingWrite, seen: DecisionRecorded, answered: bool = False) -> None:
         """Take the database's word on an approval: decided only once it is no
         longer pending; while pending, its deadline is the one that counts.
         (Old rules: an expiry or a decision ended the wait whatever the
-        database answered; a mere look ended it only once not pending.)"""
+        database answered; a mere look ended it only once not pending.)
+        Edits it names are the ones the write goes out with, whichever
+        answer told of them first: the seat is told of them."""
+        if seen.edits:
+            self.inbox.edits.setdefault(write.approval_id, seen.edits)
         if not self.inbox.new_rules:
             if answered or seen.approval_status != ApprovalStatus.PENDING:
                 self.inbox.after_decision.setdefault(write.approval_id, seen.status)

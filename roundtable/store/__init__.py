@@ -148,7 +148,7 @@ class Store:
     approve_with_edits = _on("approvals", Approvals.approve_with_edits)
     extend_approval = _on("approvals", Approvals.extend)
     keyed_approval_change = _on("approvals", Approvals.keyed_change)
-    decision_request_outcome = _on("approvals", Approvals.request_outcome)
+    approval_standing = _on("approvals", Approvals.standing)
     expire_approval = _on("approvals", Approvals.expire)
     expire_due_approvals = _on("approvals", Approvals.expire_due)
 

@@ -333,19 +333,24 @@ class Approvals:
             answered = _answered(approval, str(action.status), run_status=str(run.status))
             return answered, payload
 
-    async def request_outcome(
-        self, event_type: str, approval_id: str, request_key: str | None, *, actor: str
+    async def standing(
+        self,
+        approval_id: str,
+        *,
+        event_type: str | None = None,
+        request_key: str | None = None,
+        actor: str | None = None,
     ) -> tuple[dict[str, Any], bool, list[dict[str, Any]] | None]:
-        """Where a decision's request stands, once its call failed with no
-        answer (a tool worker that died): the approval as it stands, with
-        its action's and run's status; whether the change ``request_key``
-        asked (``event_type``, as for :meth:`keyed_change`) is recorded for
-        ``actor``; and the changes of the approval's edit if one was made,
+        """The approval as it stands, with its action's and run's status;
+        whether the change ``request_key`` asked (``event_type``, as for
+        :meth:`keyed_change`) is the one recorded, for ``actor``; and, once
+        it is no longer pending, the changes of its edit if one was made,
         whoever made it (an approval is edited at most once, as it is
-        decided: the write goes out with them, so its seat is told).
-        Read in one snapshot, without the run lock: a tool worker frozen
-        inside its transaction must not hold the operator waiting."""
-        key = request_dedupe_key(event_type, approval_id, request_key)
+        decided: the write goes out with them, so its seat is told, however
+        the run learnt of the decision). One snapshot, without the run lock:
+        a tool worker frozen inside its transaction must not hold a caller
+        waiting, and the decision and its events commit together."""
+        key = request_dedupe_key(event_type, approval_id, request_key) if event_type else None
         async with self.db.snapshot() as session:
             approval = await session.get(ApprovalRow, approval_id)
             if approval is None:
@@ -353,7 +358,7 @@ class Approvals:
             run = await session.get(RunRow, approval.run_id)
             action = await session.get(ActionRow, approval.action_id)
             own = await logged_payload(session, run.id, key) if key else None
-            ours = own is not None and own.get(_ACTOR_FIELDS[event_type]) == actor
+            ours = own is not None and own.get(_ACTOR_FIELDS[str(event_type)]) == actor
             edits = None
             if approval.status != ApprovalStatus.PENDING:
                 edited = await session.execute(
