@@ -595,8 +595,6 @@ class RoundtableWorkflow:
                         request_key=_update_key(),
                     ),
                 )
-                if out.edits:  # whoever made them, the write goes out with them
-                    self._inbox.edits[out.approval_id] = out.edits
                 if out.approval_status == ApprovalStatus.PENDING:
                     raise
                 if out.conflict:
@@ -624,7 +622,7 @@ class RoundtableWorkflow:
     ) -> str:
         """The fallback of runs that took it before DECISION_BY_REQUEST_PATCH:
         the approval's status alone, taken as the caller's when it is what
-        they asked for; edits made are never told to the seat."""
+        they asked for."""
         now = await self._writes.check_approval(pending)
         if now == decision.decision:
             return now

@@ -201,9 +201,10 @@ class WritePath:
     async def request_decision(
         self, write: PendingWrite, request: RecordDecisionInput
     ) -> DecisionRecorded:
-        """Follow the store's word on the approval, as a decision whose
-        activity failed on a tool worker left it; the answer says whether
-        the decision that stands is this request's (no conflict)."""
+        """Follow the store's word on the approval (its edits told to the
+        seat, whoever made them), as a decision whose activity failed on a
+        tool worker left it; the answer says whether the decision that
+        stands is this request's (no conflict)."""
         seen = await workflow.execute_local_activity_method(
             WriteActivities.request_decision,
             request,
