@@ -236,6 +236,32 @@ class WriteActivities:
     async def decide_approval(self, request: RecordDecisionInput) -> DecisionRecorded:
         """Compare-and-set the decision. A conflict is reported with the
         approval's real status, so the workflow follows the database."""
+        began = time.monotonic()
+        recorded = await self._decide(request)
+        if recorded.conflict is None:
+            await self._tell_the_run_if_late(recorded, began)
+        return recorded
+
+    async def _tell_the_run_if_late(self, recorded: DecisionRecorded, began: float) -> None:
+        """A decision on a tool worker that committed past half its
+        activity's start-to-close timeout may have come after its run gave
+        up on it (timed out, looked the request up, found it pending): the
+        run would wait on to the approval's deadline with the store saying
+        decided. A refresh tells it to look again. Best effort, and never
+        for a local activity, whose run retries it and finds its record."""
+        info = activity.info()
+        timeout = info.start_to_close_timeout
+        if info.is_local or timeout is None or self.temporal is None:
+            return
+        if time.monotonic() - began < timeout.total_seconds() / 2:
+            return
+        try:
+            approval = await self.store.get_approval(recorded.approval_id)
+            await nudge(self.temporal, approval["run_id"])
+        except Exception as exc:
+            log.warning("could not tell the run of a late decision: %s", exc)
+
+    async def _decide(self, request: RecordDecisionInput) -> DecisionRecorded:
         inp = request.decision
         bind(approval_id=inp.approval_id)
         try:
@@ -364,11 +390,12 @@ class WriteActivities:
         was approved with whoever made them (the write goes out with them,
         so its seat is told), and a conflict unless the decision that stands
         is this request's own record (its key, its person). So a caller is
-        never told another's decision is theirs. A word whose MAC fails
-        answers no record; one with none is looked up under the bare name
-        it claims, as an unattested decision is recorded (docs/
-        architecture.md). Without a request (a signal) whose decision stands
-        cannot be told: not pending is a conflict, which a signal only logs."""
+        never told another's decision is theirs, nor their own another's
+        when it cannot be told: a signal has no request id, and a word whose
+        MAC fails here (forged, or the action secret rotated on this worker
+        last) is not looked up. A word with none is looked up under the
+        bare name it claims, as an unattested decision is recorded
+        (docs/architecture.md)."""
         inp = request.decision
         bind(approval_id=inp.approval_id)
         change = (
@@ -386,9 +413,15 @@ class WriteActivities:
         status = seen.approval_status
         if ours or status == ApprovalStatus.PENDING:
             return seen
-        if status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED):
-            return seen.model_copy(update={"conflict": f"{status} by another request"})
-        return seen.model_copy(update={"conflict": str(status)})
+        if request.request_key is None:
+            why = f"{status}: a signal has no request id, so whose decision it is cannot be told"
+        elif forged:
+            why = f"{status}: this request's attestation does not verify on this worker"
+        elif status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED):
+            why = f"{status} by another request or person"
+        else:
+            why = str(status)
+        return seen.model_copy(update={"conflict": why})
 
     @activity.defn(name="extend_approval")
     @typed_store_errors

@@ -15,7 +15,7 @@ whoever made them: the write goes out with them, so its seat is told.
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -26,6 +26,7 @@ from roundtable.models import Decision, DecisionRecorded, RecordDecisionInput
 from roundtable.permissions import Decider, attest
 from roundtable.security import Target
 from roundtable.tools.registry import ToolRegistry
+from tests.helpers import new_run, waiting_action
 from tests.test_decisions_answered_from_their_commit import approve_edited, seat_was_told_of_edits
 from tests.test_operator_changes_applied_once import _pending, _plain_decision
 from tests.workflow_harness import TRUSTING, harness, script, ticket_call
@@ -104,7 +105,7 @@ async def test_a_decision_recorded_by_anything_else_is_a_conflict(
     action = await _pending(store, f"lost-other-{by}-{request_key}-{decision}")
     await store.decide_approval(action["approval_id"], decision, by, request_key=request_key)
     told = await _asked(store, _plain_decision(action["approval_id"]))
-    assert told.conflict == f"{decision} by another request", told.conflict
+    assert told.conflict == f"{decision} by another request or person", told.conflict
     assert told.approval_status == decision
 
 
@@ -114,7 +115,7 @@ async def test_edits_anyone_made_are_returned_with_the_conflict(store: Any) -> N
     action = await _pending(store, "lost-edited-by-op-2")
     await _edit(store, action["approval_id"], "op-2", "update-of-op-2")
     told = await _asked(store, _plain_decision(action["approval_id"]))
-    assert told.conflict == "approved by another request"
+    assert told.conflict == "approved by another request or person"
     assert _edited_fields(told) == {"object_id", "tenant_id"}, told.edits
 
 
@@ -124,7 +125,7 @@ async def test_an_edit_asked_is_not_answered_by_a_plain_approval(store: Any) -> 
     action = await _pending(store, "lost-edit-vs-plain")
     await store.decide_approval(action["approval_id"], "approved", "op-1", request_key=REQUEST)
     told = await _asked(store, _edited(action["approval_id"]))
-    assert (told.conflict, told.edits) == ("approved by another request", None)
+    assert (told.conflict, told.edits) == ("approved by another request or person", None)
 
 
 async def test_an_expired_approval_is_said_to_be_expired(store: Any) -> None:
@@ -135,11 +136,12 @@ async def test_an_expired_approval_is_said_to_be_expired(store: Any) -> None:
 
 
 async def test_a_signal_is_never_told_a_decision_is_its_own(store: Any) -> None:
-    """A signal has no request id: whose decision stands cannot be told."""
+    """A signal has no request id: whose decision stands cannot be told, and
+    it is not said to be another's either."""
     action = await _pending(store, "lost-signal")
     await store.decide_approval(action["approval_id"], "approved", "op-1")
     told = await _asked(store, _plain_decision(action["approval_id"]), request_key=None)
-    assert told.conflict == "approved by another request"
+    assert told.conflict is not None and "cannot be told" in told.conflict, told.conflict
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -147,7 +149,8 @@ async def test_a_word_whose_mac_fails_answers_no_record(store: Any, action_secre
     """A message claiming op-1 with a forged attestation, under op-1's
     request id, is not told op-1's decision is its own (the workflow does
     not even ask after the tool worker's own refusal; this is the
-    activity's part)."""
+    activity's part), nor that it is another's: a genuine word this worker
+    cannot verify (its action secret rotated last) is the same to it."""
     action = await _pending(store, "lost-forged")
     approval_id = action["approval_id"]
     await store.decide_approval(approval_id, "approved", "op-1", request_key=REQUEST)
@@ -158,7 +161,8 @@ async def test_a_word_whose_mac_fails_answers_no_record(store: Any, action_secre
     forged = stamped.model_copy(
         update={"attested_by": stamped.attested_by.model_copy(update={"mac": "0" * 64})}
     )
-    assert (await _asked(store, forged)).conflict == "approved by another request"
+    said = (await _asked(store, forged)).conflict
+    assert said == "approved: this request's attestation does not verify on this worker", said
     assert (await _asked(store, stamped)).conflict is None  # the real word is answered
 
 
@@ -216,3 +220,18 @@ async def test_edits_reach_the_seat_when_the_decisions_answer_comes_after_the_wr
         (write,) = await h.tickets.write_log()
         assert write["ticket_id"] == "T-2"  # the edits went out
         await seat_was_told_of_edits(h, handle)
+
+
+async def test_another_approvals_edits_of_the_run_are_not_this_ones(store: Any) -> None:
+    """The edits told are this approval's own, not those of another write of
+    the same run."""
+    run = await new_run(store)
+    deadline = datetime.now(UTC) + timedelta(hours=1)
+    edited = await waiting_action(store, run, "lost-two-edited", deadline)
+    plain = await waiting_action(store, run, "lost-two-plain", deadline)
+    await _edit(store, edited["approval_id"], "op-2", "update-of-op-2")
+    await store.decide_approval(plain["approval_id"], "approved", "op-1", request_key=REQUEST)
+    told = await _asked(store, _plain_decision(plain["approval_id"]))
+    assert (told.conflict, told.edits) == (None, None)
+    told = await _asked(store, _plain_decision(edited["approval_id"]))
+    assert _edited_fields(told) == {"object_id", "tenant_id"}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from roundtable import operations
 from roundtable.config import Settings
@@ -22,7 +22,7 @@ from roundtable.models import Decision
 from roundtable.names import DECIDE_UPDATE, DECISION_SIGNAL
 from roundtable.permissions import MAX_ATTESTATION_AGE, Decider, attest
 from roundtable.security import Target
-from roundtable.store import ConflictError
+from roundtable.store import ConflictError, InvalidInputError
 from roundtable.tools.registry import ToolContext, ToolDefinition, ToolRegistry
 from roundtable.tools.tickets import TicketUpdateArgs
 from tests.test_edits import decide
@@ -608,3 +608,98 @@ async def test_another_persons_edit_reaches_the_seat_when_a_decision_failed(tmp_
     assert [(w["ticket_id"], w["outcome"]) for w in writes] == [("T-3", "applied")]
     edit = {"field": "ticket_id", "before": "T-1", "after": "T-3"}
     assert edit in told[0]["result"].get("operator_edits", []), told
+
+
+class _FrozenPastItsTimeout(_DiesAfterDeciding):
+    """The tool worker's store: the edit waits (a worker frozen, the run lock
+    slow) until released, well past the activity's start-to-close timeout,
+    then commits and the worker goes on."""
+
+    def __init__(self, store: Any, committed: asyncio.Event) -> None:
+        super().__init__(store, committed)
+        self.release = asyncio.Event()
+
+    async def approve_with_edits(self, *args: Any, **kwargs: Any) -> Any:
+        await self.release.wait()
+        answer = await self._store.approve_with_edits(*args, **kwargs)
+        self._committed.set()
+        return answer
+
+
+@pytest.mark.timeout(180)
+async def test_an_edit_committed_after_its_run_gave_up_on_it_is_followed_and_told(
+    tmp_path,
+) -> None:
+    """op-1's edit hangs on a tool worker past the activity's 30 s; the run
+    looks the request up, finds the approval pending and refuses op-1. Then
+    the frozen call commits. Nothing told the run: it waited on to the
+    approval's deadline (an hour) with the store saying approved, and when
+    it learnt of the decision its seat was not told of the edits the write
+    went out with. The activity that commits past half its timeout now
+    tells the run (a refresh), and every answer about a decided approval
+    carries its edits. From the second review of 2026-12-07."""
+    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
+    edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"owner": "b"}}
+    committed = asyncio.Event()
+    async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
+        await publish(h)
+        async with tool_worker(h):
+            handle = await h.start(
+                task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO_R1, **WAIT
+            )
+            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        store = _FrozenPastItsTimeout(h.store, committed)
+        frozen = build_worker(
+            h.client, TOOLS_QUEUE, store, h.registry, authority=TRUSTING, role="tools"
+        )
+        async with frozen:
+            with pytest.raises(WorkflowUpdateFailedError):  # the run gave up on it
+                await asyncio.wait_for(decide(handle, approval_id, arguments=edited), 60)
+            assert (await h.store.get_approval(approval_id))["status"] == "pending"
+            store.release.set()
+            await asyncio.wait_for(committed.wait(), 20)
+            await h.wait_for(handle, lambda s: not s.pending_approvals, within=30)
+        async with tool_worker(h):
+            await asyncio.wait_for(handle.result(), 60)
+        thread = (await h.state(handle)).threads["seat-1"]
+        told = [json.loads(m.content) for m in thread if m.role == "tool"]
+        writes = await h.tickets.write_log()
+    assert [(w["ticket_id"], w["outcome"]) for w in writes] == [("T-2", "applied")]
+    edit = {"field": "ticket_id", "before": "T-1", "after": "T-2"}
+    assert edit in told[0]["result"].get("operator_edits", []), told
+
+
+class _RefusesAfterAnotherDecided(_DiesAfterDeciding):
+    """The tool worker's store: op-2's approval is recorded, then op-1's
+    call is refused outright (as the tool worker refuses a stale word, a
+    tenant it may not act for, edits its schema rejects)."""
+
+    async def decide_approval(self, approval_id: str, *args: Any, **kwargs: Any) -> Any:
+        await self._store.decide_approval(approval_id, "approved", "op-2")
+        raise InvalidInputError("refused by the tool worker itself")
+
+
+async def test_a_tool_workers_own_refusal_is_the_answer_not_a_lookup(tmp_path) -> None:
+    """A refusal the activity made is its answer: the run does not go on to
+    look the request up and answer something else (here it would have said
+    "approved by another request"). From the second review of 2026-12-07."""
+    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
+    async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
+        await publish(h)
+        async with tool_worker(h):
+            handle = await h.start(
+                task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO_R1, **WAIT
+            )
+            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        store = _RefusesAfterAnotherDecided(h.store, asyncio.Event())
+        refusing = build_worker(
+            h.client, TOOLS_QUEUE, store, h.registry, authority=TRUSTING, role="tools"
+        )
+        async with refusing:
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await asyncio.wait_for(decide(handle, approval_id), 30)
+        await handle.terminate(reason="test cleanup")
+    said = str(refused.value.cause)
+    assert "refused by the tool worker itself" in said and "another request" not in said, said
