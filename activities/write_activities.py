@@ -110,6 +110,9 @@ class WriteActivities:
         self.temporal = temporal  # to read who sent a signal, from the history
         self.authority = authority
         self.metrics = metrics or Metrics()
+        # Refreshes sent after routed decisions, held until sent (a task
+        # nobody holds may be collected before it runs).
+        self._telling: set[asyncio.Task[None]] = set()
 
     @activity.defn(name="signal_sender")
     async def signal_sender(self, inp: SignalSender) -> str | None:
@@ -236,30 +239,37 @@ class WriteActivities:
     async def decide_approval(self, request: RecordDecisionInput) -> DecisionRecorded:
         """Compare-and-set the decision. A conflict is reported with the
         approval's real status, so the workflow follows the database."""
-        began = time.monotonic()
-        recorded = await self._decide(request)
-        if recorded.conflict is None:
-            await self._tell_the_run_if_late(recorded, began)
-        return recorded
-
-    async def _tell_the_run_if_late(self, recorded: DecisionRecorded, began: float) -> None:
-        """A decision on a tool worker that committed past half its
-        activity's start-to-close timeout may have come after its run gave
-        up on it (timed out, looked the request up, found it pending): the
-        run would wait on to the approval's deadline with the store saying
-        decided. A refresh tells it to look again. Best effort, and never
-        for a local activity, whose run retries it and finds its record."""
-        info = activity.info()
-        timeout = info.start_to_close_timeout
-        if info.is_local or timeout is None or self.temporal is None:
-            return
-        if time.monotonic() - began < timeout.total_seconds() / 2:
-            return
+        if activity.info().is_local:
+            return await self._decide(request)
         try:
-            approval = await self.store.get_approval(recorded.approval_id)
-            await nudge(self.temporal, approval["run_id"])
-        except Exception as exc:
-            log.warning("could not tell the run of a late decision: %s", exc)
+            return await self._decide(request)
+        finally:
+            self._tell_the_run(request.decision.approval_id)
+
+    def _tell_the_run(self, approval_id: str) -> None:
+        """After a decision on a tool worker, however it ended (answered,
+        refused, cancelled after its commit: the store's calls run to their
+        end), send its run a refresh, off the activity's path. The run may
+        have given up on the call already (its timeout, then a lookup that
+        found the approval pending): then nothing else would tell it, and it
+        would wait to the approval's deadline with the store saying decided.
+        Every routed decision, not only a slow one: how long the call took
+        by this worker's clock says nothing of a stall before it began. A
+        local decision never needs it: its run retries it and finds its
+        record."""
+        if self.temporal is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._refresh_run_of(approval_id))
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+
+    async def _refresh_run_of(self, approval_id: str) -> None:
+        assert self.temporal is not None
+        try:
+            approval = await self.store.get_approval(approval_id)
+            await asyncio.wait_for(nudge(self.temporal, approval["run_id"]), timeout=30)
+        except Exception as exc:  # best effort: the approval's deadline still ends the wait
+            log.warning("could not tell the run of a decision on a tool worker: %s", exc)
 
     async def _decide(self, request: RecordDecisionInput) -> DecisionRecorded:
         inp = request.decision

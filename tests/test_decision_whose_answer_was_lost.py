@@ -235,3 +235,12 @@ async def test_another_approvals_edits_of_the_run_are_not_this_ones(store: Any) 
     assert (told.conflict, told.edits) == (None, None)
     told = await _asked(store, _plain_decision(edited["approval_id"]))
     assert _edited_fields(told) == {"object_id", "tenant_id"}
+
+
+async def test_an_edit_no_request_names_is_found_too(store: Any) -> None:
+    """A signal's edit has no request key; its event still has a dedupe key
+    of the approval's own, by which its edits are found."""
+    action = await _pending(store, "lost-unkeyed-edit")
+    await _edit(store, action["approval_id"], "op-2", None)
+    told = await _asked(store, _plain_decision(action["approval_id"]))
+    assert _edited_fields(told) == {"object_id", "tenant_id"}

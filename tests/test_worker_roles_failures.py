@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from roundtable import operations
 from roundtable.config import Settings
@@ -703,3 +705,71 @@ async def test_a_tool_workers_own_refusal_is_the_answer_not_a_lookup(tmp_path) -
         await handle.terminate(reason="test cleanup")
     said = str(refused.value.cause)
     assert "refused by the tool worker itself" in said and "another request" not in said, said
+
+
+class _StartsLate(Interceptor):
+    """The tool worker took the decision's task, then stalled before the
+    activity's code began (an event loop blocked by another call, a paused
+    process): the server's start-to-close clock ran, the activity's own
+    did not start. From the third review of 2026-12-07."""
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        class _Late(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                if getattr(input.fn, "__name__", "") == "decide_approval":
+                    await asyncio.sleep(35)
+                return await super().execute_activity(input)
+
+        return _Late(next)
+
+
+@pytest.mark.timeout(180)
+async def test_a_decision_that_began_late_and_committed_fast_tells_its_run(tmp_path) -> None:
+    """The run gave up on op-1's decision (30 s, no answer, its lookup found
+    the approval pending); the stalled worker then ran it, and it committed
+    at once. A refresh timed by the activity's own clock (past half its
+    timeout) was never sent, and the run waited to its deadline with the
+    store saying approved. Every routed decision now tells its run."""
+    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
+    async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
+        await publish(h)
+        async with tool_worker(h):
+            handle = await h.start(
+                task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO_R1, **WAIT
+            )
+            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        late = build_worker(
+            h.client,
+            TOOLS_QUEUE,
+            h.store,
+            h.registry,
+            authority=TRUSTING,
+            role="tools",
+            interceptors=[_StartsLate()],
+        )
+        async with late:
+            with pytest.raises(WorkflowUpdateFailedError):  # the run gave up on it
+                await asyncio.wait_for(decide(handle, approval_id), 60)
+            await h.wait_for(handle, lambda s: not s.pending_approvals, within=30)
+        assert (await h.store.get_approval(approval_id))["status"] == "approved"
+        await handle.terminate(reason="test cleanup")
+
+
+async def test_a_decision_on_the_runs_own_worker_sends_no_refresh(tmp_path) -> None:
+    """The refresh is for decisions on a tool worker only: a decision made
+    by the run's own local activity (one worker doing everything, the
+    approvals the benchmark times) adds no signal to the run's history."""
+    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
+    async with harness(tmp_path) as h:
+        handle = await h.start(task_text="t", script=script(("seat-1", 1, calls)))
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+        (approval_id,) = state.pending_approvals
+        assert await decide(handle, approval_id) == "approved"
+        assert (await h.result(handle)).status == "completed"
+        signals = [
+            e
+            async for e in handle.fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        ]
+    assert signals == []

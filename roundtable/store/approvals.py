@@ -35,6 +35,8 @@ from roundtable.store.decision import (
     decide_on_connection,
     decided_values,
     decision_payload,
+    edit_dedupe_key,
+    edit_keys,
     expired_values,
     expiry_payload,
     request_dedupe_key,
@@ -282,7 +284,7 @@ class Approvals:
                     "changes": changes,
                 },
                 now,
-                dedupe_key=key,
+                dedupe_key=edit_dedupe_key(approval_id, request_key),
             )
             action_status = await self._apply_decision(
                 session, run, approval, ApprovalStatus.APPROVED, decided_by, reason, now
@@ -361,16 +363,21 @@ class Approvals:
             ours = own is not None and own.get(_ACTOR_FIELDS[str(event_type)]) == actor
             edits = None
             if approval.status != ApprovalStatus.PENDING:
+                # By the (run, dedupe key) index: the run's other events are
+                # never read. (An edit a signal made before every edit had a
+                # key is not found: its seat is told only by its answer.)
+                first, past = edit_keys(approval_id)
                 edited = await session.execute(
-                    select(AuditEventRow.payload).where(
+                    select(AuditEventRow.payload)
+                    .where(
                         AuditEventRow.run_id == run.id,
-                        AuditEventRow.event_type == "action.arguments_edited",
+                        AuditEventRow.dedupe_key >= first,
+                        AuditEventRow.dedupe_key < past,
                     )
+                    .limit(1)
                 )
-                edits = next(
-                    (e["changes"] for e in edited.scalars() if e["approval_id"] == approval_id),
-                    None,
-                )
+                payload = edited.scalar_one_or_none()
+                edits = payload["changes"] if payload is not None else None
             answered = _answered(approval, str(action.status), run_status=str(run.status))
         return answered, ours, edits
 
