@@ -61,8 +61,11 @@ def workflows_only(client: Client, queue: str, store, _registry, **options: Any)
     return build_worker(client, queue, store, ToolRegistry(), role="workflows", **options)
 
 
-def tool_worker(h: Harness, queue: str = TOOLS_QUEUE) -> Worker:
-    return build_worker(h.client, queue, h.store, h.registry, authority=TRUSTING, role="tools")
+def tool_worker(h: Harness, queue: str = TOOLS_QUEUE, store: Any = None, **options: Any) -> Worker:
+    """A tool worker on ``queue``, over ``store`` (the harness's by default)."""
+    return build_worker(
+        h.client, queue, store or h.store, h.registry, authority=TRUSTING, role="tools", **options
+    )
 
 
 async def publish(h: Harness, queue: str = TOOLS_QUEUE) -> None:

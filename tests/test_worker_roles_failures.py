@@ -133,15 +133,7 @@ async def test_an_untrusted_read_is_not_run_again_after_its_worker_died(tmp_path
         dev_server=True,
     ) as h:
         await publish(h)
-        first = build_worker(
-            h.client,
-            TOOLS_QUEUE,
-            h.store,
-            h.registry,
-            authority=TRUSTING,
-            role="tools",
-            graceful_shutdown_timeout=timedelta(0),
-        )
+        first = tool_worker(h, graceful_shutdown_timeout=timedelta(0))
         running = asyncio.create_task(first.run())
         handle = await h.start(task_text="t", script=script(("seat-1", 1, [read])), **WAIT)
         await asyncio.wait_for(entered.wait(), 20)
@@ -414,6 +406,20 @@ class _AnotherDecidesThenDies(_DiesAfterDeciding):
         await self.decide_approval(approval_id)
 
 
+async def _routed_write_waiting(h: Harness) -> tuple[Any, str]:
+    """A run whose one write (a ticket update, tools on the tool queue)
+    waits for approval, started while a healthy tool worker served it."""
+    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
+    await publish(h)
+    async with tool_worker(h):
+        handle = await h.start(
+            task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO_R1, **WAIT
+        )
+        state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
+    (approval_id,) = state.pending_approvals
+    return handle, approval_id
+
+
 class _AnotherEditsThenDies(_DiesAfterDeciding):
     """As _AnotherDecidesThenDies, op-2's approval moving the write to T-3."""
 
@@ -435,24 +441,11 @@ async def _decided_on_a_dying_tool_worker(
     Returns what op-1 was told (None for a signal), the approval as the
     store has it, the ticket system's writes once a healthy tool worker has
     taken the run to its end, and what the seat was told of its write."""
-    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
     committed = asyncio.Event()
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
-        await publish(h)
-        async with tool_worker(h):
-            handle = await h.start(
-                task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO_R1, **WAIT
-            )
-            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
-        (approval_id,) = state.pending_approvals
-        dying = build_worker(
-            h.client,
-            TOOLS_QUEUE,
-            dying_store(h.store, committed),
-            h.registry,
-            authority=TRUSTING,
-            role="tools",
-            graceful_shutdown_timeout=timedelta(0),
+        handle, approval_id = await _routed_write_waiting(h)
+        dying = tool_worker(
+            h, store=dying_store(h.store, committed), graceful_shutdown_timeout=timedelta(0)
         )
         running = asyncio.create_task(dying.run())
         if signal:
@@ -637,24 +630,15 @@ async def test_an_edit_committed_after_its_run_gave_up_on_it_is_followed_and_tol
     the frozen call commits. Nothing told the run: it waited on to the
     approval's deadline (an hour) with the store saying approved, and when
     it learnt of the decision its seat was not told of the edits the write
-    went out with. The activity that commits past half its timeout now
-    tells the run (a refresh), and every answer about a decided approval
-    carries its edits. From the second review of 2026-12-07."""
-    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
+    went out with. A decision on a tool worker now tells its run (a
+    refresh), and every answer about a decided approval carries its edits.
+    From the second review of 2026-12-07."""
     edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"owner": "b"}}
     committed = asyncio.Event()
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
-        await publish(h)
-        async with tool_worker(h):
-            handle = await h.start(
-                task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO_R1, **WAIT
-            )
-            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
-        (approval_id,) = state.pending_approvals
+        handle, approval_id = await _routed_write_waiting(h)
         store = _FrozenPastItsTimeout(h.store, committed)
-        frozen = build_worker(
-            h.client, TOOLS_QUEUE, store, h.registry, authority=TRUSTING, role="tools"
-        )
+        frozen = tool_worker(h, store=store)
         async with frozen:
             with pytest.raises(WorkflowUpdateFailedError):  # the run gave up on it
                 await asyncio.wait_for(decide(handle, approval_id, arguments=edited), 60)
@@ -686,19 +670,10 @@ async def test_a_tool_workers_own_refusal_is_the_answer_not_a_lookup(tmp_path) -
     """A refusal the activity made is its answer: the run does not go on to
     look the request up and answer something else (here it would have said
     "approved by another request"). From the second review of 2026-12-07."""
-    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
-        await publish(h)
-        async with tool_worker(h):
-            handle = await h.start(
-                task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO_R1, **WAIT
-            )
-            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
-        (approval_id,) = state.pending_approvals
+        handle, approval_id = await _routed_write_waiting(h)
         store = _RefusesAfterAnotherDecided(h.store, asyncio.Event())
-        refusing = build_worker(
-            h.client, TOOLS_QUEUE, store, h.registry, authority=TRUSTING, role="tools"
-        )
+        refusing = tool_worker(h, store=store)
         async with refusing:
             with pytest.raises(WorkflowUpdateFailedError) as refused:
                 await asyncio.wait_for(decide(handle, approval_id), 30)
@@ -730,24 +705,9 @@ async def test_a_decision_that_began_late_and_committed_fast_tells_its_run(tmp_p
     at once. A refresh timed by the activity's own clock (past half its
     timeout) was never sent, and the run waited to its deadline with the
     store saying approved. Every routed decision now tells its run."""
-    calls = [ticket_call("ticket_update", "T-1", fields={"owner": "a"})]
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
-        await publish(h)
-        async with tool_worker(h):
-            handle = await h.start(
-                task_text="t", script=script(("seat-1", 1, calls)), write_policy=AUTO_R1, **WAIT
-            )
-            state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
-        (approval_id,) = state.pending_approvals
-        late = build_worker(
-            h.client,
-            TOOLS_QUEUE,
-            h.store,
-            h.registry,
-            authority=TRUSTING,
-            role="tools",
-            interceptors=[_StartsLate()],
-        )
+        handle, approval_id = await _routed_write_waiting(h)
+        late = tool_worker(h, interceptors=[_StartsLate()])
         async with late:
             with pytest.raises(WorkflowUpdateFailedError):  # the run gave up on it
                 await asyncio.wait_for(decide(handle, approval_id), 60)
