@@ -36,7 +36,7 @@ from roundtable.store.decision import (
     decided_values,
     decision_payload,
     edit_dedupe_key,
-    edit_keys,
+    edit_key_prefix,
     expired_values,
     expiry_payload,
     request_dedupe_key,
@@ -363,16 +363,16 @@ class Approvals:
             ours = own is not None and own.get(_ACTOR_FIELDS[str(event_type)]) == actor
             edits = None
             if approval.status != ApprovalStatus.PENDING:
-                # By the (run, dedupe key) index: the run's other events are
-                # never read. (An edit a signal made before every edit had a
-                # key is not found: its seat is told only by its answer.)
-                first, past = edit_keys(approval_id)
+                # By the (run, dedupe key) index: only the edit's payload is
+                # read, never the run's other events. (An edit a signal made
+                # before every edit had a key is not found: its seat is told
+                # only by its answer.)
+                prefix = edit_key_prefix(approval_id)
                 edited = await session.execute(
                     select(AuditEventRow.payload)
                     .where(
                         AuditEventRow.run_id == run.id,
-                        AuditEventRow.dedupe_key >= first,
-                        AuditEventRow.dedupe_key < past,
+                        AuditEventRow.dedupe_key.startswith(prefix, autoescape=True),
                     )
                     .limit(1)
                 )

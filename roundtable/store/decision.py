@@ -118,16 +118,17 @@ def edit_dedupe_key(approval_id: str, request_key: str | None) -> str:
     """The dedupe key of an approval's edit event: its request's
     (:func:`request_dedupe_key`), or, for an edit no request names (a
     signal's), one of the approval's own, looked up by nobody as a request's
-    record. Every edit event has one, so :func:`edit_keys` finds an
+    record. Every edit event has one, so :func:`edit_key_prefix` finds an
     approval's edit by the (run, dedupe key) index, without reading the
     run's other events."""
     return request_dedupe_key(EDITED, approval_id, request_key) or f"{EDITED}:{approval_id}:unkeyed"
 
 
-def edit_keys(approval_id: str) -> tuple[str, str]:
-    """The range of dedupe keys an approval's edit event may have: from
-    ``<type>:<approval>:`` up to, not including, ``<type>:<approval>;``."""
-    return f"{EDITED}:{approval_id}:", f"{EDITED}:{approval_id};"
+def edit_key_prefix(approval_id: str) -> str:
+    """What every dedupe key an approval's edit event may have begins with.
+    Matched as a prefix (LIKE), not as a range of keys: how PostgreSQL orders
+    ':' against ';' depends on the database's collation."""
+    return f"{EDITED}:{approval_id}:"
 
 
 async def decide_on_connection(
