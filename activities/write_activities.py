@@ -72,6 +72,7 @@ from roundtable.store import (
     InvalidInputError,
     NotFoundError,
     Store,
+    StoreError,
     as_stored,
 )
 from roundtable.telemetry.logs import bind
@@ -241,20 +242,41 @@ class WriteActivities:
         approval's real status, so the workflow follows the database."""
         if activity.info().is_local:
             return await self._decide(request)
+        began = time.monotonic()
         try:
-            return await self._decide(request)
-        finally:
+            recorded = await self._decide(request)
+        except StoreError:  # a refusal: nothing changed, nothing to tell
+            raise
+        except BaseException:  # cancelled, or failed: it may have committed first
             self._tell_the_run(request.decision.approval_id)
+            raise
+        if self._may_have_been_given_up(began):
+            self._tell_the_run(request.decision.approval_id)
+        return recorded
+
+    @staticmethod
+    def _may_have_been_given_up(began: float) -> bool:
+        """Whether a routed decision answered so late that its run may have
+        given up on it already (its start-to-close timeout, then a lookup
+        that found the approval pending): past half that timeout by this
+        worker's clock since the method began, or by the wall clock since
+        the server started the attempt (which counts a stall before the
+        method began; half the timeout is the margin for the two clocks)."""
+        info = activity.info()
+        timeout = info.start_to_close_timeout
+        if timeout is None:
+            return False
+        half = timeout.total_seconds() / 2
+        since_start = (datetime.now(UTC) - info.started_time).total_seconds()
+        return time.monotonic() - began >= half or since_start >= half
 
     def _tell_the_run(self, approval_id: str) -> None:
-        """After a decision on a tool worker, however it ended (answered,
-        refused, cancelled after its commit: the store's calls run to their
-        end), send its run a refresh, off the activity's path. The run may
-        have given up on the call already (its timeout, then a lookup that
-        found the approval pending): then nothing else would tell it, and it
-        would wait to the approval's deadline with the store saying decided.
-        Every routed decision, not only a slow one: how long the call took
-        by this worker's clock says nothing of a stall before it began. A
+        """Send the run of a decision made on a tool worker a refresh, off
+        the activity's path: its run may have given up on the call, and
+        nothing else would tell it (it would wait to the approval's deadline
+        with the store saying decided). Only then: a refresh wakes every
+        wait of the run (other approvals look again, writes waiting for a
+        target try again), so a decision answered in time sends none. A
         local decision never needs it: its run retries it and finds its
         record."""
         if self.temporal is None:
@@ -266,8 +288,9 @@ class WriteActivities:
     async def _refresh_run_of(self, approval_id: str) -> None:
         assert self.temporal is not None
         try:
-            approval = await self.store.get_approval(approval_id)
-            await asyncio.wait_for(nudge(self.temporal, approval["run_id"]), timeout=30)
+            async with asyncio.timeout(30):
+                approval = await self.store.get_approval(approval_id)
+                await nudge(self.temporal, approval["run_id"])
         except Exception as exc:  # best effort: the approval's deadline still ends the wait
             log.warning("could not tell the run of a decision on a tool worker: %s", exc)
 

@@ -390,7 +390,16 @@ class _DiesAfterDeciding:
 
     async def _dies(self) -> None:
         self._committed.set()
+        self.dead = True
         await asyncio.Event().wait()
+
+    async def get_approval(self, *args: Any, **kwargs: Any) -> Any:
+        """A dead worker does nothing more: the test's shutdown cancels its
+        call, which a crash would not, and the refresh sent after a
+        cancelled decision must not reach the run through it."""
+        if getattr(self, "dead", False):
+            raise RuntimeError("this worker is dead")
+        return await self._store.get_approval(*args, **kwargs)
 
 
 class _AnotherDecidesThenDies(_DiesAfterDeciding):
@@ -727,6 +736,25 @@ async def test_a_decision_on_the_runs_own_worker_sends_no_refresh(tmp_path) -> N
         (approval_id,) = state.pending_approvals
         assert await decide(handle, approval_id) == "approved"
         assert (await h.result(handle)).status == "completed"
+        signals = [
+            e
+            async for e in handle.fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        ]
+    assert signals == []
+
+
+async def test_a_decision_a_tool_worker_answers_in_time_sends_no_refresh(tmp_path) -> None:
+    """A refresh wakes every wait of its run (other approvals look again,
+    writes waiting for a target try again): a routed decision answered in
+    time, or refused, sends none. From the fourth review of 2026-12-07."""
+    async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
+        handle, approval_id = await _routed_write_waiting(h)
+        async with tool_worker(h):
+            with pytest.raises(WorkflowUpdateFailedError):  # the tool worker refuses it
+                await decide(handle, approval_id, arguments_digest="0" * 64)
+            assert await decide(handle, approval_id) == "approved"
+            await asyncio.wait_for(handle.result(), 30)
         signals = [
             e
             async for e in handle.fetch_history_events()

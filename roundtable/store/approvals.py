@@ -363,10 +363,11 @@ class Approvals:
             ours = own is not None and own.get(_ACTOR_FIELDS[str(event_type)]) == actor
             edits = None
             if approval.status != ApprovalStatus.PENDING:
-                # By the (run, dedupe key) index: only the edit's payload is
-                # read, never the run's other events. (An edit a signal made
-                # before every edit had a key is not found: its seat is told
-                # only by its answer.)
+                # Sought by the (run, dedupe key) index: on SQLite only the
+                # run's index entries and the edit's payload are read, never
+                # the run's other events (docs/architecture.md says what
+                # PostgreSQL reads). An edit a signal made before every edit
+                # had a key is not found: its seat is told only by its answer.
                 prefix = edit_key_prefix(approval_id)
                 edited = await session.execute(
                     select(AuditEventRow.payload)
