@@ -639,9 +639,9 @@ async def test_an_edit_committed_after_its_run_gave_up_on_it_is_followed_and_tol
     the frozen call commits. Nothing told the run: it waited on to the
     approval's deadline (an hour) with the store saying approved, and when
     it learnt of the decision its seat was not told of the edits the write
-    went out with. A decision on a tool worker now tells its run (a
-    refresh), and every answer about a decided approval carries its edits.
-    From the second review of 2026-12-07."""
+    went out with. A decision on a tool worker answered this late now tells
+    its run (a refresh), and every answer about a decided approval carries
+    its edits. From the second review of 2026-12-07."""
     edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"owner": "b"}}
     committed = asyncio.Event()
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
@@ -711,9 +711,10 @@ class _StartsLate(Interceptor):
 async def test_a_decision_that_began_late_and_committed_fast_tells_its_run(tmp_path) -> None:
     """The run gave up on op-1's decision (30 s, no answer, its lookup found
     the approval pending); the stalled worker then ran it, and it committed
-    at once. A refresh timed by the activity's own clock (past half its
-    timeout) was never sent, and the run waited to its deadline with the
-    store saying approved. Every routed decision now tells its run."""
+    at once. A refresh timed by the activity's own clock alone (past half
+    its timeout) was never sent, and the run waited to its deadline with
+    the store saying approved. The wall clock since the server started the
+    attempt counts the stall too."""
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
         handle, approval_id = await _routed_write_waiting(h)
         late = tool_worker(h, interceptors=[_StartsLate()])
