@@ -8,6 +8,7 @@ workers, real SQLite store and demo ticket system."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -701,7 +702,13 @@ class _StartsLate(Interceptor):
         class _Late(ActivityInboundInterceptor):
             async def execute_activity(self, input: ExecuteActivityInput) -> Any:
                 if getattr(input.fn, "__name__", "") == "decide_approval":
-                    await asyncio.sleep(35)
+                    # A paused process: the SDK's cancellation at the
+                    # timeout (30 s) is not seen until it resumes.
+                    loop = asyncio.get_running_loop()
+                    resumes = loop.time() + 35
+                    while loop.time() < resumes:
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.sleep(resumes - loop.time())
                 return await super().execute_activity(input)
 
         return _Late(next)
