@@ -8,7 +8,6 @@ workers, real SQLite store and demo ticket system."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -703,12 +702,16 @@ class _StartsLate(Interceptor):
             async def execute_activity(self, input: ExecuteActivityInput) -> Any:
                 if getattr(input.fn, "__name__", "") == "decide_approval":
                     # A paused process: the SDK's cancellation at the
-                    # timeout (30 s) is not seen until it resumes.
+                    # timeout (30 s) never reaches the call, which then runs
+                    # as if nothing had happened (so only the wall clock
+                    # since the attempt started can tell it is late).
                     loop = asyncio.get_running_loop()
                     resumes = loop.time() + 35
                     while loop.time() < resumes:
-                        with contextlib.suppress(asyncio.CancelledError):
+                        try:
                             await asyncio.sleep(resumes - loop.time())
+                        except asyncio.CancelledError:
+                            asyncio.current_task().uncancel()  # type: ignore[union-attr]
                 return await super().execute_activity(input)
 
         return _Late(next)
