@@ -149,6 +149,12 @@ async def measure(count: int) -> dict[str, dict[str, float]]:
     return medians
 
 
+def _ratio(value: float, base: float) -> str:
+    """``value`` against bare's; none when bare's is zero, as its CPU can be
+    over a handful of approvals (the kernel counts CPU in 10 ms ticks)."""
+    return f"{value / base:.2f}" if base else "bare measured 0: no ratio"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--approvals", type=int, default=100)
@@ -157,7 +163,7 @@ def main() -> None:
     for figure, label in labels:
         base = medians["bare"][figure]
         shown = [
-            f"{side} {1000 * m[figure]:.1f} ms ({m[figure] / base:.2f})"
+            f"{side} {1000 * m[figure]:.1f} ms ({_ratio(m[figure], base)})"
             for side, m in medians.items()
         ]
         print(f"{label}, p50: " + ", ".join(shown))
