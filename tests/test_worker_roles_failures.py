@@ -732,8 +732,9 @@ async def test_a_decision_that_began_late_and_committed_fast_tells_its_run(tmp_p
             with pytest.raises(WorkflowUpdateFailedError):  # the run gave up on it
                 await asyncio.wait_for(decide(handle, approval_id), 60)
             await h.wait_for(handle, lambda s: not s.pending_approvals, within=30)
-        assert (await h.store.get_approval(approval_id))["status"] == "approved"
-        await handle.terminate(reason="test cleanup")
+            assert (await h.store.get_approval(approval_id))["status"] == "approved"
+            # The run goes on to its write (on this same tool worker) and ends.
+            await asyncio.wait_for(handle.result(), 60)
 
 
 async def test_a_decision_on_the_runs_own_worker_sends_no_refresh(tmp_path) -> None:
