@@ -75,6 +75,7 @@ from roundtable.store import (
     StoreError,
     as_stored,
 )
+from roundtable.store.decision import change_recorded
 from roundtable.telemetry.logs import bind
 from roundtable.telemetry.metrics import Metrics
 from roundtable.telemetry.tracing import tool_span
@@ -305,7 +306,7 @@ class WriteActivities:
             # worker was replaced) is answered with that record; anything
             # else stays refused.
             edited = inp.arguments is not None
-            change = "action.arguments_edited" if edited else f"approval.{inp.decision}"
+            change = change_recorded(inp.decision, edited)
             kept = await self._recorded_despite_age(inp, change, request.request_key, stale)
             run_status = kept[0]["run_status"] if request.run_status else None
             edits = kept[1]["changes"] if edited else None
@@ -431,9 +432,7 @@ class WriteActivities:
         (docs/architecture.md)."""
         inp = request.decision
         bind(approval_id=inp.approval_id)
-        change = (
-            "action.arguments_edited" if inp.arguments is not None else f"approval.{inp.decision}"
-        )
+        change = change_recorded(inp.decision, inp.arguments is not None)
         forged = inp.attested_by is not None and decider_whatever_its_age(inp).role is None
         answered, ours, edits = await self.store.approval_standing(
             inp.approval_id,

@@ -55,6 +55,7 @@ from roundtable.store import (
     RunGrant,
     Store,
 )
+from roundtable.store.decision import change_recorded
 from roundtable.store.errors import StoreError, forbidden
 
 FINGERPRINT_MEMO = "request_fingerprint"
@@ -166,7 +167,7 @@ async def decide(
             "arguments": arguments,
         }
         request = idempotent_request_id("decide", decided_by, approval_id, idempotency_key, asked)
-    change = "action.arguments_edited" if arguments is not None else f"approval.{decision}"
+    change = change_recorded(decision, arguments is not None)
     # Checked here as well as by the store under the run lock: a run started
     # before safety-rules-v1 takes any decision the workflow hears as final,
     # even one the store refused, so a stale decision must never reach it.

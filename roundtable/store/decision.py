@@ -114,6 +114,12 @@ def request_dedupe_key(event_type: str, approval_id: str, request_key: str | Non
 EDITED = "action.arguments_edited"
 
 
+def change_recorded(decision: str, edited: bool) -> str:
+    """The audit event a decision's request is recorded under: its edit's,
+    or the plain decision's (what a request's record is looked up by)."""
+    return EDITED if edited else f"approval.{decision}"
+
+
 def edit_dedupe_key(approval_id: str, request_key: str | None) -> str:
     """The dedupe key of an approval's edit event: its request's
     (:func:`request_dedupe_key`), or, for an edit no request names (a
