@@ -140,11 +140,12 @@ async def test_an_extension_cancelled_by_its_timeout_is_applied_once(store) -> N
 
 
 @pytest.mark.timeout(300)
-async def test_a_timed_out_extension_is_applied_once_in_a_run(tmp_path) -> None:
+async def test_a_timed_out_extension_is_applied_once_in_a_run(tmp_path, monkeypatch) -> None:
     from roundtable.models import ExtendOutput
-    from tests.workflow_harness import harness, script, ticket_call
+    from tests.workflow_harness import harness, script, shorten_bookkeeping, ticket_call
     from workflows.roundtable import RoundtableWorkflow
 
+    bookkeeping = shorten_bookkeeping(monkeypatch)
     calls = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
     async with harness(tmp_path) as h:
         handle = await h.start(task_text="t", script=calls, approval_timeout_seconds=3600)
@@ -163,7 +164,7 @@ async def test_a_timed_out_extension_is_applied_once_in_a_run(tmp_path) -> None:
             )
             await _until_queued(queue)
             # Past the local activity's start-to-close timeout (real time).
-            await asyncio.sleep(40)
+            await asyncio.sleep(bookkeeping.total_seconds() + 10)
         finally:
             queue.release()
         answered = await update
@@ -180,10 +181,10 @@ async def test_a_timed_out_extension_is_applied_once_in_a_run(tmp_path) -> None:
 
 
 @pytest.mark.timeout(300)
-async def test_a_timed_out_edited_approval_is_answered_and_told(tmp_path) -> None:
+async def test_a_timed_out_edited_approval_is_answered_and_told(tmp_path, monkeypatch) -> None:
+    from tests.workflow_harness import harness, script, shorten_bookkeeping, ticket_call
 
-    from tests.workflow_harness import harness, script, ticket_call
-
+    bookkeeping = shorten_bookkeeping(monkeypatch)
     calls = [ticket_call("ticket_update", "T-1", fields={"priority": "low"})]
     async with harness(tmp_path) as h:
         handle = await h.start(
@@ -196,7 +197,7 @@ async def test_a_timed_out_edited_approval_is_answered_and_told(tmp_path) -> Non
         try:
             update = asyncio.create_task(approve_edited(handle, approval_id))
             await _until_queued(queue)
-            await asyncio.sleep(40)
+            await asyncio.sleep(bookkeeping.total_seconds() + 10)
         finally:
             queue.release()
         answer = await update  # the operator's own decision stands: not a conflict

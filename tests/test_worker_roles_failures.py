@@ -40,7 +40,14 @@ from tests.test_worker_roles import (
     workflows_only,
 )
 from tests.test_workflow_execution import reconcile, wrap_tool
-from tests.workflow_harness import TRUSTING, Harness, harness, script, ticket_call
+from tests.workflow_harness import (
+    TRUSTING,
+    Harness,
+    harness,
+    script,
+    shorten_bookkeeping,
+    ticket_call,
+)
 from worker import build_worker, tool_queues
 
 
@@ -632,9 +639,10 @@ class _FrozenPastItsTimeout(_DiesAfterDeciding):
 
 @pytest.mark.timeout(180)
 async def test_an_edit_committed_after_its_run_gave_up_on_it_is_followed_and_told(
-    tmp_path,
+    tmp_path, monkeypatch
 ) -> None:
-    """op-1's edit hangs on a tool worker past the activity's 30 s; the run
+    """op-1's edit hangs on a tool worker past the activity's start-to-close
+    timeout (30 s; 10 s here, shorten_bookkeeping); the run
     looks the request up, finds the approval pending and refuses op-1. Then
     the frozen call commits. Nothing told the run: it waited on to the
     approval's deadline (an hour) with the store saying approved, and when
@@ -644,6 +652,7 @@ async def test_an_edit_committed_after_its_run_gave_up_on_it_is_followed_and_tol
     its edits. From the second review of 2026-12-07."""
     edited = {"tenant_id": "acme", "ticket_id": "T-2", "fields": {"owner": "b"}}
     committed = asyncio.Event()
+    shorten_bookkeeping(monkeypatch)
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
         handle, approval_id = await _routed_write_waiting(h)
         store = _FrozenPastItsTimeout(h.store, committed)
@@ -697,16 +706,21 @@ class _StartsLate(Interceptor):
     process): the server's start-to-close clock ran, the activity's own
     did not start. From the third review of 2026-12-07."""
 
+    def __init__(self, stall_seconds: float) -> None:
+        self.stall_seconds = stall_seconds
+
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        stall = self.stall_seconds
+
         class _Late(ActivityInboundInterceptor):
             async def execute_activity(self, input: ExecuteActivityInput) -> Any:
                 if getattr(input.fn, "__name__", "") == "decide_approval":
                     # A paused process: the SDK's cancellation at the
-                    # timeout (30 s) never reaches the call, which then runs
+                    # timeout never reaches the call, which then runs
                     # as if nothing had happened (so only the wall clock
                     # since the attempt started can tell it is late).
                     loop = asyncio.get_running_loop()
-                    resumes = loop.time() + 35
+                    resumes = loop.time() + stall
                     while loop.time() < resumes:
                         try:
                             await asyncio.sleep(resumes - loop.time())
@@ -718,16 +732,20 @@ class _StartsLate(Interceptor):
 
 
 @pytest.mark.timeout(180)
-async def test_a_decision_that_began_late_and_committed_fast_tells_its_run(tmp_path) -> None:
-    """The run gave up on op-1's decision (30 s, no answer, its lookup found
+async def test_a_decision_that_began_late_and_committed_fast_tells_its_run(
+    tmp_path, monkeypatch
+) -> None:
+    """The run gave up on op-1's decision (its start-to-close timeout, no
+    answer, its lookup found
     the approval pending); the stalled worker then ran it, and it committed
     at once. A refresh timed by the activity's own clock alone (past half
     its timeout) was never sent, and the run waited to its deadline with
     the store saying approved. The wall clock since the server started the
     attempt counts the stall too."""
+    bookkeeping = shorten_bookkeeping(monkeypatch)
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
         handle, approval_id = await _routed_write_waiting(h)
-        late = tool_worker(h, interceptors=[_StartsLate()])
+        late = tool_worker(h, interceptors=[_StartsLate(bookkeeping.total_seconds() + 5)])
         async with late:
             with pytest.raises(WorkflowUpdateFailedError):  # the run gave up on it
                 await asyncio.wait_for(decide(handle, approval_id), 60)

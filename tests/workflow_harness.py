@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -329,3 +330,27 @@ def as_operator(message: Any) -> Any:
     from roundtable.permissions import Decider, attest
 
     return attest(message, Decider(user_id=message.decided_by, role="operator"), datetime.now(UTC))
+
+
+def shorten_bookkeeping(monkeypatch: Any, seconds: float = 10) -> timedelta:
+    """Give the workflows' store calls (``BOOKKEEPING``, 30 s) ``seconds``
+    of start-to-close instead, for a test that waits one out in real time
+    (what times out is the same; 10 s is still far more than a store call
+    takes on a loaded machine, so nothing else in the test times out).
+    Every ``workflows`` module that took the name is patched, so a module
+    added later is not left on 30 s (the test would then wait it out and
+    time out instead of failing on what it checks). Replay does not compare
+    timeouts, so the runs' histories replay as any other."""
+    import sys
+
+    from workflows import timeouts
+
+    original, shorter = timeouts.BOOKKEEPING, timedelta(seconds=seconds)
+    patched = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("workflows.") and getattr(module, "BOOKKEEPING", None) is original:
+            monkeypatch.setattr(module, "BOOKKEEPING", shorter)
+            patched.append(name)
+    for needed in ("workflows.roundtable", "workflows.write_path", "workflows.status"):
+        assert needed in patched, f"{needed} no longer takes BOOKKEEPING: {patched}"
+    return shorter
