@@ -210,12 +210,16 @@ async def test_defended_bulk_insert_returning_over_several_batches(tmp_path: Pat
 
 
 async def test_defended_busy_from_another_process_is_the_same_error_and_rolls_back(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DEFENDED: another connection (another process, the CLI) holds SQLite's
     write lock: BEGIN IMMEDIATE fails as before (with the statement it was
     sent with), the connection is left outside any transaction, and it works
     once the lock is released."""
+    # The driver's thread waits the engine's busy timeout, whatever the
+    # connection's own PRAGMA says (it sets its own around each call it
+    # runs): a minute, which the test would wait out for nothing.
+    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
 
     async def scenario(engine: AsyncEngine, path: Path) -> list[Any]:
         async with engine.begin() as conn:
@@ -224,7 +228,7 @@ async def test_defended_busy_from_another_process_is_the_same_error_and_rolls_ba
         seen: list[Any] = []
         try:
             async with engine.connect() as conn:
-                await conn.exec_driver_sql("PRAGMA busy_timeout=20")  # not a minute
+                await conn.exec_driver_sql("PRAGMA busy_timeout=20")  # plain aiosqlite's
                 await conn.commit()
                 other.execute("BEGIN IMMEDIATE")
                 other.execute("INSERT INTO t (v) VALUES ('theirs')")
