@@ -642,8 +642,8 @@ async def test_an_edit_committed_after_its_run_gave_up_on_it_is_followed_and_tol
     tmp_path, monkeypatch
 ) -> None:
     """op-1's edit hangs on a tool worker past the activity's start-to-close
-    timeout (30 s; 10 s here, shorten_bookkeeping); the run
-    looks the request up, finds the approval pending and refuses op-1. Then
+    timeout (30 s; 10 s here, shorten_bookkeeping); the run looks the
+    request up, finds the approval pending and refuses op-1. Then
     the frozen call commits. Nothing told the run: it waited on to the
     approval's deadline (an hour) with the store saying approved, and when
     it learnt of the decision its seat was not told of the edits the write
@@ -735,11 +735,11 @@ class _StartsLate(Interceptor):
 async def test_a_decision_that_began_late_and_committed_fast_tells_its_run(
     tmp_path, monkeypatch
 ) -> None:
-    """The run gave up on op-1's decision (its start-to-close timeout, no
-    answer, its lookup found
-    the approval pending); the stalled worker then ran it, and it committed
-    at once. A refresh timed by the activity's own clock alone (past half
-    its timeout) was never sent, and the run waited to its deadline with
+    """The run gave up on op-1's decision (its start-to-close timeout
+    passed with no answer, and its lookup found the approval pending); the
+    stalled worker then ran it, and it committed at once. A refresh timed
+    by the activity's own clock alone (past half its timeout) was never
+    sent, and the run waited to its deadline with
     the store saying approved. The wall clock since the server started the
     attempt counts the stall too."""
     bookkeeping = shorten_bookkeeping(monkeypatch)
