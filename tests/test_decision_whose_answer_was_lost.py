@@ -169,6 +169,13 @@ async def test_a_word_whose_mac_fails_answers_no_record(store: Any, action_secre
 # ------------------------------------------------ edits whose answer came late
 
 
+# The late-edits run's workflow task timeout: while a local activity runs,
+# its workflow task stays open, and new events reach the run only at the
+# task's heartbeat (80% of this); shorter than Temporal's 10 s so the test
+# waits less for it.
+TASK_TIMEOUT = timedelta(seconds=4)
+
+
 class _AnswersAfterTheWrite:
     """The worker's store: an edited approval commits, and its answer comes
     back only once the write has gone out (an answer delayed, a retry after
@@ -185,11 +192,9 @@ class _AnswersAfterTheWrite:
         action_id = (await self._store.get_approval(approval_id))["action_id"]
         for _ in range(600):
             if (await self._store.get_action(action_id))["status"] == "succeeded":
-                # Until the write's outcome has reached the run: while a
-                # local activity runs, its workflow task stays open, and new
-                # events reach the run only at the task's heartbeat (80% of
-                # its 10 s timeout).
-                await asyncio.sleep(10)
+                # Until the write's outcome has reached the run: past the
+                # workflow task's heartbeat (TASK_TIMEOUT).
+                await asyncio.sleep(TASK_TIMEOUT.total_seconds() + 1)
                 return answer
             await asyncio.sleep(0.1)
         raise AssertionError("the write never went out")
@@ -211,7 +216,10 @@ async def test_edits_reach_the_seat_when_the_decisions_answer_comes_after_the_wr
     calls = [ticket_call("ticket_update", "T-1", fields={"priority": "low"})]
     async with harness(tmp_path, worker_factory=_answering_late, dev_server=True) as h:
         handle = await h.start(
-            task_text="t", script=script(("seat-1", 1, calls)), approval_timeout_seconds=3
+            task_text="t",
+            script=script(("seat-1", 1, calls)),
+            approval_timeout_seconds=3,
+            task_timeout=TASK_TIMEOUT,
         )
         state = await h.wait_for(handle, lambda s: bool(s.pending_approvals))
         (approval_id,) = state.pending_approvals

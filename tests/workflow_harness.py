@@ -84,7 +84,9 @@ class Harness:
         for task in self._restarted:
             await task
 
-    async def start(self, **fields: Any) -> WorkflowHandle:
+    async def start(self, task_timeout: timedelta | None = None, **fields: Any) -> WorkflowHandle:
+        """A run of ``fields`` (RunInput's); ``task_timeout``: its workflow
+        tasks' (Temporal's default, 10 s, when None)."""
         run_id = fields.pop("run_id", None) or f"run-{uuid.uuid4().hex[:12]}"
         request = RunInput(run_id=run_id, **fields)
         handle = await self.client.start_workflow(
@@ -93,6 +95,7 @@ class Harness:
             id=run_id,
             task_queue=self.task_queue,
             static_summary=f"test: {request.task_text[:60]}",
+            task_timeout=task_timeout,
         )
         self.handles.append(handle)
         return handle
