@@ -6,6 +6,7 @@ published on its own, and publish nothing twice."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from temporalio.api.enums.v1 import EventType
 
@@ -226,8 +227,15 @@ async def test_a_decision_retrying_in_its_activity_holds_up_nobody_else(tmp_path
     from tests.helpers import set_column
 
     async with harness(tmp_path) as h:
+        # While the stuck decision retries, the other's update reaches the
+        # run at its workflow task's heartbeat (80% of the task's timeout):
+        # 4 s tasks rather than 10 s, so the test waits less for it.
         handle = await h.start(
-            task_text="t", seats=["seat-1", "seat-2"], mode="parallel", script=TWO_SEATS
+            task_text="t",
+            seats=["seat-1", "seat-2"],
+            mode="parallel",
+            script=TWO_SEATS,
+            task_timeout=timedelta(seconds=4),
         )
         by_seat = await _by_seat(h, handle)
         approval = await h.store.get_approval(by_seat["seat-1"])
