@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 
 from activities.bounded import bounded_result
 from activities.errors import log_refusal, typed_store_errors
@@ -88,6 +90,7 @@ from roundtable.tools.registry import (
     ToolRegistry,
 )
 
+T = TypeVar("T")
 log = logging.getLogger("roundtable.activities")
 EXECUTION_INTERRUPTED = "execution_interrupted"
 LEASE_LOST = "lease_lost"
@@ -241,19 +244,47 @@ class WriteActivities:
     async def decide_approval(self, request: RecordDecisionInput) -> DecisionRecorded:
         """Compare-and-set the decision. A conflict is reported with the
         approval's real status, so the workflow follows the database."""
+        approval_id = request.decision.approval_id
+
+        async def run_of_the_approval() -> str:
+            return str((await self.store.get_approval(approval_id))["run_id"])
+
+        return await self._telling_the_run_if_late(self._decide(request), run_of_the_approval)
+
+    async def _telling_the_run_if_late(
+        self, change: Awaitable[T], run_id_of: Callable[[], Awaitable[str]]
+    ) -> T:
+        """An operator's change (a decision, a reconciliation) made by this
+        activity: on a tool worker, its run may have given up on the call
+        (its start-to-close timeout, then a lookup that found nothing
+        changed yet) while the change still committed. Then nothing else
+        would tell the run: it would wait on (to the approval's deadline, or
+        with no deadline for a reconciliation) with the store saying
+        changed. So the run is sent a refresh when the change was cancelled
+        or failed other than by a refusal (it may have committed first: the
+        store's calls run to their end), or answered so late it may have
+        been given up on. Only then: a refresh wakes every wait of the run
+        (other approvals look again, writes waiting for a target try
+        again). A refusal (the store's, or one the workflow takes as final:
+        a non-retryable ApplicationError) changed nothing. A local activity
+        never needs it: its run retries it and finds its record."""
         if activity.info().is_local:
-            return await self._decide(request)
+            return await change
         began = time.monotonic()
         try:
-            recorded = await self._decide(request)
+            done = await change
         except StoreError:  # a refusal: nothing changed, nothing to tell
             raise
+        except ApplicationError as exc:
+            if not exc.non_retryable:
+                self._tell_the_run(run_id_of)
+            raise
         except BaseException:  # cancelled, or failed: it may have committed first
-            self._tell_the_run(request.decision.approval_id)
+            self._tell_the_run(run_id_of)
             raise
         if self._may_have_been_given_up(began):
-            self._tell_the_run(request.decision.approval_id)
-        return recorded
+            self._tell_the_run(run_id_of)
+        return done
 
     @staticmethod
     def _may_have_been_given_up(began: float) -> bool:
@@ -271,29 +302,22 @@ class WriteActivities:
         since_start = (datetime.now(UTC) - info.started_time).total_seconds()
         return time.monotonic() - began >= half or since_start >= half
 
-    def _tell_the_run(self, approval_id: str) -> None:
-        """Send the run of a decision made on a tool worker a refresh, off
-        the activity's path: its run may have given up on the call, and
-        nothing else would tell it (it would wait to the approval's deadline
-        with the store saying decided). Only then: a refresh wakes every
-        wait of the run (other approvals look again, writes waiting for a
-        target try again), so a decision answered in time sends none. A
-        local decision never needs it: its run retries it and finds its
-        record."""
+    def _tell_the_run(self, run_id_of: Callable[[], Awaitable[str]]) -> None:
+        """Send a refresh to the run ``run_id_of`` names, off the activity's
+        path (see :meth:`_telling_the_run_if_late`)."""
         if self.temporal is None:
             return
-        task = asyncio.get_running_loop().create_task(self._refresh_run_of(approval_id))
+        task = asyncio.get_running_loop().create_task(self._refresh_run(run_id_of))
         self._telling.add(task)
         task.add_done_callback(self._telling.discard)
 
-    async def _refresh_run_of(self, approval_id: str) -> None:
+    async def _refresh_run(self, run_id_of: Callable[[], Awaitable[str]]) -> None:
         assert self.temporal is not None
         try:
             async with asyncio.timeout(30):
-                approval = await self.store.get_approval(approval_id)
-                await nudge(self.temporal, approval["run_id"])
-        except Exception as exc:  # best effort: the approval's deadline still ends the wait
-            log.warning("could not tell the run of a decision on a tool worker: %s", exc)
+                await nudge(self.temporal, await run_id_of())
+        except Exception as exc:  # best effort: an operator asking again still gets through
+            log.warning("could not tell the run of a change on a tool worker: %s", exc)
 
     async def _decide(self, request: RecordDecisionInput) -> DecisionRecorded:
         inp = request.decision
@@ -702,6 +726,14 @@ class WriteActivities:
     @activity.defn(name="reconcile_action")
     @typed_store_errors
     async def reconcile_action(self, inp: ReconcileInput) -> ReconcileOutput:
+        action_id = inp.action_id
+
+        async def run_of_the_action() -> str:
+            return str((await self.store.get_action(action_id))["run_id"])
+
+        return await self._telling_the_run_if_late(self._reconcile(inp), run_of_the_action)
+
+    async def _reconcile(self, inp: ReconcileInput) -> ReconcileOutput:
         bind(action_id=inp.action_id)
         check_reconciler(verified_decider(inp, datetime.now(UTC)))
         try:
