@@ -37,7 +37,6 @@ from roundtable.models import (
 from roundtable.names import DECIDE_UPDATE
 from roundtable.permissions import Decider, TenantNotAllowedError, attest
 from roundtable.security import ActionSecretKeyError
-from tests.test_edits import decide
 from tests.test_worker_roles import (
     lost_before_acting,
     publish,
@@ -214,18 +213,19 @@ async def test_a_decision_the_tool_worker_refuses_sends_no_refresh(tmp_path) -> 
 
 
 class _CommitsAfterItsTimeout(_DiesAfterDeciding):
-    """The tool worker's store: the change waits (a slow lock) past the
-    activity's timeout, then commits, and only then does the call see its
-    cancellation, as the store's calls do (roundtable/completion.py)."""
+    """The tool worker's store: the reconciliation waits (a slow lock) past
+    the activity's timeout, then commits, and only then does the call see
+    its cancellation, as the store's calls do (roundtable/completion.py).
+    A decision takes the same path (the unit tests above pin both)."""
 
     def __init__(self, store: Any, committed: asyncio.Event) -> None:
         super().__init__(store, committed)
         self.cancelled, self.release = asyncio.Event(), asyncio.Event()
 
-    async def _late(self, name: str, *args: Any, **kwargs: Any) -> Any:
+    async def reconcile_action(self, *args: Any, **kwargs: Any) -> Any:
         async def when_released() -> Any:
             await self.release.wait()
-            return await getattr(self._store, name)(*args, **kwargs)
+            return await self._store.reconcile_action(*args, **kwargs)
 
         call = asyncio.ensure_future(when_released())
         cancelled = False
@@ -240,41 +240,16 @@ class _CommitsAfterItsTimeout(_DiesAfterDeciding):
             raise asyncio.CancelledError()
         return call.result()
 
-    async def decide_approval(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._late("decide_approval", *args, **kwargs)
-
-    async def reconcile_action(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._late("reconcile_action", *args, **kwargs)
-
-
-@pytest.mark.timeout(240)
-async def test_a_decision_committed_after_its_timeout_tells_its_run(tmp_path, monkeypatch) -> None:
-    """The call is cancelled at its timeout, commits, then raises: neither
-    clock is looked at, only the cancellation tells the run."""
-    committed = asyncio.Event()
-    shorten_bookkeeping(monkeypatch)
-    async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
-        handle, approval_id = await _routed_write_waiting(h)
-        store = _CommitsAfterItsTimeout(h.store, committed)
-        async with tool_worker(h, store=store):
-            with pytest.raises(WorkflowUpdateFailedError):  # the run gave up on it
-                await asyncio.wait_for(decide(handle, approval_id), 60)
-            assert (await h.store.get_approval(approval_id))["status"] == "pending"
-            await asyncio.wait_for(store.cancelled.wait(), 60)
-            store.release.set()
-            await asyncio.wait_for(committed.wait(), 20)
-            await h.wait_for(handle, lambda s: not s.pending_approvals, within=30)
-            await asyncio.wait_for(handle.result(), 60)  # its write, on this tool worker
-
 
 @pytest.mark.timeout(240)
 async def test_a_reconciliation_committed_after_its_run_gave_up_is_followed(
     tmp_path, monkeypatch
 ) -> None:
-    """The run looked, found the action still unknown and refused the
-    operator; the reconciliation then committed. A wait for a
-    reconciliation has no deadline: before, the run waited on for good
-    with the store saying succeeded."""
+    """The call is cancelled at its timeout, commits, then raises (neither
+    clock is looked at: only the cancellation tells the run). The run had
+    looked, found the action still unknown and refused the operator. A
+    wait for a reconciliation has no deadline: before, the run waited on
+    for good with the store saying succeeded."""
     committed = asyncio.Event()
     shorten_bookkeeping(monkeypatch)
     async with harness(tmp_path, worker_factory=workflows_only, dev_server=True) as h:
@@ -287,6 +262,7 @@ async def test_a_reconciliation_committed_after_its_run_gave_up_is_followed(
             with pytest.raises(WorkflowUpdateFailedError):  # the run gave up on it
                 await asyncio.wait_for(reconcile(handle, action_id, "succeeded"), 60)
             assert (await h.store.get_action(action_id))["status"] == "unknown"
+            await asyncio.wait_for(store.cancelled.wait(), 60)  # the SDK's own timeout
             store.release.set()
             await asyncio.wait_for(committed.wait(), 20)
             assert (await h.store.get_action(action_id))["status"] == "succeeded"
