@@ -115,8 +115,8 @@ class WriteActivities:
         self.temporal = temporal  # to read who sent a signal, from the history
         self.authority = authority
         self.metrics = metrics or Metrics()
-        # Refreshes sent after routed decisions, held until sent (a task
-        # nobody holds may be collected before it runs).
+        # Refreshes sent after routed decisions and reconciliations, held
+        # until sent (a task nobody holds may be collected before it runs).
         self._telling: set[asyncio.Task[None]] = set()
 
     @activity.defn(name="signal_sender")
@@ -249,10 +249,12 @@ class WriteActivities:
         async def run_of_the_approval() -> str:
             return str((await self.store.get_approval(approval_id))["run_id"])
 
-        return await self._telling_the_run_if_late(self._decide(request), run_of_the_approval)
+        return await self._telling_the_run_if_late(
+            lambda: self._decide(request), run_of_the_approval
+        )
 
     async def _telling_the_run_if_late(
-        self, change: Awaitable[T], run_id_of: Callable[[], Awaitable[str]]
+        self, change: Callable[[], Awaitable[T]], run_id_of: Callable[[], Awaitable[str]]
     ) -> T:
         """An operator's change (a decision, a reconciliation) made by this
         activity: on a tool worker, its run may have given up on the call
@@ -265,14 +267,16 @@ class WriteActivities:
         store's calls run to their end), or answered so late it may have
         been given up on. Only then: a refresh wakes every wait of the run
         (other approvals look again, writes waiting for a target try
-        again). A refusal (the store's, or one the workflow takes as final:
-        a non-retryable ApplicationError) changed nothing. A local activity
-        never needs it: its run retries it and finds its record."""
+        again). A refusal changed nothing: the store's, or a non-retryable
+        ApplicationError, which both changes raise only before they write
+        anything (``pinned_snapshot``'s, on an edit); one raised after a
+        write would have to send the refresh itself. A local activity never
+        needs it: its run retries it and finds its record."""
         if activity.info().is_local:
-            return await change
+            return await change()
         began = time.monotonic()
         try:
-            done = await change
+            done = await change()
         except StoreError:  # a refusal: nothing changed, nothing to tell
             raise
         except ApplicationError as exc:
@@ -288,9 +292,9 @@ class WriteActivities:
 
     @staticmethod
     def _may_have_been_given_up(began: float) -> bool:
-        """Whether a routed decision answered so late that its run may have
+        """Whether a routed change answered so late that its run may have
         given up on it already (its start-to-close timeout, then a lookup
-        that found the approval pending): past half that timeout by this
+        that found nothing changed yet): past half that timeout by this
         worker's clock since the method began, or by the wall clock since
         the server started the attempt (which counts a stall before the
         method began; half the timeout is the margin for the two clocks)."""
@@ -731,7 +735,7 @@ class WriteActivities:
         async def run_of_the_action() -> str:
             return str((await self.store.get_action(action_id))["run_id"])
 
-        return await self._telling_the_run_if_late(self._reconcile(inp), run_of_the_action)
+        return await self._telling_the_run_if_late(lambda: self._reconcile(inp), run_of_the_action)
 
     async def _reconcile(self, inp: ReconcileInput) -> ReconcileOutput:
         bind(action_id=inp.action_id)
