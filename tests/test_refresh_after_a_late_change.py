@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.write_activities import WriteActivities
+from roundtable.completion import to_completion
 from roundtable.models import (
     Decision,
     DecisionRecorded,
@@ -223,22 +224,21 @@ class _CommitsAfterItsTimeout(_DiesAfterDeciding):
         self.cancelled, self.release = asyncio.Event(), asyncio.Event()
 
     async def reconcile_action(self, *args: Any, **kwargs: Any) -> Any:
-        async def when_released() -> Any:
+        caller = asyncio.current_task()
+        assert caller is not None
+
+        async def after_its_cancellation() -> Any:
+            # No event says a task was cancelled: the SDK cancels it at the timeout.
+            while not caller.cancelling():  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            self.cancelled.set()
             await self.release.wait()
             return await self._store.reconcile_action(*args, **kwargs)
 
-        call = asyncio.ensure_future(when_released())
-        cancelled = False
-        while not call.done():
-            try:
-                await asyncio.wait({call})
-            except asyncio.CancelledError:
-                cancelled = True
-                self.cancelled.set()
-        self._committed.set()
-        if cancelled:
-            raise asyncio.CancelledError()
-        return call.result()
+        try:  # run to its end, then the cancellation, as the store's calls do
+            return await to_completion(after_its_cancellation)()
+        finally:
+            self._committed.set()
 
 
 @pytest.mark.timeout(240)
