@@ -16,12 +16,12 @@ then end to end on the dev server with a real tool worker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -45,7 +45,11 @@ from tests.test_worker_roles import (
     unknown_write,
     workflows_only,
 )
-from tests.test_worker_roles_failures import _DiesAfterDeciding, _routed_write_waiting
+from tests.test_worker_roles_failures import (
+    _DiesAfterDeciding,
+    _routed_write_waiting,
+    signals_in,
+)
 from tests.test_workflow_execution import reconcile, wrap_tool
 from tests.workflow_harness import harness, shorten_bookkeeping
 
@@ -123,19 +127,12 @@ async def _refreshes(kind: str, outcome: Any, started_ago: float = 0) -> list[st
                 action_id="ac-1", outcome="succeeded", decided_by="op-1", note="checked"
             ),
         )
-    with pytest.raises(BaseException) if isinstance(outcome, BaseException) else _nothing():
+    raised = isinstance(outcome, BaseException)
+    with pytest.raises(BaseException) if raised else contextlib.nullcontext():
         assert await _routed(started_ago).run(call, argument) == outcome
     if writes._telling:
         await asyncio.wait(set(writes._telling), timeout=5)
     return client.sent
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: Any) -> bool:
-        return False
 
 
 ANSWERS = {"decide": DECIDED, "reconcile": RECONCILED}
@@ -185,14 +182,6 @@ async def test_a_change_that_may_have_committed_refreshes_its_run(
 # ------------------------------------------------------------ end to end
 
 
-async def _signals_in(handle: Any) -> list[Any]:
-    return [
-        e
-        async for e in handle.fetch_history_events()
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-    ]
-
-
 async def test_a_decision_the_tool_worker_refuses_sends_no_refresh(tmp_path) -> None:
     """The store refuses a tenant-limited approver's fresh word on another
     tenant's write, on the tool worker (a digest mismatch, the other
@@ -208,7 +197,7 @@ async def test_a_decision_the_tool_worker_refuses_sends_no_refresh(tmp_path) -> 
         async with tool_worker(h):
             with pytest.raises(WorkflowUpdateFailedError):
                 await handle.execute_update(DECIDE_UPDATE, decision, result_type=str)
-        signals = await _signals_in(handle)
+        signals = await signals_in(handle)
         await handle.terminate(reason="test cleanup")
     assert signals == []
 

@@ -764,6 +764,15 @@ async def test_a_decision_that_began_late_and_committed_fast_tells_its_run(
             await asyncio.wait_for(handle.result(), 60)
 
 
+async def signals_in(handle: Any) -> list[Any]:
+    """The signals in ``handle``'s history (a refresh is one)."""
+    return [
+        e
+        async for e in handle.fetch_history_events()
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ]
+
+
 async def test_a_decision_on_the_runs_own_worker_sends_no_refresh(tmp_path) -> None:
     """The refresh is for decisions on a tool worker only: a decision made
     by the run's own local activity (one worker doing everything, the
@@ -775,11 +784,7 @@ async def test_a_decision_on_the_runs_own_worker_sends_no_refresh(tmp_path) -> N
         (approval_id,) = state.pending_approvals
         assert await decide(handle, approval_id) == "approved"
         assert (await h.result(handle)).status == "completed"
-        signals = [
-            e
-            async for e in handle.fetch_history_events()
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-        ]
+        signals = await signals_in(handle)
     assert signals == []
 
 
@@ -794,9 +799,5 @@ async def test_a_decision_a_tool_worker_answers_in_time_sends_no_refresh(tmp_pat
                 await decide(handle, approval_id, arguments_digest="0" * 64)
             assert await decide(handle, approval_id) == "approved"
             await asyncio.wait_for(handle.result(), 30)
-        signals = [
-            e
-            async for e in handle.fetch_history_events()
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-        ]
+        signals = await signals_in(handle)
     assert signals == []
