@@ -98,14 +98,18 @@ async def counters(store: Any, action: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def assert_pool_clean(store: Any) -> None:
-    """No connection left out of the pool but the writers' held one, and
-    that one idle outside any transaction; the writer lock free."""
+    """No connection left out of the pool but the writers' held one and the
+    readers' idle ones, each idle outside any transaction; the writer lock
+    free."""
     held = store.db.writer_connection
-    driver = held.driver if held is not None else None
-    expected = 0 if driver is None else 1
-    assert store.engine.pool.checkedout() == expected, store.engine.pool.status()
-    if driver is not None:
+    writer = [held.driver] if held is not None and held.driver is not None else []
+    readers = store.db.reader_connections
+    kept = readers.drivers if readers is not None else []
+    assert store.engine.pool.checkedout() == len(writer + kept), store.engine.pool.status()
+    for driver in writer:
         assert driver.known_idle and not driver._conn.in_transaction
+    for driver in kept:  # a reader's may be fresh from the pool, not used yet
+        assert readers.lendable(driver) and not driver._conn.in_transaction
     if store.db._local_writer is not None:
         assert not store.db._local_writer.locked()
 

@@ -24,7 +24,7 @@ from sqlalchemy import Select, Table, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from roundtable.states import ENDING_ACTION_STATUSES
-from roundtable.store import commit_notes, pg_core, sqlite_core
+from roundtable.store import commit_notes, pg_core, sqlite_core, sqlite_readers
 from roundtable.store.audit import append_event
 from roundtable.store.core_statements import CoreConnection
 from roundtable.store.engine import database_clock, database_now, read_only_engine
@@ -75,6 +75,11 @@ class Database:
         # writer lock while they use it (sqlite_core.HeldConnection).
         self._writer_connection = (
             sqlite_core.HeldConnection(engine) if self._local_writer is not None else None
+        )
+        # The readers' idle connections, kept between their reads
+        # (sqlite_readers.py).
+        self._reader_connections = (
+            sqlite_readers.HeldReaders(readers) if self._local_writer is not None else None
         )
         # Told what each transaction did once it has committed (metrics).
         self.observers: list[commit_notes.Observer] = []
@@ -137,6 +142,12 @@ class Database:
             self._tell(notes)
 
     @property
+    def reader_connections(self) -> sqlite_readers.HeldReaders | None:
+        """SQLite's readers' idle connections, kept between reads (None on
+        PostgreSQL)."""
+        return self._reader_connections
+
+    @property
     def writer_connection(self) -> sqlite_core.HeldConnection | None:
         """SQLite's Core writers' connection, held between them (None on
         PostgreSQL)."""
@@ -147,6 +158,8 @@ class Database:
         is disposed: the pool closes only what it has back)."""
         if self._writer_connection is not None:
             await self._writer_connection.close()
+        if self._reader_connections is not None:
+            await self._reader_connections.close()
 
     def _tell(self, notes: list[commit_notes.Note]) -> None:
         # An observer's failure must not turn a committed write into an error.
@@ -204,7 +217,7 @@ class Database:
         ``alone``, one statement in one trip and no transaction around it.
         On PostgreSQL, pg_core's, in a transaction rolled back at the end."""
         if self._local_writer is not None:
-            return sqlite_core.reading(self._readers, alone)
+            return sqlite_core.reading(self._readers, alone, self._reader_connections)
         return pg_core.reading(self._readers)
 
     async def get(self, model: type[R], row_id: str) -> dict[str, Any]:

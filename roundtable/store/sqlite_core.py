@@ -31,6 +31,7 @@ from roundtable.store.core_statements import (
     CursorFacts,
 )
 from roundtable.store.sqlite_driver import OneTripConnection
+from roundtable.store.sqlite_readers import HeldReaders
 
 
 class SQLiteCoreConnection(CoreStatements):
@@ -337,25 +338,46 @@ async def _block(connection: SQLiteCoreConnection, begin: str) -> AsyncIterator[
 
 
 @contextlib.asynccontextmanager
-async def reading(engine: AsyncEngine, alone: bool = False) -> AsyncIterator[CoreConnection]:
-    """A pooled connection in a deferred transaction, rolled back at the end:
-    its reads see one instant and take no write lock. ``alone``: for one
-    statement only, sent with no transaction around it (SQLite's autocommit
-    gives a lone statement its own), one trip in all; a second is refused.
-    (aiosqlite's own driver: as :func:`transaction`.)"""
+async def reading(
+    engine: AsyncEngine, alone: bool = False, held: HeldReaders | None = None
+) -> AsyncIterator[CoreConnection]:
+    """A pooled connection (one of ``held``'s, if it keeps any) in a
+    deferred transaction, rolled back at the end: its reads see one instant
+    and take no write lock. ``alone``: for one statement only, sent with no
+    transaction around it (SQLite's autocommit gives a lone statement its
+    own), one trip in all; a second is refused. (aiosqlite's own driver: as
+    :func:`transaction`.)"""
+    lent = await held.take() if held is not None else None
+    if lent is not None and held is not None:
+        pooled, driver, _pool = lent
+        connection = SQLiteCoreConnection(
+            engine, driver, pooled.sync_connection, read_only=True, alone=alone
+        )
+        try:
+            async with _read(connection, alone) as block:
+                yield block
+        finally:
+            await held.give_back(lent)
+        return
     async with engine.connect() as pooled:
         connection = await _own(engine, pooled, read_only=True, alone=alone)
         if connection is None:
             yield pooled
             return
+        async with _read(connection, alone) as block:
+            yield block
+
+
+@contextlib.asynccontextmanager
+async def _read(connection: SQLiteCoreConnection, alone: bool) -> AsyncIterator[CoreConnection]:
+    try:
+        if alone:
+            yield connection
+            return
+        await connection.begin("BEGIN")
         try:
-            if alone:
-                yield connection
-                return
-            await connection.begin("BEGIN")
-            try:
-                yield connection
-            finally:
-                await connection.rollback()
+            yield connection
         finally:
-            connection.ended = True
+            await connection.rollback()
+    finally:
+        connection.ended = True

@@ -1,0 +1,148 @@
+"""SQLite's reader connections, kept out of the pool between reads.
+
+Every lone read on a run's path (a run by id, an action by its idempotency
+key, the writes waiting on a target) took a connection from SQLAlchemy's
+pool and gave it back: the AsyncConnection built, the greenlet hops, the
+pool's bookkeeping and events, the shielded close's turns of the event loop.
+That cost about twice the read itself (0.14 to 0.18 ms of this process's
+CPU against 0.03 to 0.08 ms on a connection kept: bench/README, "What was
+cut"), four times an approved write. The writers already keep one connection
+(sqlite_core.HeldConnection); readers run concurrently, so here a few idle
+ones are kept, and each is lent to one reading block at a time.
+
+The rules are the writers' held connection's:
+- A connection is kept only if its block left it known idle outside a
+  transaction (the driver's own rule: a lone read in SQLite's autocommit, or
+  a deferred transaction rolled back). Anything else (a block cancelled
+  while a call ran on SQLite's thread, a rollback that failed) goes back to
+  the pool, whose reset rolls it back.
+- Taking one afresh and letting one go run to their end whatever cancels
+  their caller: a connection taken from the pool is never lost to a
+  cancellation (it is put among the idle first, then lent), and a close cut
+  half-way cannot leave a task no shutdown ends.
+- Never so many that the pool could lend nobody else one: at most
+  ``READERS_KEPT`` idle, and two fewer than the pool's size (the writers'
+  connection, and one for everything else); a pool of two or fewer keeps
+  none, as does a pool that shares or never keeps its connections.
+- Closing gives back the idle ones at once; one in use goes back at the
+  end of its block. A connection from a pool the engine has since replaced
+  (disposed of) is closed, not returned (the new pool would never close it).
+- A kept connection is idle outside any transaction, so it holds no WAL
+  snapshot: the next read on it sees every commit made meanwhile, and it
+  never holds back a checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import QueuePool
+
+from roundtable.completion import to_completion
+from roundtable.store.sqlite_driver import OneTripConnection
+
+# Idle reader connections kept at most: a worker's reads are short, and few
+# run at the same instant; each kept one is one the pool cannot lend others.
+READERS_KEPT = 3
+
+# A kept connection, the pool it came from, and whether it is fresh from
+# that pool (taken for a caller, not lent yet: the pool's reset left it
+# outside any transaction, which its driver learns at its first call).
+_Kept = tuple[AsyncConnection, OneTripConnection, Any, bool]
+# One lent to a reading block: the connection, its driver and its pool.
+Lent = tuple[AsyncConnection, OneTripConnection, Any]
+
+
+class HeldReaders:
+    def __init__(self, engine: AsyncEngine, most: int = READERS_KEPT) -> None:
+        self._engine = engine
+        # The last given back is lent first: its caches are warm (as the
+        # pool's LIFO).
+        self._idle: list[_Kept] = []
+        pool = engine.sync_engine.pool
+        self._most = max(0, min(most, pool.size() - 2)) if isinstance(pool, QueuePool) else 0
+        # Set by close: nothing is kept from then on.
+        self.closed = False
+
+    @property
+    def drivers(self) -> list[OneTripConnection]:
+        """The idle connections kept now, by their drivers."""
+        return [driver for _pooled, driver, _source, _fresh in self._idle]
+
+    def lendable(self, driver: OneTripConnection) -> bool:
+        """Whether a kept connection may be lent as it is: fresh from the
+        pool, or left known idle outside a transaction by its last block."""
+        return any(d is driver and (fresh or d.known_idle) for _p, d, _s, fresh in self._idle)
+
+    async def take(self) -> Lent | None:
+        """A kept connection, or one taken from the pool to be kept after
+        its block, with the pool it came from (for :meth:`give_back`); None
+        where nothing is kept (the caller then reads on a connection of the
+        pool's, as before)."""
+        if self.closed or self._most == 0:
+            return None
+        lent = await self._idle_one()
+        if lent is None:
+            await self._take_afresh()
+            lent = await self._idle_one()
+        return lent
+
+    async def _idle_one(self) -> Lent | None:
+        """The last kept connection still fit to lend, letting go of those
+        that are not (from a pool since disposed of, or left in a state not
+        known)."""
+        pool = self._engine.sync_engine.pool
+        while self._idle:
+            # Popped before any await: no two blocks are lent one connection.
+            pooled, driver, source, fresh = self._idle.pop()
+            usable = source is pool and not (pooled.closed or pooled.invalidated)
+            if usable and (fresh or driver.known_idle):
+                return pooled, driver, source
+            await self._let_go(pooled, source)
+        return None
+
+    @to_completion
+    async def _take_afresh(self) -> None:
+        """One connection from the pool, put among the idle: taken whole
+        whatever cancels the caller meanwhile (as the writers' is), and left
+        there if the caller is gone."""
+        pool = self._engine.sync_engine.pool
+        pooled = await self._engine.connect()
+        driver = (await pooled.get_raw_connection()).driver_connection
+        if not isinstance(driver, OneTripConnection):
+            await pooled.close()
+            self._most = 0  # another driver's engine: nothing is kept
+            return
+        self._idle.append((pooled, driver, pool, True))
+
+    async def give_back(self, lent: Lent) -> None:
+        """At a reading block's end: kept if the block left it known idle
+        outside a transaction, its pool is still the engine's and there is
+        room; else let go."""
+        pooled, driver, source = lent
+        kept = source is self._engine.sync_engine.pool and not self.closed
+        kept = kept and not (pooled.closed or pooled.invalidated) and driver.known_idle
+        if kept and len(self._idle) < self._most:
+            self._idle.append((pooled, driver, source, False))
+            return
+        await self._let_go(pooled, source)
+
+    @to_completion
+    async def _let_go(self, pooled: AsyncConnection, source: Any) -> None:
+        if pooled.closed:
+            return
+        if source is not self._engine.sync_engine.pool:
+            # The engine was disposed of and has a new pool: the old one
+            # would keep this connection, and nothing would close it.
+            await pooled.invalidate()
+        else:
+            await pooled.close()  # the pool's reset rolls back what is open
+
+    async def close(self) -> None:
+        """Keep nothing from now on: the idle ones go back now, those in use
+        at the end of their blocks (not waited for)."""
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for pooled, _driver, source, _fresh in idle:
+            await self._let_go(pooled, source)
