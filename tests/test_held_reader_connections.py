@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,12 +22,11 @@ import pytest
 from sqlalchemy import event, text
 
 from roundtable.store import Store, open_store
-from roundtable.store import engine as engine_module
 from roundtable.store.engine import create_engine_for
 from roundtable.store.sqlite_driver import OneTripConnection
 from roundtable.store.sqlite_readers import READERS_KEPT
 from tests.test_core_claim_attacks import assert_pool_clean
-from tests.test_held_writer_connection import checkouts, lock_free, make_table
+from tests.test_held_writer_connection import checkouts, lock_free, make_table, pools_of
 
 # Long enough to cancel a read while SQLite's thread runs it.
 SLOW_COUNT = (
@@ -339,11 +337,7 @@ async def test_a_store_kept_across_its_engines_dispose_reads_on_a_fresh_connecti
 async def test_nothing_is_kept_from_a_pool_too_small_to_spare_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        engine_module,
-        "create_async_engine",
-        functools.partial(engine_module.create_async_engine, pool_size=2, max_overflow=0),
-    )
+    pools_of(monkeypatch, 2)
     async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'two.db'}") as store:
         make_table(store)
         for _ in range(3):

@@ -377,13 +377,19 @@ def test_a_writer_cancelled_again_and_again_lets_the_process_exit(
     assert "rows ['warm', 'other', 'next']" in done.stdout and "exited" in done.stdout
 
 
-async def test_nothing_is_held_from_a_pool_of_one(tmp_path: Path, monkeypatch) -> None:
-    """A held connection would leave such a pool nothing to lend a reader."""
+def pools_of(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """Every engine made from now on (in this test) pools ``size``
+    connections, and never more."""
     monkeypatch.setattr(
         engine_module,
         "create_async_engine",
-        functools.partial(engine_module.create_async_engine, pool_size=1, max_overflow=0),
+        functools.partial(engine_module.create_async_engine, pool_size=size, max_overflow=0),
     )
+
+
+async def test_nothing_is_held_from_a_pool_of_one(tmp_path: Path, monkeypatch) -> None:
+    """A held connection would leave such a pool nothing to lend a reader."""
+    pools_of(monkeypatch, 1)
     async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'one.db'}") as store:
         make_table(store)
         await write(store, "one")
