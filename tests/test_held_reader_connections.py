@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import sqlite3
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from roundtable.store.engine import create_engine_for
 from roundtable.store.sqlite_driver import OneTripConnection
 from roundtable.store.sqlite_readers import READERS_KEPT
 from tests.test_core_claim_attacks import assert_pool_clean
-from tests.test_held_writer_connection import checkouts, lock_free, make_table, pools_of
+from tests.test_held_writer_connection import checkouts, lock_free, make_table, pools_of, write
 
 # Long enough to cancel a read while SQLite's thread runs it.
 SLOW_COUNT = (
@@ -290,6 +292,98 @@ async def test_a_kept_connection_used_behind_the_stores_back_is_not_lent(store: 
     # have lent it again as such).
     assert not driver._conn.in_transaction
     assert_pool_clean(store)
+
+
+async def settled() -> None:
+    """Turns of the event loop enough for what runs to its end to end."""
+    for _ in range(200):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 5, 8])
+@pytest.mark.parametrize("whose", ["the store's", "the readers' own"])
+async def test_a_close_cut_half_way_still_lets_every_kept_reader_go(
+    tmp_path: Path, steps: int, whose: str
+) -> None:
+    """Review: the store's close, cancelled after ``steps`` turns (in the
+    writers' part, or while the readers' are let go one by one), left kept
+    readers checked out of the pool, owned by nobody: the engine's dispose
+    never closed them. The readers' own close is cut the same way."""
+    engine = create_engine_for(f"sqlite+aiosqlite:///{tmp_path / 'cut.db'}")
+    store = Store(engine)
+    make_table(store)
+    await asyncio.gather(*(read_in_a_transaction(store) for _ in range(READERS_KEPT)))
+    drivers = kept(store)
+    assert len(drivers) == READERS_KEPT
+    readers = store.db.reader_connections
+    assert readers is not None
+    closing = asyncio.ensure_future(store.db.close() if whose == "the store's" else readers.close())
+    for _ in range(1 + steps):  # begun, then ``steps`` turns into it
+        await asyncio.sleep(0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+        await settled()
+        gc.collect()
+    # Let go by the close, not dropped for the collector to find.
+    assert [str(w.message) for w in seen if "garbage collector" in str(w.message)] == []
+    assert readers.closed
+    assert kept(store) == [] and engine.pool.checkedout() == 0
+    await engine.dispose()
+    for driver in drivers:
+        driver._thread.join(timeout=10)
+        assert not driver._thread.is_alive()
+
+
+async def test_a_take_under_way_when_the_store_closes_keeps_nothing_after_it(
+    tmp_path: Path,
+) -> None:
+    """Review: a read whose connection SQLite was still opening when the
+    store closed, then cancelled, left that connection kept by the closed
+    store for good."""
+    engine = create_engine_for(f"sqlite+aiosqlite:///{tmp_path / 'late.db'}")
+    make_table(Store(engine))
+    for steps in range(30):
+        store = Store(engine)
+        await engine.dispose()  # the pool has none: SQLite opens one
+        read = asyncio.ensure_future(lone_read(store))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        await store.close()
+        read.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await read
+        await settled()
+        assert kept(store) == [], steps
+        assert engine.pool.checkedout() == 0, steps
+    await engine.dispose()
+
+
+async def test_reads_cancelled_while_taking_keep_no_more_than_the_pool_spares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: every read cancelled while its connection was opened left one
+    more kept (eight for eight, over a cap of three); on a pool of three,
+    two left the pool nothing to lend a snapshot, which then waited out the
+    pool's timeout."""
+    pools_of(monkeypatch, 3, pool_timeout=3)
+    async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'three.db'}") as store:
+        make_table(store)
+        await write(store, "one")  # the writers' held connection
+        for cancelled in (2, 8):
+            reads = [asyncio.ensure_future(lone_read(store)) for _ in range(cancelled)]
+            for _ in range(2):
+                await asyncio.sleep(0)
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+            await settled()
+            assert len(kept(store)) <= 1  # a pool of three spares one
+            assert_pool_clean(store)
+            async with store.db.snapshot() as session:  # not a pool timeout
+                await session.execute(text("SELECT count(*) FROM t"))
 
 
 async def test_a_reader_in_use_when_the_store_closes_gives_its_connection_back(

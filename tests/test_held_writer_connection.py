@@ -377,13 +377,15 @@ def test_a_writer_cancelled_again_and_again_lets_the_process_exit(
     assert "rows ['warm', 'other', 'next']" in done.stdout and "exited" in done.stdout
 
 
-def pools_of(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+def pools_of(monkeypatch: pytest.MonkeyPatch, size: int, **options: Any) -> None:
     """Every engine made from now on (in this test) pools ``size``
-    connections, and never more."""
+    connections, and never more (``options``: more of the pool's)."""
     monkeypatch.setattr(
         engine_module,
         "create_async_engine",
-        functools.partial(engine_module.create_async_engine, pool_size=size, max_overflow=0),
+        functools.partial(
+            engine_module.create_async_engine, pool_size=size, max_overflow=0, **options
+        ),
     )
 
 

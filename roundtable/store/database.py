@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, Table, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from roundtable.completion import to_completion
 from roundtable.states import ENDING_ACTION_STATUSES
 from roundtable.store import commit_notes, pg_core, sqlite_core, sqlite_readers
 from roundtable.store.audit import append_event
@@ -153,13 +154,18 @@ class Database:
         PostgreSQL)."""
         return self._writer_connection
 
+    @to_completion
     async def close(self) -> None:
         """Give back what is held between transactions (before the engine
-        is disposed: the pool closes only what it has back)."""
-        if self._writer_connection is not None:
-            await self._writer_connection.close()
-        if self._reader_connections is not None:
-            await self._reader_connections.close()
+        is disposed: the pool closes only what it has back), all of it
+        whatever cancels the caller: a close cut after the writers' part
+        once left the readers' kept (review)."""
+        try:
+            if self._writer_connection is not None:
+                await self._writer_connection.close()
+        finally:
+            if self._reader_connections is not None:
+                await self._reader_connections.close()
 
     def _tell(self, notes: list[commit_notes.Note]) -> None:
         # An observer's failure must not turn a committed write into an error.

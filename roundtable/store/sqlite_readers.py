@@ -16,10 +16,11 @@ The rules are the writers' held connection's:
   a deferred transaction rolled back). Anything else (a block cancelled
   while a call ran on SQLite's thread, a rollback that failed) goes back to
   the pool, whose reset rolls it back.
-- Taking one afresh and letting one go run to their end whatever cancels
-  their caller: a connection taken from the pool is never lost to a
-  cancellation (it is put among the idle first, then lent), and a close cut
-  half-way cannot leave a task no shutdown ends.
+- Taking one afresh, letting one go and closing run to their end whatever
+  cancels their caller: a connection taken for a caller cancelled meanwhile
+  is kept on the same terms as any other (room left, the store open, its
+  pool still the engine's) or let go, never lost; a close cut half-way
+  neither leaves connections kept nor a task no shutdown ends.
 - Never so many that the pool could lend nobody else one: at most
   ``READERS_KEPT`` idle, and two fewer than the pool's size (the writers'
   connection, and one for everything else); a pool of two or fewer keeps
@@ -34,6 +35,7 @@ The rules are the writers' held connection's:
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -83,10 +85,7 @@ class HeldReaders:
         if self.closed or self._most == 0:
             return None
         lent = await self._idle_one()
-        if lent is None:
-            await self._take_afresh()
-            lent = await self._idle_one()
-        return lent
+        return lent if lent is not None else await self._take_afresh()
 
     async def _idle_one(self) -> Lent | None:
         """The last kept connection still fit to lend, letting go of those
@@ -102,19 +101,47 @@ class HeldReaders:
             await self._let_go(pooled, source)
         return None
 
-    @to_completion
-    async def _take_afresh(self) -> None:
-        """One connection from the pool, put among the idle: taken whole
-        whatever cancels the caller meanwhile (as the writers' is), and left
-        there if the caller is gone."""
+    async def _take_afresh(self) -> Lent | None:
+        """One connection from the pool, for the caller. Taken whole
+        whatever cancels the caller meanwhile (as the writers' is); a caller
+        gone by then leaves it to :meth:`_keep_fresh`, which keeps it only
+        as any other would be kept (review: put among the idle first, a
+        connection outlived a close, and cancelled takes kept more than the
+        pool could spare)."""
+        taking = asyncio.ensure_future(self._connect())
+        cancelled = False
+        while not taking.done():
+            try:
+                await asyncio.wait({taking})
+            except asyncio.CancelledError:
+                cancelled = True
+        lent = taking.result()
+        if cancelled:
+            if lent is not None:
+                await self._keep_fresh(lent)
+            raise asyncio.CancelledError()
+        return lent
+
+    async def _connect(self) -> Lent | None:
         pool = self._engine.sync_engine.pool
         pooled = await self._engine.connect()
         driver = (await pooled.get_raw_connection()).driver_connection
         if not isinstance(driver, OneTripConnection):
             await pooled.close()
             self._most = 0  # another driver's engine: nothing is kept
+            return None
+        return pooled, driver, pool
+
+    async def _keep_fresh(self, lent: Lent) -> None:
+        """A connection taken for a caller that is gone, never used: kept
+        as it came (the pool's reset left it outside any transaction) on
+        :meth:`give_back`'s terms, else let go."""
+        pooled, driver, source = lent
+        kept = source is self._engine.sync_engine.pool and not self.closed
+        if kept and not (pooled.closed or pooled.invalidated) and len(self._idle) < self._most:
+            self._idle.append((pooled, driver, source, True))
             return
-        self._idle.append((pooled, driver, pool, True))
+        await self._let_go(pooled, source)
 
     async def give_back(self, lent: Lent) -> None:
         """At a reading block's end: kept if the block left it known idle
@@ -139,9 +166,11 @@ class HeldReaders:
         else:
             await pooled.close()  # the pool's reset rolls back what is open
 
+    @to_completion
     async def close(self) -> None:
-        """Keep nothing from now on: the idle ones go back now, those in use
-        at the end of their blocks (not waited for)."""
+        """Keep nothing from now on: the idle ones go back now, all of them
+        whatever cancels the caller (review), those in use at the end of
+        their blocks (not waited for)."""
         self.closed = True
         idle, self._idle = self._idle, []
         for pooled, _driver, source, _fresh in idle:
