@@ -120,5 +120,13 @@ def test_a_thread_that_ends_in_the_window_is_not_lost() -> None:
     worker = threading.Thread(target=spin, name="Thread-7 (_connection_worker_thread)")
     worker.start()
     worker.join()
+    # join() returns once Python is done with the thread, a moment before
+    # the kernel's thread exits: until then /proc still lists it, living
+    # (a loaded CI machine caught it there).
+    task = f"/proc/{pid}/task/{worker.native_id}"
+    deadline = time.monotonic() + 10
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not os.path.exists(task)
     spent = window_by_kind(pid, before, names, process)
     assert spent[ENDED] >= 0.3

@@ -154,18 +154,23 @@ class Database:
         PostgreSQL)."""
         return self._writer_connection
 
-    @to_completion
     async def close(self) -> None:
         """Give back what is held between transactions (before the engine
         is disposed: the pool closes only what it has back), all of it
         whatever cancels the caller: a close cut after the writers' part
-        once left the readers' kept (review)."""
+        once left the readers' kept (review). The readers' are marked
+        closed and taken at the call, before the first await."""
+        readers = self._reader_connections.close() if self._reader_connections else None
+        await self._close_writers_then(readers)
+
+    @to_completion
+    async def _close_writers_then(self, readers: Awaitable[None] | None) -> None:
         try:
             if self._writer_connection is not None:
                 await self._writer_connection.close()
         finally:
-            if self._reader_connections is not None:
-                await self._reader_connections.close()
+            if readers is not None:
+                await readers
 
     def _tell(self, notes: list[commit_notes.Note]) -> None:
         # An observer's failure must not turn a committed write into an error.
@@ -221,7 +226,11 @@ class Database:
         this process's CPU than the read itself. On SQLite, its statements
         go one trip each (sqlite_core.py), in a deferred transaction; with
         ``alone``, one statement in one trip and no transaction around it.
-        On PostgreSQL, pg_core's, in a transaction rolled back at the end."""
+        On PostgreSQL, pg_core's, in a transaction rolled back at the end.
+        On a pool with nothing to lend, a caller cancelled meanwhile still
+        waits for the pool (up to its timeout) before its cancellation is
+        raised, as the store's public calls, which run to their end, always
+        did."""
         if self._local_writer is not None:
             return sqlite_core.reading(self._readers, alone, self._reader_connections)
         return pg_core.reading(self._readers)

@@ -208,6 +208,19 @@ async def _own(
     return SQLiteCoreConnection(engine, driver, pooled.sync_connection, **options)
 
 
+async def close_stale(pooled: AsyncConnection, driver: OneTripConnection) -> None:
+    """Close a connection from a pool the engine has since replaced (disposed
+    of), which that pool would never close: SQLite's connection and its
+    thread first, by the driver itself, then SQLAlchemy's record invalidated,
+    which finds nothing left to close. SQLAlchemy's own termination, cut by
+    an event loop's teardown (which cancels every task), left a close
+    waiting for a thread already stopped, and the process never exited
+    (a review of the readers' kept connections found it; the writers' held
+    connection did the same)."""
+    await driver.close()
+    await pooled.invalidate()
+
+
 class HeldConnection:
     """One pooled connection kept out of the pool between transactions that
     run one at a time (the store's writers, queued by its writer lock: the
@@ -255,12 +268,12 @@ class HeldConnection:
     @to_completion
     async def _take_afresh(self) -> tuple[AsyncConnection, OneTripConnection] | None:
         if self._held is not None:
-            pooled, _driver, pool = self._held
+            pooled, driver, pool = self._held
             self._held = None
             if pool is not self._engine.sync_engine.pool and not pooled.closed:
                 # The engine was disposed of and has a new pool: the old one
                 # would keep this connection, and nothing would close it.
-                await pooled.invalidate()
+                await close_stale(pooled, driver)
         pool = self._engine.sync_engine.pool
         pooled = await self._engine.connect()
         driver = (await pooled.get_raw_connection()).driver_connection
@@ -278,10 +291,18 @@ class HeldConnection:
 
     @to_completion
     async def release(self) -> None:
-        """Back to the pool (which rolls back whatever it finds open)."""
+        """Back to the pool (which rolls back whatever it finds open); one
+        from a pool the engine has since replaced is closed instead, which
+        that pool would never do (review: a writer in use across
+        open_store's exit left its connection's thread running)."""
         held, self._held = self._held, None
-        if held is not None:
-            await held[0].close()
+        if held is None:
+            return
+        pooled, driver, pool = held
+        if pool is not self._engine.sync_engine.pool and not pooled.closed:
+            await close_stale(pooled, driver)
+        else:
+            await pooled.close()
 
     async def close(self) -> None:
         """Hold nothing from now on: given back now, or by the block using

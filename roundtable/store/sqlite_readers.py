@@ -36,12 +36,14 @@ The rules are the writers' held connection's:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import QueuePool
 
 from roundtable.completion import to_completion
+from roundtable.store import sqlite_core
 from roundtable.store.sqlite_driver import OneTripConnection
 
 # Idle reader connections kept at most: a worker's reads are short, and few
@@ -115,12 +117,15 @@ class HeldReaders:
                 await asyncio.wait({taking})
             except asyncio.CancelledError:
                 cancelled = True
-        lent = taking.result()
         if cancelled:
+            failed = taking.exception()
+            if failed is not None:  # the cancellation wins, as to_completion's does
+                raise asyncio.CancelledError() from failed
+            lent = taking.result()
             if lent is not None:
                 await self._keep_fresh(lent)
             raise asyncio.CancelledError()
-        return lent
+        return taking.result()
 
     async def _connect(self) -> Lent | None:
         pool = self._engine.sync_engine.pool
@@ -162,16 +167,33 @@ class HeldReaders:
         if source is not self._engine.sync_engine.pool:
             # The engine was disposed of and has a new pool: the old one
             # would keep this connection, and nothing would close it.
-            await pooled.invalidate()
+            driver = (await pooled.get_raw_connection()).driver_connection
+            await sqlite_core.close_stale(pooled, driver)
         else:
             await pooled.close()  # the pool's reset rolls back what is open
 
-    @to_completion
-    async def close(self) -> None:
-        """Keep nothing from now on: the idle ones go back now, all of them
-        whatever cancels the caller (review), those in use at the end of
-        their blocks (not waited for)."""
+    def close(self) -> Awaitable[None]:
+        """Keep nothing from now on: the idle ones go back now, those in use
+        at the end of their blocks (not waited for). Marked closed and the
+        idle ones taken at the call, before anything can cancel it, then let
+        go to their end whatever cancels the caller (review: an event loop's
+        teardown, cancelling every task, cut a close that had not begun). The
+        returned task is under way already."""
         self.closed = True
         idle, self._idle = self._idle, []
-        for pooled, _driver, source, _fresh in idle:
-            await self._let_go(pooled, source)
+        # A task at once: it lets them go even if nothing awaits it.
+        return asyncio.ensure_future(_let_all_go(self, idle))
+
+
+@to_completion
+async def _let_all_go(readers: HeldReaders, idle: list[_Kept]) -> None:
+    """Each of ``idle`` let go, the rest too when one's let-go is cut off
+    (the event loop's teardown cancels the let-go's own task as well)."""
+    cut: BaseException | None = None
+    for pooled, _driver, source, _fresh in idle:
+        try:
+            await readers._let_go(pooled, source)
+        except asyncio.CancelledError as error:
+            cut = error
+    if cut is not None:
+        raise cut
