@@ -4,7 +4,7 @@ Every lone read on a run's path (a run by id, an action by its idempotency
 key, the writes waiting on a target) took a connection from SQLAlchemy's
 pool and gave it back: the AsyncConnection built, the greenlet hops, the
 pool's bookkeeping and events, the shielded close's turns of the event loop.
-That cost about twice the read itself (0.14 to 0.18 ms of this process's
+That cost about twice the read itself (0.14 to 0.24 ms of this process's
 CPU against 0.03 to 0.08 ms on a connection kept: bench/README, "What was
 cut"), four times an approved write. The writers already keep one connection
 (sqlite_core.HeldConnection); readers run concurrently, so here a few idle
@@ -20,7 +20,10 @@ The rules are the writers' held connection's:
   cancels their caller: a connection taken for a caller cancelled meanwhile
   is kept on the same terms as any other (room left, the store open, its
   pool still the engine's) or let go, never lost; a close cut half-way
-  neither leaves connections kept nor a task no shutdown ends.
+  still lets every idle one go. Only an event loop's teardown, which cancels
+  every task (``to_completion``'s own too), can cut a let-go: what it
+  leaves is idle outside any transaction, and the process exits
+  (docs/architecture.md).
 - Never so many that the pool could lend nobody else one: at most
   ``READERS_KEPT`` idle, and two fewer than the pool's size (the writers'
   connection, and one for everything else); a pool of two or fewer keeps
