@@ -18,17 +18,24 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+async def waited_out(call: asyncio.Future[Any]) -> bool:
+    """Wait for ``call`` to end, whatever cancels the caller meanwhile;
+    whether the caller was cancelled (its cancellation is the caller's to
+    raise, once it has done what the call's end asks)."""
+    cancelled = False
+    while not call.done():
+        try:
+            await asyncio.wait({call})
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
+
+
 def to_completion(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     @functools.wraps(method)
     async def run_to_completion(*args: P.args, **kwargs: P.kwargs) -> R:
         call: asyncio.Future[R] = asyncio.ensure_future(method(*args, **kwargs))
-        cancelled = False
-        while not call.done():
-            try:
-                await asyncio.wait({call})
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
+        if await waited_out(call):
             raise asyncio.CancelledError()
         return call.result()
 

@@ -45,7 +45,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import QueuePool
 
-from roundtable.completion import to_completion
+from roundtable.completion import to_completion, waited_out
 from roundtable.store import sqlite_core
 from roundtable.store.sqlite_driver import OneTripConnection
 
@@ -109,24 +109,18 @@ class HeldReaders:
     async def _take_afresh(self) -> Lent | None:
         """One connection from the pool, for the caller. Taken whole
         whatever cancels the caller meanwhile (as the writers' is); a caller
-        gone by then leaves it to :meth:`_keep_fresh`, which keeps it only
-        as any other would be kept (review: put among the idle first, a
+        gone by then leaves it kept only as any other would be
+        (:meth:`_keep_or_let_go`) (review: put among the idle first, a
         connection outlived a close, and cancelled takes kept more than the
         pool could spare)."""
         taking = asyncio.ensure_future(self._connect())
-        cancelled = False
-        while not taking.done():
-            try:
-                await asyncio.wait({taking})
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
+        if await waited_out(taking):
             failed = taking.exception()
             if failed is not None:  # the cancellation wins, as to_completion's does
                 raise asyncio.CancelledError() from failed
             lent = taking.result()
-            if lent is not None:
-                await self._keep_fresh(lent)
+            if lent is not None:  # never used: fresh as the pool's reset left it
+                await self._keep_or_let_go(lent, fresh=True)
             raise asyncio.CancelledError()
         return taking.result()
 
@@ -140,26 +134,21 @@ class HeldReaders:
             return None
         return pooled, driver, pool
 
-    async def _keep_fresh(self, lent: Lent) -> None:
-        """A connection taken for a caller that is gone, never used: kept
-        as it came (the pool's reset left it outside any transaction) on
-        :meth:`give_back`'s terms, else let go."""
-        pooled, driver, source = lent
-        kept = source is self._engine.sync_engine.pool and not self.closed
-        if kept and not (pooled.closed or pooled.invalidated) and len(self._idle) < self._most:
-            self._idle.append((pooled, driver, source, True))
-            return
-        await self._let_go(pooled, source)
-
     async def give_back(self, lent: Lent) -> None:
         """At a reading block's end: kept if the block left it known idle
         outside a transaction, its pool is still the engine's and there is
         room; else let go."""
+        await self._keep_or_let_go(lent, fresh=False)
+
+    async def _keep_or_let_go(self, lent: Lent, fresh: bool) -> None:
+        """``fresh``: taken for a caller that is gone, never used (the
+        pool's reset left it outside any transaction), so its driver need
+        not know it idle yet."""
         pooled, driver, source = lent
         kept = source is self._engine.sync_engine.pool and not self.closed
-        kept = kept and not (pooled.closed or pooled.invalidated) and driver.known_idle
-        if kept and len(self._idle) < self._most:
-            self._idle.append((pooled, driver, source, False))
+        kept = kept and not (pooled.closed or pooled.invalidated)
+        if kept and (fresh or driver.known_idle) and len(self._idle) < self._most:
+            self._idle.append((pooled, driver, source, fresh))
             return
         await self._let_go(pooled, source)
 
