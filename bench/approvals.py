@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ FIGURES = (
     ("update", "decision call returns"),
     ("write", "decide → write recorded"),
     ("result", "decide → workflow result"),
+    ("pickup", "of which the server's wait for a worker"),
 )
 
 
@@ -83,7 +85,12 @@ async def bare_decided(
     done = time.time()
     written = recorded(stack.bare_db, handle.id)
     assert written is not None, "the bare write was not recorded"
-    return {"update": returned - t0, "write": written - t0, "result": done - t0}
+    return {
+        "update": returned - t0,
+        "write": written - t0,
+        "result": done - t0,
+        "pickup": task_waits((await handle.fetch_history()).events, t0),
+    }
 
 
 async def bare_once(
@@ -115,7 +122,36 @@ async def ours_decided(stack: Stack, waiting: Waiting) -> Timings:
     await handle.result()
     done = time.time()
     finished = (await store.get_action(action["id"]))["finished_at"]
-    return {"update": returned - t0, "write": finished.timestamp() - t0, "result": done - t0}
+    return {
+        "update": returned - t0,
+        "write": finished.timestamp() - t0,
+        "result": done - t0,
+        "pickup": task_waits((await handle.fetch_history()).events, t0),
+    }
+
+
+def task_waits(events: Sequence[Any], since: float) -> float:
+    """Seconds the server held this decision's workflow tasks before a
+    worker started them: each task scheduled at or after ``since`` (the
+    decision call, by this machine's clock, which the dev server shares),
+    from its scheduled event to its started one, summed.
+
+    Part of decide → workflow result that neither side's code spends. On
+    2026-12-07 it made that figure's doubling: on some stretches of runs the
+    task after the write waited 30 to 50 ms on the server, on both sides,
+    where it usually waits 2 to 4 (bench/README.md, "Changed since")."""
+    scheduled: dict[int, float] = {}
+    waited = 0.0
+    for event in events:
+        at = event.event_time.ToDatetime(tzinfo=UTC).timestamp()
+        if event.HasField("workflow_task_scheduled_event_attributes") and at >= since:
+            scheduled[event.event_id] = at
+        elif event.HasField("workflow_task_started_event_attributes"):
+            started = event.workflow_task_started_event_attributes
+            begun = scheduled.pop(started.scheduled_event_id, None)
+            if begun is not None:
+                waited += at - begun
+    return waited
 
 
 async def ours_once(stack: Stack) -> Timings:

@@ -250,6 +250,16 @@ def _stop(worker: subprocess.Popen | None) -> None:  # type: ignore[type-arg]
         worker.wait(timeout=30)
 
 
+# The dev server has one history shard, so Temporal's per-shard cap on how
+# often the transfer queue is read (`history.transferProcessorMaxPollRPS`,
+# 20 a second, which a cluster spreads over hundreds of shards) held the whole
+# server. Back-to-back approvals go past it: a workflow task due after a write
+# then waited up to 50 ms to be read, on whichever side came next, and the
+# decide → workflow result ratio swung from 1.27 to 2.42 on the same code
+# (bench/README.md, "The dev server's transfer queue"). Lifted for both sides.
+SERVER_ARGS = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=10000")
+
+
 @asynccontextmanager
 async def stack(extra_env: dict[str, str] | None = None) -> AsyncIterator[Stack]:
     """A dev server, the schema, both workers, both clients and our store."""
@@ -262,6 +272,7 @@ async def stack(extra_env: dict[str, str] | None = None) -> AsyncIterator[Stack]
         search_attributes=list(search_attributes.ALL),
         data_converter=data_converter(),
         ui=False,
+        dev_server_extra_args=list(SERVER_ARGS),
     )
     address = env.client.service_client.config.target_host
     made = Stack(workdir, address, extra_env or {})

@@ -62,6 +62,9 @@ def test_the_benchmark_produces_every_figure(tmp_path: Path) -> None:
             assert _positive(approvals[key][side]["p50_ms"])
             assert _positive(approvals[key][side]["p95_ms"])
         assert _positive(approvals[key]["ratio_p50"])
+    for side in ("bare", "ours"):  # the server's wait: a few ms, rounded, may be 0.0
+        waited = approvals["pickup"][side]
+        assert 0 <= waited["p50_ms"] <= waited["p95_ms"] <= approvals["result"][side]["p95_ms"]
     cpu = approvals["worker_cpu_per_approval"]
     assert _positive(cpu["bare_ms"]) and _positive(cpu["ours_ms"])
     history = approvals["history_events"]
