@@ -136,10 +136,11 @@ def task_waits(events: Sequence[Any], since: float) -> float:
     decision call, by this machine's clock, which the dev server shares),
     from its scheduled event to its started one, summed.
 
-    Part of decide → workflow result that neither side's code spends. On
-    2026-12-07 it made that figure's doubling: on some stretches of runs the
-    task after the write waited 30 to 50 ms on the server, on both sides,
-    where it usually waits 2 to 4 (bench/README.md, "Changed since")."""
+    Part of decide → workflow result that neither side's code spends.
+    Under the dev server's transfer-queue cap (lifted since 2026-12-07,
+    ``stack.SERVER_ARGS``) the task after the write waited here up to 50 ms
+    on whichever side came next; with the cap lifted, 2 to 4 ms
+    (bench/README.md, "The dev server's transfer queue")."""
     scheduled: dict[int, float] = {}
     waited = 0.0
     for event in events:
