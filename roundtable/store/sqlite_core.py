@@ -221,6 +221,20 @@ async def close_stale(pooled: AsyncConnection, driver: OneTripConnection) -> Non
     await pooled.invalidate()
 
 
+async def let_go(
+    engine: AsyncEngine, pooled: AsyncConnection, driver: OneTripConnection, source: Any
+) -> None:
+    """A connection taken from the pool ``source`` given back to it (whose
+    reset rolls back what is open), or closed if the engine has since
+    replaced that pool, which would never close it (:func:`close_stale`)."""
+    if pooled.closed:
+        return
+    if source is not engine.sync_engine.pool:
+        await close_stale(pooled, driver)
+    else:
+        await pooled.close()
+
+
 class HeldConnection:
     """One pooled connection kept out of the pool between transactions that
     run one at a time (the store's writers, queued by its writer lock: the
@@ -296,13 +310,8 @@ class HeldConnection:
         that pool would never do (review: a writer in use across
         open_store's exit left its connection's thread running)."""
         held, self._held = self._held, None
-        if held is None:
-            return
-        pooled, driver, pool = held
-        if pool is not self._engine.sync_engine.pool and not pooled.closed:
-            await close_stale(pooled, driver)
-        else:
-            await pooled.close()
+        if held is not None:
+            await let_go(self._engine, *held)
 
     async def close(self) -> None:
         """Hold nothing from now on: given back now, or by the block using

@@ -103,7 +103,7 @@ class HeldReaders:
             usable = source is pool and not (pooled.closed or pooled.invalidated)
             if usable and (fresh or driver.known_idle):
                 return pooled, driver, source
-            await self._let_go(pooled, source)
+            await self._let_go(pooled, driver, source)
         return None
 
     async def _take_afresh(self) -> Lent | None:
@@ -150,19 +150,13 @@ class HeldReaders:
         if kept and (fresh or driver.known_idle) and len(self._idle) < self._most:
             self._idle.append((pooled, driver, source, fresh))
             return
-        await self._let_go(pooled, source)
+        await self._let_go(pooled, driver, source)
 
     @to_completion
-    async def _let_go(self, pooled: AsyncConnection, source: Any) -> None:
-        if pooled.closed:
-            return
-        if source is not self._engine.sync_engine.pool:
-            # The engine was disposed of and has a new pool: the old one
-            # would keep this connection, and nothing would close it.
-            driver = (await pooled.get_raw_connection()).driver_connection
-            await sqlite_core.close_stale(pooled, driver)
-        else:
-            await pooled.close()  # the pool's reset rolls back what is open
+    async def _let_go(
+        self, pooled: AsyncConnection, driver: OneTripConnection, source: Any
+    ) -> None:
+        await sqlite_core.let_go(self._engine, pooled, driver, source)
 
     def close(self) -> Awaitable[None]:
         """Keep nothing from now on: the idle ones go back now, those in use
@@ -182,9 +176,9 @@ async def _let_all_go(readers: HeldReaders, idle: list[_Kept]) -> None:
     """Each of ``idle`` let go, the rest too when one's let-go is cut off
     (the event loop's teardown cancels the let-go's own task as well)."""
     cut: BaseException | None = None
-    for pooled, _driver, source, _fresh in idle:
+    for pooled, driver, source, _fresh in idle:
         try:
-            await readers._let_go(pooled, source)
+            await readers._let_go(pooled, driver, source)
         except asyncio.CancelledError as error:
             cut = error
     if cut is not None:
