@@ -213,9 +213,29 @@ def _sqlite_engine(database_url: str) -> AsyncEngine:
         # Readers (see read_only_engine) need no write lock: WAL lets them run
         # beside a writer. Everything else takes the write lock up front.
         read_only = conn.get_execution_options().get(READ_ONLY_OPTION, False)
+        refuse_writes(conn.connection.driver_connection, read_only)
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
+    @event.listens_for(engine.sync_engine, "checkin")
+    def _on_checkin(dbapi_connection: Any, _record: Any) -> None:
+        # Back in the pool, a connection takes writes again: its next
+        # borrower may be one that asks nothing (the driver sends the
+        # PRAGMA with that borrower's first statement, if it was refusing).
+        if dbapi_connection is not None:
+            refuse_writes(dbapi_connection.driver_connection, False)
+
     return engine
+
+
+def refuse_writes(driver: Any, read_only: bool) -> None:
+    """Ask SQLite to refuse writes on ``driver``'s connection (a reader's) or
+    take them (a writer's), from its next statement on; nothing on
+    aiosqlite's own driver, which tests compare against. A write sent
+    through a reader (a bug of ours) would otherwise commit outside the
+    writers' lock and audit, as PostgreSQL's READ ONLY refuses it
+    (:func:`read_only_engine`)."""
+    if isinstance(driver, sqlite_driver.OneTripConnection):
+        driver.reading = read_only
 
 
 def private_file(path: Path) -> None:

@@ -56,6 +56,8 @@ class SQLiteCoreConnection(CoreStatements):
         # Writes prepared by later(), not sent yet.
         self._later: list[tuple[str, Any, bool]] = []
         self._read_only = read_only
+        # SQLite refuses a reader's writes itself (engine.refuse_writes).
+        driver.reading = read_only
         # One statement only, outside any transaction (reading(alone=True)).
         self._alone = alone
         self._sent = 0

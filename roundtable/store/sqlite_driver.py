@@ -179,6 +179,11 @@ class OneTripConnection(aiosqlite.core.Connection):
     _busy_timeout_ms: int | None = None
     # Set while a call runs on the event loop.
     _here = False
+    # Asked by the connection's borrower: SQLite refuses writes while a
+    # reader has it. What was last sent (a new connection takes writes):
+    # PRAGMA query_only goes only when the two differ (``_execute``).
+    reading = False
+    _query_only = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -218,6 +223,10 @@ class OneTripConnection(aiosqlite.core.Connection):
             # held, such a call ran outside it, in autocommit, and a rollback
             # finding only the BEGIN sent nothing).
             call = partial(self._begun, begin, call)
+        if self.reading != self._query_only:
+            # Before anything, the BEGIN too (SQLite refuses BEGIN IMMEDIATE
+            # under query_only), in the same trip.
+            call = partial(self._query_only_then, self.reading, call)
         if here:
             self._here = True
             try:
@@ -279,6 +288,14 @@ class OneTripConnection(aiosqlite.core.Connection):
         if method == "executemany" and not self._conn.in_transaction:
             return
         raise _WaitOnTheThread(rest) from error
+
+    def _query_only_then(self, on: bool, call: Any) -> Any:
+        """SQLite told to refuse writes (``on``) or take them again, then
+        the call. Known sent once it ran: a call whose statement then waits
+        on the thread (``_WaitOnTheThread``) leaves only its rest there."""
+        self._conn.execute(f"PRAGMA query_only = {int(on)}")
+        self._query_only = on
+        return call()
 
     def _begun(self, begin: str, call: Any) -> Any:
         """The held-back BEGIN, then the call."""

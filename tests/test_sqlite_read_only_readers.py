@@ -1,0 +1,214 @@
+"""On SQLite the store's readers refuse writes, as PostgreSQL's server does
+(tests/test_pg_read_only_readers.py): a write sent through a reader (a bug
+of ours) would otherwise commit outside the writers' lock and audit. SQLite
+refuses it itself (``PRAGMA query_only``), asked for by the connection's
+borrower and sent only when a connection changes hands between a reader and
+a writer, in the trip of the statement after (sqlite_driver.py): a kept
+reader's or the held writer's connection sends it once, not at every read."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from roundtable.store import Store, open_store
+from roundtable.store.sqlite_driver import OneTripConnection
+from tests.test_held_writer_connection import pools_of
+
+READERS = ("reader", "snapshot", "core_reader", "core_reader_alone")
+WRITES = (
+    "INSERT INTO t VALUES ('written')",
+    "UPDATE t SET v = 'changed'",
+    "DELETE FROM t",
+    "WITH w AS (SELECT 'cte') INSERT INTO t SELECT * FROM w",
+    "CREATE TABLE u (x)",
+)
+
+
+@contextlib.asynccontextmanager
+async def opened(tmp_path: Path) -> AsyncIterator[Store]:
+    async with open_store(f"sqlite+aiosqlite:///{tmp_path / 'read-only.db'}") as made:
+        raw = sqlite3.connect(made.engine.url.database, isolation_level=None)
+        raw.execute("CREATE TABLE t (v TEXT)")
+        raw.execute("INSERT INTO t VALUES ('first')")
+        raw.close()
+        yield made
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    async with opened(tmp_path) as made:
+        yield made
+
+
+@pytest.fixture
+async def one_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Store]:
+    """A store whose pool has one connection: nothing is kept or held, so
+    every reader and writer below is lent that one, in turn."""
+    pools_of(monkeypatch, 1)
+    async with opened(tmp_path) as made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def reading(store: Store, way: str) -> AsyncIterator[Any]:
+    """One of the store's ways to read: something to ``execute`` on."""
+    if way == "reader":
+        async with store.db.reader() as session:
+            yield session
+    elif way == "snapshot":
+        async with store.db.snapshot() as session:
+            yield session
+    else:
+        async with store.db.core_reader(alone=way == "core_reader_alone") as conn:
+            yield conn
+
+
+def rows(store: Store) -> list[str]:
+    """What another process sees committed."""
+    raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
+    try:
+        return [v for (v,) in raw.execute("SELECT v FROM t ORDER BY rowid")]
+    finally:
+        raw.close()
+
+
+def tables(store: Store) -> list[str]:
+    raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
+    try:
+        return [n for (n,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    finally:
+        raw.close()
+
+
+async def write_as_writers(store: Store, value: str) -> None:
+    """The same row written by each of the writers' ways (Core, ORM, and the
+    engine's own connections), each a value of its own."""
+    async with store.db.core_transaction() as (conn, _notes):
+        await conn.execute(text("INSERT INTO t VALUES (:v)"), {"v": f"{value}-core"})
+    async with store.db.transaction() as session:
+        await session.execute(text("INSERT INTO t VALUES (:v)"), {"v": f"{value}-orm"})
+    async with store.engine.begin() as plain:
+        await plain.execute(text("INSERT INTO t VALUES (:v)"), {"v": f"{value}-engine"})
+
+
+@pytest.mark.parametrize("statement", WRITES)
+@pytest.mark.parametrize("way", READERS)
+async def test_a_write_through_a_reader_is_refused_and_changes_nothing(
+    store: Store, way: str, statement: str
+) -> None:
+    with pytest.raises(DBAPIError, match="readonly database"):
+        async with reading(store, way) as reader:
+            await reader.execute(text(statement))
+    assert rows(store) == ["first"]
+    assert "u" not in tables(store)
+
+
+@pytest.mark.parametrize("way", READERS)
+async def test_a_reader_still_reads(store: Store, way: str) -> None:
+    async with reading(store, way) as reader:
+        seen = (await reader.execute(text("SELECT v FROM t"))).scalars().all()
+    assert seen == ["first"]
+
+
+@pytest.mark.parametrize("way", READERS)
+async def test_one_connection_lent_in_turn_refuses_only_its_readers(
+    one_connection: Store, way: str
+) -> None:
+    """A reader, then writers of every kind lent the same connection: they
+    write; a reader after them refuses again; writers after that write."""
+    store = one_connection
+    with pytest.raises(DBAPIError, match="readonly database"):
+        async with reading(store, way) as reader:
+            await reader.execute(text("INSERT INTO t VALUES ('reader-1')"))
+    await write_as_writers(store, "after-1")
+    with pytest.raises(DBAPIError, match="readonly database"):
+        async with reading(store, way) as reader:
+            await reader.execute(text("INSERT INTO t VALUES ('reader-2')"))
+    await write_as_writers(store, "after-2")
+    assert rows(store) == [
+        "first",
+        *(f"after-{n}-{kind}" for n in (1, 2) for kind in ("core", "orm", "engine")),
+    ]
+    assert store.engine.sync_engine.pool.checkedout() == 0
+
+
+async def test_a_borrower_that_asks_nothing_is_lent_a_connection_that_writes(
+    one_connection: Store,
+) -> None:
+    """A reader's connection back in the pool takes writes again, as a fresh
+    one does, for a borrower that neither begins through the engine nor is
+    one of the store's (one that uses the driver itself)."""
+    store = one_connection
+    async with reading(store, "core_reader") as reader:
+        await reader.execute(text("SELECT 1"))
+    async with store.engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        await driver.execute("INSERT INTO t VALUES ('raw')")  # autocommit: alone
+    assert rows(store) == ["first", "raw"]
+
+
+async def test_the_engine_under_autocommit_refuses_a_readers_write(
+    one_connection: Store,
+) -> None:
+    """Under AUTOCOMMIT each statement commits alone: a reader's write there
+    would commit at once, so it must be refused before it runs."""
+    store = one_connection
+    with pytest.raises(DBAPIError, match="readonly database"):
+        async with store.db._readers.execution_options(isolation_level="AUTOCOMMIT").connect() as c:
+            await c.execute(text("INSERT INTO t VALUES ('autocommitted')"))
+    assert rows(store) == ["first"]
+
+
+@pytest.mark.filterwarnings("ignore:transaction already deassociated:sqlalchemy.exc.SAWarning")
+async def test_a_reader_whose_connection_is_replaced_mid_block_still_refuses(
+    store: Store,
+) -> None:
+    """A connection invalidated under a reader's session and used again is a
+    fresh one, which nobody asked to refuse writes but its BEGIN."""
+    with pytest.raises(DBAPIError, match="readonly database"):
+        async with store.db.reader() as session:
+            conn = await session.connection()
+            await conn.execute(text("SELECT 1"))
+            await conn.invalidate()
+            await conn.rollback()
+            await conn.execute(text("INSERT INTO t VALUES ('replaced')"))
+            await conn.commit()
+    assert rows(store) == ["first"]
+
+
+def traced(driver: OneTripConnection) -> list[str]:
+    """Every statement SQLite runs on ``driver``'s connection from now on."""
+    sent: list[str] = []
+    driver._conn.set_trace_callback(sent.append)
+    return sent
+
+
+async def test_kept_readers_and_the_held_writer_switch_once(store: Store) -> None:
+    """The refusal costs no statement per read: a kept reader's connection
+    is asked once, the held writer's never (a fresh connection takes writes)."""
+    await write_as_writers(store, "warm")  # the writer's connection, held
+    async with reading(store, "core_reader_alone") as reader:
+        await reader.execute(text("SELECT 1"))  # a reader's, kept
+    readers = store.db.reader_connections
+    writer = store.db.writer_connection
+    assert readers is not None and writer is not None and writer.driver is not None
+    (kept,) = readers.drivers
+    to_reader, to_writer = traced(kept), traced(writer.driver)
+    for n in range(5):
+        for way in ("core_reader", "core_reader_alone"):
+            async with reading(store, way) as reader:
+                await reader.execute(text("SELECT v FROM t"))
+        async with store.db.core_transaction() as (conn, _notes):
+            await conn.execute(text("INSERT INTO t VALUES (:v)"), {"v": f"held-{n}"})
+    assert [s for s in to_reader + to_writer if "query_only" in s] == []
+    # The statements only: BEGIN, SELECT, ROLLBACK and a lone SELECT; BEGIN
+    # IMMEDIATE, INSERT, COMMIT.
+    assert (len(to_reader), len(to_writer)) == (5 * 4, 5 * 3)
