@@ -30,6 +30,17 @@ WRITES = (
     "WITH w AS (SELECT 'cte') INSERT INTO t SELECT * FROM w",
     "CREATE TABLE u (x)",
 )
+# What SQLite's query_only lets through (found by the review of it): a
+# reader may not take the file out of WAL mode, which the driver relies on,
+# attach another file, or turn the refusal off.
+PRAGMAS_AND_ATTACH = (
+    "PRAGMA journal_mode=DELETE",
+    "PRAGMA wal_checkpoint(TRUNCATE)",
+    "PRAGMA query_only = 0",
+    "PRAGMA foreign_keys = OFF",
+    "ATTACH DATABASE ':memory:' AS other",
+)
+REFUSED = "readonly database|not authorized"
 
 
 @contextlib.asynccontextmanager
@@ -111,6 +122,37 @@ async def test_a_write_through_a_reader_is_refused_and_changes_nothing(
     assert "u" not in tables(store)
 
 
+@pytest.mark.parametrize("statement", PRAGMAS_AND_ATTACH)
+@pytest.mark.parametrize("way", READERS)
+async def test_a_reader_can_neither_set_a_pragma_nor_attach(
+    store: Store, way: str, statement: str
+) -> None:
+    """Each refused, on a fresh store (where a lone read could take the file
+    out of WAL mode), and a write after it refused still."""
+    with pytest.raises(DBAPIError, match=REFUSED):
+        async with reading(store, way) as reader:
+            await reader.execute(text(statement))
+    with pytest.raises(DBAPIError, match="readonly database"):
+        async with reading(store, way) as reader:
+            await reader.execute(text("INSERT INTO t VALUES ('after')"))
+    raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
+    try:
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        raw.close()
+    assert rows(store) == ["first"]
+
+
+async def test_a_reader_may_still_read_a_pragma_the_driver_sets(store: Store) -> None:
+    """The driver's own busy timeout, set around a call SQLite's thread runs,
+    still goes on a reader's connection."""
+    async with reading(store, "core_reader") as reader:
+        await reader.execute(text("SELECT 1"))
+    (kept,) = kept_readers(store)
+    assert kept.reading
+    await kept.execute("PRAGMA busy_timeout = 1234")  # aiosqlite's own call: the thread
+
+
 @pytest.mark.parametrize("way", READERS)
 async def test_a_reader_still_reads(store: Store, way: str) -> None:
     async with reading(store, way) as reader:
@@ -155,6 +197,31 @@ async def test_a_borrower_that_asks_nothing_is_lent_a_connection_that_writes(
     assert rows(store) == ["first", "raw"]
 
 
+async def test_the_readers_engine_refuses_a_write_sent_to_its_driver(store: Store) -> None:
+    """A connection of the readers' engine is a reader's from its checkout,
+    before any BEGIN: a write sent to its driver directly is refused too."""
+    async with store.db._readers.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        with pytest.raises(sqlite3.OperationalError, match="readonly database"):
+            await driver.execute("INSERT INTO t VALUES ('raw-through-readers')")
+    assert rows(store) == ["first"]
+
+
+async def test_a_connection_closes_without_a_statement_before(one_connection: Store) -> None:
+    """A reader's connection the pool then closes (disposed of) is closed as
+    it is, the refusal not turned off first: a statement failing there would
+    leave it open."""
+    store = one_connection
+    async with store.engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+    async with reading(store, "core_reader") as reader:
+        await reader.execute(text("SELECT 1"))
+    sent = traced(driver)
+    await store.engine.dispose()
+    assert [s for s in sent if "query_only" in s] == []
+    assert driver._connection is None
+
+
 async def test_the_engine_under_autocommit_refuses_a_readers_write(
     one_connection: Store,
 ) -> None:
@@ -182,6 +249,12 @@ async def test_a_reader_whose_connection_is_replaced_mid_block_still_refuses(
             await conn.execute(text("INSERT INTO t VALUES ('replaced')"))
             await conn.commit()
     assert rows(store) == ["first"]
+
+
+def kept_readers(store: Store) -> list[OneTripConnection]:
+    readers = store.db.reader_connections
+    assert readers is not None
+    return readers.drivers
 
 
 def traced(driver: OneTripConnection) -> list[str]:

@@ -257,10 +257,18 @@ def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
     SQLAlchemy takes it off the connection when the pool has it back. Every
     BEGIN is checked to say it (:func:`_refuse_unless_read_only`)."""
     if engine.dialect.name != "postgresql":
-        return engine.execution_options(**{READ_ONLY_OPTION: True})
+        readers = engine.execution_options(**{READ_ONLY_OPTION: True})
+        # A reader's from its checkout, before any BEGIN (whose listener
+        # says it again: a connection replaced inside the block is fresh).
+        event.listen(readers.sync_engine, "engine_connect", _reading_from_checkout)
+        return readers
     readers = engine.execution_options(**{READ_ONLY_OPTION: True, "postgresql_readonly": True})
     event.listen(readers.sync_engine, "begin", _refuse_unless_read_only)
     return readers
+
+
+def _reading_from_checkout(conn: Any) -> None:
+    refuse_writes(conn.connection.driver_connection, True)
 
 
 def _refuse_unless_read_only(conn: Any) -> None:

@@ -223,7 +223,7 @@ class OneTripConnection(aiosqlite.core.Connection):
             # held, such a call ran outside it, in autocommit, and a rollback
             # finding only the BEGIN sent nothing).
             call = partial(self._begun, begin, call)
-        if self.reading != self._query_only:
+        if self.reading != self._query_only and not self._closing(fn):
             # Before anything, the BEGIN too (SQLite refuses BEGIN IMMEDIATE
             # under query_only), in the same trip.
             call = partial(self._query_only_then, self.reading, call)
@@ -289,11 +289,24 @@ class OneTripConnection(aiosqlite.core.Connection):
             return
         raise _WaitOnTheThread(rest) from error
 
+    def _closing(self, fn: Any) -> bool:
+        """Whether ``fn`` is aiosqlite's close of this connection: closed as
+        it is (a statement sent first and failing would leave it open)."""
+        return getattr(fn, "__self__", None) is self._connection and fn.__name__ == "close"
+
     def _query_only_then(self, on: bool, call: Any) -> Any:
         """SQLite told to refuse writes (``on``) or take them again, then
-        the call. Known sent once it ran: a call whose statement then waits
-        on the thread (``_WaitOnTheThread``) leaves only its rest there."""
-        self._conn.execute(f"PRAGMA query_only = {int(on)}")
+        the call. ``query_only`` lets a PRAGMA and ATTACH through (a reader
+        could take the file out of WAL mode, or turn the refusal off), so a
+        reader's connection also refuses those (:func:`_reader_may`). Known
+        sent once it ran: a call whose statement then waits on the thread
+        (``_WaitOnTheThread``) leaves only its rest there."""
+        if on:
+            self._conn.execute("PRAGMA query_only = 1")
+            self._conn.set_authorizer(_reader_may)
+        else:
+            self._conn.set_authorizer(None)
+            self._conn.execute("PRAGMA query_only = 0")
         self._query_only = on
         return call()
 
@@ -424,6 +437,27 @@ class OneTripConnection(aiosqlite.core.Connection):
         self._begin = None
         self._idle_outside_transaction = False
         await super().close()
+
+
+def _reader_may(action: int, name: str | None, *_rest: Any) -> int:
+    """What a reader's connection lets SQLite prepare: anything
+    ``query_only`` lets through (every read), but no ATTACH or DETACH, and
+    no PRAGMA but those of :data:`_READERS_PRAGMAS`. Asked at each
+    statement's preparing only (sqlite3 keeps prepared statements), not at
+    each run."""
+    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA and (name or "").lower() not in _READERS_PRAGMAS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+# The PRAGMAs sent on a reader's connection by others than its reader, both
+# this connection's own settings, neither a change to the file: the busy
+# timeout this driver sets around a call on the thread, and the isolation
+# level SQLAlchemy sets and resets (read_uncommitted) when a borrower asks
+# for one (AUTOCOMMIT, say).
+_READERS_PRAGMAS = frozenset({"busy_timeout", "read_uncommitted"})
 
 
 def _listed(parameters: Any) -> Any:
