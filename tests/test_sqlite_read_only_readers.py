@@ -35,6 +35,7 @@ WRITES = (
 # attach another file, or turn the refusal off.
 PRAGMAS_AND_ATTACH = (
     "PRAGMA journal_mode=DELETE",
+    "PRAGMA busy_timeout = 1500",
     "PRAGMA wal_checkpoint(TRUNCATE)",
     "PRAGMA query_only = 0",
     "PRAGMA foreign_keys = OFF",
@@ -143,14 +144,17 @@ async def test_a_reader_can_neither_set_a_pragma_nor_attach(
     assert rows(store) == ["first"]
 
 
-async def test_a_reader_may_still_read_a_pragma_the_driver_sets(store: Store) -> None:
-    """The driver's own busy timeout, set around a call SQLite's thread runs,
-    still goes on a reader's connection."""
+async def test_the_driver_still_sets_a_readers_busy_timeout_on_the_thread(store: Store) -> None:
+    """The busy timeout SQLite's thread waits for a lock with is set around
+    each call it runs, on a reader's connection too (the one PRAGMA a
+    reader's connection takes, and from the driver alone)."""
     async with reading(store, "core_reader") as reader:
         await reader.execute(text("SELECT 1"))
     (kept,) = kept_readers(store)
-    assert kept.reading
-    await kept.execute("PRAGMA busy_timeout = 1234")  # aiosqlite's own call: the thread
+    assert kept._query_only
+    sent = traced(kept)
+    await kept.execute("SELECT 1")  # aiosqlite's own call: on the thread
+    assert sent == ["PRAGMA busy_timeout = 60000", "SELECT 1", "PRAGMA busy_timeout = 0"]
 
 
 @pytest.mark.parametrize("way", READERS)
@@ -249,6 +253,29 @@ async def test_a_reader_whose_connection_is_replaced_mid_block_still_refuses(
             await conn.execute(text("INSERT INTO t VALUES ('replaced')"))
             await conn.commit()
     assert rows(store) == ["first"]
+
+
+async def test_a_writer_after_a_reader_never_waits_for_a_lock_on_the_event_loop(
+    one_connection: Store,
+) -> None:
+    """The event loop must never wait for SQLite's lock (sqlite_driver.py):
+    a connection lent to a writer after a reader has its busy timeout at 0
+    on the event loop, whatever the reader left (found by the second review:
+    a reader's busy timeout stayed, and a writer meeting another process's
+    lock held the event loop for it)."""
+    store = one_connection
+    async with store.engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+    async with reading(store, "core_reader") as reader:
+        await reader.execute(text("SELECT 1"))
+    assert driver._query_only
+    # Left behind (a reader's own PRAGMA is refused; a cached statement of
+    # this driver's text would not be asked again).
+    driver._busy_timeout(1500)
+    async with store.db.core_transaction() as (conn, _notes):
+        await conn.execute(text("INSERT INTO t VALUES ('writer')"))
+    assert driver._conn.execute("PRAGMA busy_timeout").fetchone() == (0,)
+    assert rows(store) == ["first", "writer"]
 
 
 def kept_readers(store: Store) -> list[OneTripConnection]:

@@ -184,6 +184,9 @@ class OneTripConnection(aiosqlite.core.Connection):
     # PRAGMA query_only goes only when the two differ (``_execute``).
     reading = False
     _query_only = False
+    # Set while this driver sends its own busy timeout, the one PRAGMA a
+    # reader's connection takes from it alone (``_reader_may``).
+    _setting_timeout = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -266,13 +269,22 @@ class OneTripConnection(aiosqlite.core.Connection):
         if self._busy_timeout_ms is None:
             return call()
         with contextlib.suppress(sqlite3.Error):
-            self._conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            self._busy_timeout(self._busy_timeout_ms)
         try:
             return call()
         finally:
             if self._connection is not None:
                 with contextlib.suppress(sqlite3.Error):
-                    self._conn.execute("PRAGMA busy_timeout = 0")
+                    self._busy_timeout(0)
+
+    def _busy_timeout(self, ms: int) -> None:
+        """The connection's busy timeout, set by this driver (a reader's
+        connection refuses it from anyone else: ``_reader_may``)."""
+        self._setting_timeout = True
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {ms}")
+        finally:
+            self._setting_timeout = False
 
     def _wait_on_the_thread(self, error: sqlite3.Error, rest: Any, method: str = "") -> None:
         """On the event loop, a lock found taken (SQLite's busy error: the
@@ -303,12 +315,39 @@ class OneTripConnection(aiosqlite.core.Connection):
         (``_WaitOnTheThread``) leaves only its rest there."""
         if on:
             self._conn.execute("PRAGMA query_only = 1")
-            self._conn.set_authorizer(_reader_may)
+            self._conn.set_authorizer(self._reader_may)
         else:
             self._conn.set_authorizer(None)
             self._conn.execute("PRAGMA query_only = 0")
+            if self._here and self._busy_timeout_ms is not None:
+                # On the event loop the timeout must be 0 (a reader's bug
+                # could have left another: a writer would wait on the loop).
+                # On the thread, _on_the_thread sets it around the call.
+                self._busy_timeout(0)
         self._query_only = on
         return call()
+
+    def _reader_may(self, action: int, name: str | None, *_rest: Any) -> int:
+        """What a reader's connection lets SQLite prepare: anything
+        ``query_only`` lets through (every read), but no ATTACH or DETACH,
+        and no PRAGMA but SQLAlchemy's ``read_uncommitted`` (its isolation
+        level, set and reset when a borrower asks for one, AUTOCOMMIT say)
+        and this driver's own busy timeout. Asked when SQLite prepares a
+        statement, not at each run: sqlite3 keeps prepared statements by
+        their text, so a reader sending this driver's very text after it
+        reuses its statement (both texts set values this driver sets; a
+        writer lent the connection next has its timeout set to 0 again).
+        Reflection (``PRAGMA table_info``...) through a reader is refused
+        too: the store reflects, migrates and checks its schema through the
+        writers' engine."""
+        if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+            return sqlite3.SQLITE_DENY
+        if action != sqlite3.SQLITE_PRAGMA:
+            return sqlite3.SQLITE_OK
+        pragma = (name or "").lower()
+        if pragma == "read_uncommitted" or (pragma == "busy_timeout" and self._setting_timeout):
+            return sqlite3.SQLITE_OK
+        return sqlite3.SQLITE_DENY
 
     def _begun(self, begin: str, call: Any) -> Any:
         """The held-back BEGIN, then the call."""
@@ -437,27 +476,6 @@ class OneTripConnection(aiosqlite.core.Connection):
         self._begin = None
         self._idle_outside_transaction = False
         await super().close()
-
-
-def _reader_may(action: int, name: str | None, *_rest: Any) -> int:
-    """What a reader's connection lets SQLite prepare: anything
-    ``query_only`` lets through (every read), but no ATTACH or DETACH, and
-    no PRAGMA but those of :data:`_READERS_PRAGMAS`. Asked at each
-    statement's preparing only (sqlite3 keeps prepared statements), not at
-    each run."""
-    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_PRAGMA and (name or "").lower() not in _READERS_PRAGMAS:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-
-# The PRAGMAs sent on a reader's connection by others than its reader, both
-# this connection's own settings, neither a change to the file: the busy
-# timeout this driver sets around a call on the thread, and the isolation
-# level SQLAlchemy sets and resets (read_uncommitted) when a borrower asks
-# for one (AUTOCOMMIT, say).
-_READERS_PRAGMAS = frozenset({"busy_timeout", "read_uncommitted"})
 
 
 def _listed(parameters: Any) -> Any:
