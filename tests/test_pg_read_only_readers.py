@@ -32,7 +32,7 @@ async def engine(pg_engine: AsyncEngine) -> AsyncEngine:
 
 
 @contextlib.asynccontextmanager
-async def _reading(db: Database, way: str) -> AsyncIterator[Any]:
+async def reading(db: Database, way: str) -> AsyncIterator[Any]:
     """One of the store's ways to read: something to ``execute`` on."""
     if way == "reader":
         async with db.reader() as session:
@@ -59,7 +59,7 @@ async def _rows(engine: AsyncEngine) -> list[int]:
 
 @pytest.mark.parametrize("way", READERS)
 async def test_a_reader_is_a_read_only_transaction(engine, way) -> None:
-    async with _reading(Database(engine), way) as reader:
+    async with reading(Database(engine), way) as reader:
         only = (await reader.execute(text("SHOW transaction_read_only"))).scalar_one()
         seen = (await reader.execute(text("SELECT count(*) FROM read_only_rows"))).scalar_one()
     assert only == "on"
@@ -81,7 +81,7 @@ async def test_a_write_through_a_reader_is_refused_and_changes_nothing(
 ) -> None:
     raw = await _one_pooled(engine)
     with pytest.raises(DBAPIError, match="read-only transaction"):
-        async with _reading(Database(engine), way) as reader:
+        async with reading(Database(engine), way) as reader:
             await reader.execute(text(statement))
     assert not raw.is_in_transaction()
     assert await _rows(engine) == [0]
@@ -93,7 +93,7 @@ async def test_the_flag_goes_back_with_the_connection(engine, way) -> None:
     write, and a reader after them is read-only again."""
     db = Database(engine)
     raw = await _one_pooled(engine)
-    async with _reading(db, way) as reader:
+    async with reading(db, way) as reader:
         await reader.execute(text("SELECT 1"))
     async with db.core_transaction() as (conn, _notes):
         assert (await conn.execute(text("SHOW transaction_read_only"))).scalar_one() == "off"
@@ -102,7 +102,7 @@ async def test_the_flag_goes_back_with_the_connection(engine, way) -> None:
         await session.execute(text("INSERT INTO read_only_rows VALUES (2)"))
     async with engine.begin() as plain:  # the engine's own connections too
         await plain.execute(text("INSERT INTO read_only_rows VALUES (3)"))
-    async with _reading(db, way) as reader:
+    async with reading(db, way) as reader:
         assert (await reader.execute(text("SHOW transaction_read_only"))).scalar_one() == "on"
     assert (await _one_pooled(engine)) is raw  # one connection throughout
     assert await _rows(engine) == [0, 1, 2, 3]
@@ -140,7 +140,7 @@ async def test_a_reader_lent_a_connection_the_pool_pinged_is_read_only_too(
 
     monkeypatch.setattr(pg_core, "_begin_as_ping", not_begun)
     with pytest.raises(DBAPIError, match="read-only transaction"):
-        async with _reading(Database(engine), way) as reader:
+        async with reading(Database(engine), way) as reader:
             assert (await reader.execute(text("SHOW transaction_read_only"))).scalar_one() == "on"
             await reader.execute(text("INSERT INTO read_only_rows VALUES (1)"))
     assert await _rows(engine) == [0]
@@ -160,7 +160,7 @@ async def test_a_reader_whose_connection_is_replaced_mid_block_refuses_to_go_on(
     is replaced by SQLAlchemy with a fresh one that nobody marked read-only
     (or REPEATABLE READ): its next BEGIN is refused, and nothing is written."""
     with pytest.raises(InvalidRequestError, match="would not be read-only"):
-        async with _reading(Database(engine), way) as session:
+        async with reading(Database(engine), way) as session:
             conn = await session.connection()
             await conn.execute(text("SELECT 1"))
             await conn.invalidate()
@@ -177,14 +177,14 @@ async def test_readers_of_an_engine_under_autocommit_refuse_to_read(engine, way)
     (a snapshot pins its own isolation level on its connection, and reads)."""
     db = Database(engine.execution_options(isolation_level="AUTOCOMMIT"))
     if way == "snapshot":
-        async with _reading(db, way) as reader:
+        async with reading(db, way) as reader:
             level = (await reader.execute(text("SHOW transaction_isolation"))).scalar_one()
             with pytest.raises(DBAPIError, match="read-only transaction"):
                 await reader.execute(text("INSERT INTO read_only_rows VALUES (9)"))
         assert level == "repeatable read"
     else:
         with pytest.raises(InvalidRequestError, match="would not be read-only"):
-            async with _reading(db, way) as reader:
+            async with reading(db, way) as reader:
                 await reader.execute(text("INSERT INTO read_only_rows VALUES (9)"))
     assert await _rows(engine) == [0]
 

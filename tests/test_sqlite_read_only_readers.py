@@ -20,9 +20,11 @@ from sqlalchemy.exc import DBAPIError
 
 from roundtable.store import Store, open_store
 from roundtable.store.sqlite_driver import OneTripConnection
+from tests.test_held_writer_connection import committed as rows
 from tests.test_held_writer_connection import pools_of
+from tests.test_pg_read_only_readers import READERS
+from tests.test_pg_read_only_readers import reading as reading_from
 
-READERS = ("reader", "snapshot", "core_reader", "core_reader_alone")
 WRITES = (
     "INSERT INTO t VALUES ('written')",
     "UPDATE t SET v = 'changed'",
@@ -69,35 +71,17 @@ async def one_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Asy
         yield made
 
 
-@contextlib.asynccontextmanager
-async def reading(store: Store, way: str) -> AsyncIterator[Any]:
-    """One of the store's ways to read: something to ``execute`` on."""
-    if way == "reader":
-        async with store.db.reader() as session:
-            yield session
-    elif way == "snapshot":
-        async with store.db.snapshot() as session:
-            yield session
-    else:
-        async with store.db.core_reader(alone=way == "core_reader_alone") as conn:
-            yield conn
-
-
-def rows(store: Store) -> list[str]:
-    """What another process sees committed."""
+def outside(store: Store, sql: str) -> list[Any]:
+    """What another process reads."""
     raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
     try:
-        return [v for (v,) in raw.execute("SELECT v FROM t ORDER BY rowid")]
+        return raw.execute(sql).fetchall()
     finally:
         raw.close()
 
 
 def tables(store: Store) -> list[str]:
-    raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
-    try:
-        return [n for (n,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-    finally:
-        raw.close()
+    return [n for (n,) in outside(store, "SELECT name FROM sqlite_master WHERE type = 'table'")]
 
 
 async def write_as_writers(store: Store, value: str) -> None:
@@ -117,7 +101,7 @@ async def test_a_write_through_a_reader_is_refused_and_changes_nothing(
     store: Store, way: str, statement: str
 ) -> None:
     with pytest.raises(DBAPIError, match="readonly database"):
-        async with reading(store, way) as reader:
+        async with reading_from(store.db, way) as reader:
             await reader.execute(text(statement))
     assert rows(store) == ["first"]
     assert "u" not in tables(store)
@@ -131,16 +115,12 @@ async def test_a_reader_can_neither_set_a_pragma_nor_attach(
     """Each refused, on a fresh store (where a lone read could take the file
     out of WAL mode), and a write after it refused still."""
     with pytest.raises(DBAPIError, match=REFUSED):
-        async with reading(store, way) as reader:
+        async with reading_from(store.db, way) as reader:
             await reader.execute(text(statement))
     with pytest.raises(DBAPIError, match="readonly database"):
-        async with reading(store, way) as reader:
+        async with reading_from(store.db, way) as reader:
             await reader.execute(text("INSERT INTO t VALUES ('after')"))
-    raw = sqlite3.connect(store.engine.url.database, isolation_level=None)
-    try:
-        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-    finally:
-        raw.close()
+    assert outside(store, "PRAGMA journal_mode") == [("wal",)]
     assert rows(store) == ["first"]
 
 
@@ -148,7 +128,7 @@ async def test_the_driver_still_sets_a_readers_busy_timeout_on_the_thread(store:
     """The busy timeout SQLite's thread waits for a lock with is set around
     each call it runs, on a reader's connection too (the one PRAGMA a
     reader's connection takes, and from the driver alone)."""
-    async with reading(store, "core_reader") as reader:
+    async with reading_from(store.db, "core_reader") as reader:
         await reader.execute(text("SELECT 1"))
     (kept,) = kept_readers(store)
     assert kept._query_only
@@ -159,7 +139,7 @@ async def test_the_driver_still_sets_a_readers_busy_timeout_on_the_thread(store:
 
 @pytest.mark.parametrize("way", READERS)
 async def test_a_reader_still_reads(store: Store, way: str) -> None:
-    async with reading(store, way) as reader:
+    async with reading_from(store.db, way) as reader:
         seen = (await reader.execute(text("SELECT v FROM t"))).scalars().all()
     assert seen == ["first"]
 
@@ -172,11 +152,11 @@ async def test_one_connection_lent_in_turn_refuses_only_its_readers(
     write; a reader after them refuses again; writers after that write."""
     store = one_connection
     with pytest.raises(DBAPIError, match="readonly database"):
-        async with reading(store, way) as reader:
+        async with reading_from(store.db, way) as reader:
             await reader.execute(text("INSERT INTO t VALUES ('reader-1')"))
     await write_as_writers(store, "after-1")
     with pytest.raises(DBAPIError, match="readonly database"):
-        async with reading(store, way) as reader:
+        async with reading_from(store.db, way) as reader:
             await reader.execute(text("INSERT INTO t VALUES ('reader-2')"))
     await write_as_writers(store, "after-2")
     assert rows(store) == [
@@ -193,7 +173,7 @@ async def test_a_borrower_that_asks_nothing_is_lent_a_connection_that_writes(
     one does, for a borrower that neither begins through the engine nor is
     one of the store's (one that uses the driver itself)."""
     store = one_connection
-    async with reading(store, "core_reader") as reader:
+    async with reading_from(store.db, "core_reader") as reader:
         await reader.execute(text("SELECT 1"))
     async with store.engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
@@ -218,7 +198,7 @@ async def test_a_connection_closes_without_a_statement_before(one_connection: St
     store = one_connection
     async with store.engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
-    async with reading(store, "core_reader") as reader:
+    async with reading_from(store.db, "core_reader") as reader:
         await reader.execute(text("SELECT 1"))
     sent = traced(driver)
     await store.engine.dispose()
@@ -266,7 +246,7 @@ async def test_a_writer_after_a_reader_never_waits_for_a_lock_on_the_event_loop(
     store = one_connection
     async with store.engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
-    async with reading(store, "core_reader") as reader:
+    async with reading_from(store.db, "core_reader") as reader:
         await reader.execute(text("SELECT 1"))
     assert driver._query_only
     # Left behind (a reader's own PRAGMA is refused; a cached statement of
@@ -295,7 +275,7 @@ async def test_kept_readers_and_the_held_writer_switch_once(store: Store) -> Non
     """The refusal costs no statement per read: a kept reader's connection
     is asked once, the held writer's never (a fresh connection takes writes)."""
     await write_as_writers(store, "warm")  # the writer's connection, held
-    async with reading(store, "core_reader_alone") as reader:
+    async with reading_from(store.db, "core_reader_alone") as reader:
         await reader.execute(text("SELECT 1"))  # a reader's, kept
     readers = store.db.reader_connections
     writer = store.db.writer_connection
@@ -304,7 +284,7 @@ async def test_kept_readers_and_the_held_writer_switch_once(store: Store) -> Non
     to_reader, to_writer = traced(kept), traced(writer.driver)
     for n in range(5):
         for way in ("core_reader", "core_reader_alone"):
-            async with reading(store, way) as reader:
+            async with reading_from(store.db, way) as reader:
                 await reader.execute(text("SELECT v FROM t"))
         async with store.db.core_transaction() as (conn, _notes):
             await conn.execute(text("INSERT INTO t VALUES (:v)"), {"v": f"held-{n}"})
