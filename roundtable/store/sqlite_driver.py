@@ -304,7 +304,12 @@ class OneTripConnection(aiosqlite.core.Connection):
     def _closing(self, fn: Any) -> bool:
         """Whether ``fn`` is aiosqlite's close of this connection: closed as
         it is (a statement sent first and failing would leave it open)."""
-        return getattr(fn, "__self__", None) is self._connection and fn.__name__ == "close"
+        connection = self._connection
+        return (
+            connection is not None
+            and getattr(fn, "__self__", None) is connection
+            and getattr(fn, "__name__", None) == "close"
+        )
 
     def _query_only_then(self, on: bool, call: Any) -> Any:
         """SQLite told to refuse writes (``on``) or take them again, then
