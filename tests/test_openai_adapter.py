@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import logging
 
 import pytest
 
-from roundtable.models import Decision
+from roundtable.agents.base import resolve_model
+from roundtable.models import ChatMessage, Decision, TurnRequest
 from tests.api_server import serve_api
 from tests.fake_openai import error, fake_openai, message
 from tests.workflow_harness import harness
@@ -147,3 +151,35 @@ async def test_a_refused_request_fails_the_run_cleanly(tmp_path, endpoint) -> No
             await handle.result()
         assert len(fake.requests) == 1  # final: not retried
         assert (await h.store.get_run(handle.id))["status"] == "failed"
+
+
+def test_a_turn_leaves_no_client_open_for_a_later_event_loop(monkeypatch, caplog) -> None:
+    """Each turn resolves its model afresh, with a client of its own. Left
+    open, the client was closed by the garbage collector on whichever event
+    loop ran next, whose task then failed on the first loop's closed
+    transport, a traceback in that loop's logs (a CI run caught one in
+    another test's output). The turn's own client is closed with the turn."""
+    request = TurnRequest(
+        run_id="run-1",
+        seat="seat-1",
+        round=1,
+        role="seat",
+        model="openai:m",
+        messages=[ChatMessage(role="user", content="hello")],
+    )
+
+    async def turns() -> list[str]:
+        async with fake_openai(lambda _body, _n: message("done")) as fake:
+            monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+            monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-real")
+            return [(await resolve_model("openai:m").respond(request)).text for _ in range(3)]
+
+    assert asyncio.run(turns()) == ["done"] * 3
+
+    async def later() -> None:
+        gc.collect()
+        await asyncio.sleep(0.1)
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        asyncio.run(later())
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

@@ -79,23 +79,34 @@ class OpenAIChatModel:
         )
         self.max_retries = max_retries
 
-    def client(self) -> openai.AsyncOpenAI:
-        if self._client is None:
-            self._client = openai.AsyncOpenAI(
-                api_key=os.environ.get("OPENAI_API_KEY") or "not-needed-for-local-servers",
-                timeout=self.timeout_seconds,
-                max_retries=self.max_retries,
-            )
-        return self._client
+    def _new_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            api_key=os.environ.get("OPENAI_API_KEY") or "not-needed-for-local-servers",
+            timeout=self.timeout_seconds,
+            max_retries=self.max_retries,
+        )
 
     async def respond(self, request: TurnRequest) -> TurnResponse:
+        # A client given is the giver's to close. One made here serves this
+        # turn only and is closed with it: left open, the garbage collector
+        # closed it later on whichever event loop then ran, failing on this
+        # loop's transport once this loop had closed (a traceback in an
+        # unrelated log), and its connections stayed open until then.
+        client = self._client or self._new_client()
+        try:
+            return await self._respond(client, request)
+        finally:
+            if client is not self._client:
+                await client.close()
+
+    async def _respond(self, client: openai.AsyncOpenAI, request: TurnRequest) -> TurnResponse:
         extra: dict[str, Any] = {}
         if request.tools:
             extra["tools"] = [_wire_tool(t) for t in request.tools]
         if request.reasoning_effort:
             extra["reasoning_effort"] = request.reasoning_effort
         try:
-            completion = await self.client().chat.completions.create(
+            completion = await client.chat.completions.create(
                 model=request.model.removeprefix(PREFIX),
                 messages=[_wire_message(m) for m in request.messages],
                 **extra,
