@@ -120,6 +120,7 @@ class ToolRoutes:
         if not options:
             return await schedule({}, False)
         wait, backoff, prior = options["schedule_to_start_timeout"], RETRY_BUSY_FIRST, False
+        closed = False
         try:
             while True:
                 if ending():
@@ -139,8 +140,14 @@ class ToolRoutes:
                 prior = True  # it may have run: what may not run twice will not
                 await workflow.sleep(backoff)
                 backoff = min(backoff * 2, TOOL_WORKER_WAIT)
+        except GeneratorExit:
+            # The run was evicted from the worker's cache and its coroutine
+            # is being closed, outside any workflow: nothing may be scheduled
+            # (the status it would publish is the replaying worker's to show).
+            closed = True
+            raise
         finally:
-            if key in self.state.unserved_calls:
+            if not closed and key in self.state.unserved_calls:
                 await self.unserved(key, None)
 
     async def once(
