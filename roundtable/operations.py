@@ -78,6 +78,12 @@ class NoToolWorkerError(ConflictError):
     """No tool worker took the step (worker roles): nothing was done."""
 
 
+class WorkflowStalledError(ConflictError):
+    """The run's workflow is open but takes no update now: Temporal refuses
+    one while its workflow tasks keep failing (a deploy it cannot replay on,
+    say)."""
+
+
 def _typed(exc: WorkflowUpdateFailedError) -> Exception:
     """Bad input stays bad input (422); every other refusal is a conflict (409)."""
     cause = exc.cause
@@ -124,6 +130,11 @@ async def send_update(
             raise NoLiveWorkflowError(f"run {run_id} has no live workflow ({exc.message})") from exc
         if exc.status == RPCStatusCode.UNAVAILABLE:
             raise TemporalUnavailableError(f"Temporal is unavailable: {exc.message}") from exc
+        if exc.status == RPCStatusCode.FAILED_PRECONDITION:
+            raise WorkflowStalledError(
+                f"run {run_id}'s workflow takes no requests now ({exc.message}); if its "
+                "workflow tasks keep failing, an operator can recover it (roundtable recover)"
+            ) from exc
         raise
 
 
@@ -403,9 +414,11 @@ async def reconcile_request(
     the run's workflow, if open, is told to look."""
     try:
         return await send_update(client, run_id, RECONCILE_UPDATE, request), "workflow"
-    except (NotTrackedError, NoLiveWorkflowError, NoToolWorkerError):
+    except (NotTrackedError, NoLiveWorkflowError, NoToolWorkerError, WorkflowStalledError):
         # The run's own route may point at a queue nobody serves any more
         # (NoToolWorker): the store path takes the tool's queue as it is now.
+        # A stalled run takes no update, and its unknown must not wait for
+        # its recovery: the store path needs nothing of the run's workflow.
         pass
     try:
         out = await client.execute_workflow(
