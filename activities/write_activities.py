@@ -809,7 +809,21 @@ async def _fence_target(
         idempotency_key=action["idempotency_key"],
         fencing_token=action["fencing_token"],
     )
-    if not await tool.fence(tool.parse(arguments), attempt):
+    failed = None
+    try:
+        applied_nothing = await tool.fence(tool.parse(arguments), attempt)
+    except Exception as exc:
+        # What the tool or its system says may quote the arguments it was
+        # given: redacted as execute_write redacts a tool's errors. Answered
+        # at once, not retried: the operator is told nothing was recorded.
+        said = redact_text(str(exc), arguments, action["safe_argument_fields"])
+        failed = ConflictError(
+            f"{action['tool_name']}'s fence failed, so nothing was recorded "
+            f"({type(exc).__name__}: {said}); reconcile again once the tool's system answers"
+        )
+    if failed is not None:  # raised out here, it carries no trace of what was said
+        raise failed
+    if not applied_nothing:
         raise ConflictError(
             f"{action['tool_name']}'s own log shows this write applied: reconcile it as succeeded"
         )
