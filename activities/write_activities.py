@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -781,6 +781,21 @@ def _refused_write(inp: InterceptInput, code: str, message: str) -> PendingWrite
     )
 
 
+# Under the local activity's own limit (workflows/timeouts.BOOKKEEPING, 30 s),
+# so a fence that hangs is refused, not timed out and retried.
+FENCE_WITHIN = timedelta(seconds=20)
+
+
+def _redacted_error(exc: Exception, arguments: Any, safe_fields: Any) -> str:
+    """An error's type and message, redacted of the arguments as a tool's
+    errors are: what a tool or its system says may quote what it was given."""
+    try:
+        text = str(exc)
+    except Exception:  # an error whose message cannot even be read
+        text = "(its message could not be read)"
+    return f"{type(exc).__name__}: {redact_text(text, arguments, safe_fields)}"
+
+
 async def _fence_target(
     store: Store, registry: ToolRegistry, action_id: str, tools_here: bool = True
 ) -> int | None:
@@ -801,7 +816,13 @@ async def _fence_target(
         )
     if tool is None or tool.fence is None or action["fencing_token"] is None:
         return None
-    arguments = await store.get_action_arguments(action_id)
+    try:
+        arguments = await store.get_action_arguments(action_id)
+    except (ArgumentsDecryptionError, ActionSecretKeyError) as exc:  # no retry opens them
+        raise ConflictError(
+            f"{action['tool_name']} cannot be fenced: its arguments cannot be opened here "
+            f"({exc}); nothing was recorded"
+        ) from None
     attempt = ToolContext(
         run_id=action["run_id"],
         seat=action["agent_id"],
@@ -809,20 +830,21 @@ async def _fence_target(
         idempotency_key=action["idempotency_key"],
         fencing_token=action["fencing_token"],
     )
-    failed = None
+    # Answered at once, not retried: a fence that fails or does not answer
+    # is a refusal that recorded nothing, and the operator asks again.
+    said = None
     try:
-        applied_nothing = await tool.fence(tool.parse(arguments), attempt)
+        async with asyncio.timeout(FENCE_WITHIN.total_seconds()):
+            applied_nothing = await tool.fence(tool.parse(arguments), attempt)
+    except TimeoutError:
+        said = f"no answer within {FENCE_WITHIN.total_seconds():.0f} s"
     except Exception as exc:
-        # What the tool or its system says may quote the arguments it was
-        # given: redacted as execute_write redacts a tool's errors. Answered
-        # at once, not retried: the operator is told nothing was recorded.
-        said = redact_text(str(exc), arguments, action["safe_argument_fields"])
-        failed = ConflictError(
-            f"{action['tool_name']}'s fence failed, so nothing was recorded "
-            f"({type(exc).__name__}: {said}); reconcile again once the tool's system answers"
+        said = _redacted_error(exc, arguments, action["safe_argument_fields"])
+    if said is not None:  # raised out here, it carries no trace of the error
+        raise ConflictError(
+            f"{action['tool_name']}'s fence failed, so nothing was recorded ({said}); "
+            "reconcile again once the tool's system answers"
         )
-    if failed is not None:  # raised out here, it carries no trace of what was said
-        raise failed
     if not applied_nothing:
         raise ConflictError(
             f"{action['tool_name']}'s own log shows this write applied: reconcile it as succeeded"

@@ -101,7 +101,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(TemporalUnavailableError)
     async def _unavailable(_: Request, exc: TemporalUnavailableError) -> JSONResponse:
-        return problem_response(503, "temporal_unavailable", str(exc))
+        return problem_response(503, exc.code, str(exc))
 
 
 def _methods_of(request: Request) -> list[str]:

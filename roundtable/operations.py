@@ -78,10 +78,14 @@ class NoToolWorkerError(ConflictError):
     """No tool worker took the step (worker roles): nothing was done."""
 
 
-class WorkflowStalledError(ConflictError):
+class WorkflowStalledError(TemporalUnavailableError):
     """The run's workflow is open but takes no update now: Temporal refuses
     one while its workflow tasks keep failing (a deploy it cannot replay on,
-    say)."""
+    say) or while it is paused. Nothing was done, and the same request may
+    stand once the run is recovered: a 503 of its own code, never the 409
+    that says another request decided first."""
+
+    code = "workflow_stalled"
 
 
 def _typed(exc: WorkflowUpdateFailedError) -> Exception:
@@ -133,7 +137,8 @@ async def send_update(
         if exc.status == RPCStatusCode.FAILED_PRECONDITION:
             raise WorkflowStalledError(
                 f"run {run_id}'s workflow takes no requests now ({exc.message}); if its "
-                "workflow tasks keep failing, an operator can recover it (roundtable recover)"
+                "workflow tasks keep failing, an operator can recover it (roundtable recover), "
+                "and this request can be sent again then"
             ) from exc
         raise
 

@@ -118,3 +118,60 @@ async def test_a_fence_whose_system_is_down_is_answered_at_once_not_retried(tmp_
 
 async def _fences(args: Any, ctx: Any) -> bool:
     return True
+
+
+class PayloadError(Exception):
+    """As some clients' errors: the request it failed on as its message,
+    which ``str()`` cannot even render."""
+
+    def __str__(self) -> str:
+        return self.args[0]  # type: ignore[no-any-return]
+
+
+async def _never_answers(args: Any, ctx: Any) -> bool:
+    await asyncio.Event().wait()
+    return True
+
+
+@pytest.mark.parametrize("failure", ["unreadable message", "no answer", "arguments unopened"])
+async def test_every_way_a_fence_can_fail_is_a_refusal_at_once_that_quotes_nothing(
+    tmp_path, caplog, monkeypatch, failure: str
+) -> None:
+    import activities.write_activities as writes
+    from roundtable.security import ArgumentsDecryptionError
+
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setattr(writes, "FENCE_WITHIN", writes.timedelta(seconds=1))
+    async with harness(
+        tmp_path, customize=fence_raising("ticket_comment", PayloadError({"body": SECRET}))
+    ) as h:
+        run = script(("seat-1", 1, [ticket_call("ticket_comment", "T-1", body=SECRET)]))
+        handle = await h.start(task_text="t", script=run, write_policy=AUTO)
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+        (action_id,) = state.unknown_actions
+        if failure == "no answer":
+            h.registry.tools["ticket_comment"] = dataclasses.replace(
+                h.registry.tools["ticket_comment"], fence=_never_answers
+            )
+        if failure == "arguments unopened":
+
+            async def unopened(_action_id: str) -> Any:
+                raise ArgumentsDecryptionError("sealed under a different secret")
+
+            monkeypatch.setattr(h.store, "get_action_arguments", unopened)
+        asking = operations.reconcile(
+            h.client, h.store, action_id, "failed", "op-1", "nothing landed", h.task_queue
+        )
+        with pytest.raises(ConflictError) as refused:
+            await asyncio.wait_for(asking, ANSWER_WITHIN)
+        action = await h.store.get_action(action_id)
+        await handle.terminate(reason="test done")
+    said = {
+        "unreadable message": "PayloadError: (its message could not be read)",
+        "no answer": "no answer within 1 s",
+        "arguments unopened": "different secret",
+    }[failure]
+    assert said in str(refused.value)
+    assert action["status"] == "unknown"
+    assert "4111" not in str(refused.value)
+    assert not [r.getMessage()[:200] for r in caplog.records if "4111" in _logged(r)]

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TypeVar
 import typer
 from sqlalchemy.engine import make_url
 
-from roundtable.operations import TemporalUnavailableError
+from roundtable.operations import TemporalUnavailableError, WorkflowStalledError
 from roundtable.store.errors import (
     ConflictError,
     ForbiddenError,
@@ -67,6 +67,8 @@ def as_cli_error(error: Exception) -> CliError:
             str(error), "usage" if error.code == "invalid_input" else error.code, EXIT_USAGE
         )
     if isinstance(error, ForbiddenError):
+        return CliError(str(error), error.code)
+    if isinstance(error, WorkflowStalledError):  # Temporal answered: the run takes nothing now
         return CliError(str(error), error.code)
     if isinstance(error, TemporalUnavailableError):
         return CliError(str(error), "unreachable")
