@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.client import WorkflowHandle
 
 from activities.sweep_activities import SweepActivities, SweepOutput
 from roundtable.client import RoundtableClient
@@ -45,11 +46,22 @@ def update(ticket: str = "T-1", owner: str = "a") -> dict:
     return script(("seat-1", 1, [ticket_call("ticket_update", ticket, fields={"owner": owner})]))
 
 
-async def unknown_then_closed(h: Harness, how: str) -> tuple[str, str]:
-    """A run whose write is unknown, then its workflow closed by ``how``."""
+def answer_lost(registry, _tickets) -> None:  # type: ignore[no-untyped-def]
+    """The harness's customizer: the first ticket_update's answer is lost."""
+    wrap_tool(registry, "ticket_update", acts_then_raises)
+
+
+async def unknown_update(h: Harness) -> tuple[WorkflowHandle, str]:
+    """A run whose update of T-1 is unknown (its answer lost: answer_lost)."""
     handle = await h.start(task_text="t", script=update(), write_policy=AUTO)
     state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
     (action_id,) = state.unknown_actions
+    return handle, action_id
+
+
+async def unknown_then_closed(h: Harness, how: str) -> tuple[str, str]:
+    """A run whose write is unknown, then its workflow closed by ``how``."""
+    handle, action_id = await unknown_update(h)
     if how == "terminate":
         await handle.terminate(reason="stuck, said the on-call")
     else:
@@ -107,7 +119,7 @@ async def test_an_unknown_of_a_closed_run_is_reconciled_and_unblocks_its_target(
     async with (
         harness(
             tmp_path,
-            customize=lambda reg, _t: wrap_tool(reg, "ticket_update", acts_then_raises),
+            customize=answer_lost,
             dev_server=True,
         ) as h,
         serve_api(h) as api,
@@ -205,12 +217,8 @@ async def test_a_run_whose_nudge_was_lost_is_nudged_by_the_sweep(tmp_path) -> No
     """Found in review: reconciled in the store, the refresh signal lost (a
     Temporal blip, a crashed API): the run waited for ever, and asking again
     was refused because the action was no longer unknown."""
-    async with harness(
-        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_update", acts_then_raises)
-    ) as h:
-        handle = await h.start(task_text="t", script=update(), write_policy=AUTO)
-        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
-        (action_id,) = state.unknown_actions
+    async with harness(tmp_path, customize=answer_lost) as h:
+        handle, action_id = await unknown_update(h)
         await h.store.reconcile_action(action_id, "succeeded", "op-1", "seen")  # no nudge
         await asyncio.sleep(0.5)
         assert (await h.state(handle)).unknown_actions  # still waiting

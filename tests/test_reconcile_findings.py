@@ -42,18 +42,10 @@ from roundtable.client import RoundtableClient
 from roundtable.models import ReconcileInput
 from roundtable.store import ConflictError, open_store
 from roundtable.tools.tickets import TicketSystem
-from tests.test_closed_runs import acts_then_raises, update
+from tests.test_closed_runs import answer_lost, unknown_update
 from tests.test_fence import claimed_write
-from tests.test_worker_roles import (
-    AUTO,
-    WAIT,
-    lost_before_acting,
-    publish,
-    tool_worker,
-    workflows_only,
-)
-from tests.test_workflow_execution import wrap_tool
-from tests.workflow_harness import TRUSTING, as_operator, harness, script, ticket_call
+from tests.test_worker_roles import unknown_routed_write, workflows_only
+from tests.workflow_harness import TRUSTING, as_operator, harness
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="FINDING (not fixed): 1")
@@ -61,13 +53,7 @@ async def test_not_fixed_a_routed_reconciliation_is_told_another_operators_verdi
     tmp_path,
 ) -> None:
     async with harness(tmp_path, worker_factory=workflows_only) as h:
-        wrap_tool(h.registry, "ticket_update", lost_before_acting)
-        await publish(h)
-        async with tool_worker(h):
-            run = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
-            handle = await h.start(task_text="t", script=run, write_policy=AUTO, **WAIT)
-            state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
-            (action_id,) = state.unknown_actions
+        handle, action_id = await unknown_routed_write(h)
         # The tool worker is gone (a deploy, a crash). Operator A settles the
         # action in the store (the reconciliation workflow's path; its nudge
         # to the run not in yet), then operator B, through the typed client,
@@ -102,12 +88,8 @@ async def test_not_fixed_a_routed_reconciliation_is_told_another_operators_verdi
 async def test_not_fixed_a_reconciliation_whose_answer_was_lost_after_commit_is_answered_as_its_own(
     tmp_path, monkeypatch, workflow: str
 ) -> None:
-    async with harness(
-        tmp_path, customize=lambda reg, _t: wrap_tool(reg, "ticket_update", acts_then_raises)
-    ) as h:
-        handle = await h.start(task_text="t", script=update(), write_policy=AUTO)
-        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
-        (action_id,) = state.unknown_actions
+    async with harness(tmp_path, customize=answer_lost) as h:
+        handle, action_id = await unknown_update(h)
         if workflow == "terminated":
             await handle.terminate(reason="stuck, said the on-call")
 

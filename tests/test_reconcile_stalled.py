@@ -15,10 +15,9 @@ from __future__ import annotations
 import pytest
 
 from tests.api_server import serve_api
-from tests.test_closed_runs import AUTO, acts_then_raises, update
+from tests.test_closed_runs import answer_lost, unknown_update
 from tests.test_recovery import stall
 from tests.test_workflow_approvals import one_write
-from tests.test_workflow_execution import wrap_tool
 from tests.workflow_harness import harness
 
 
@@ -27,14 +26,12 @@ async def test_an_unknown_of_a_stalled_run_is_reconciled_through_the_store(tmp_p
     async with (
         harness(
             tmp_path,
-            customize=lambda reg, _t: wrap_tool(reg, "ticket_update", acts_then_raises),
+            customize=answer_lost,
             dev_server=True,
         ) as h,
         serve_api(h) as api,
     ):
-        handle = await h.start(task_text="t", script=update(), write_policy=AUTO)
-        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
-        (action_id,) = state.unknown_actions
+        handle, action_id = await unknown_update(h)
         await stall(h, handle)  # its workflow task now fails on every attempt
 
         answer = await api.http.post(

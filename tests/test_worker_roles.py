@@ -56,6 +56,19 @@ async def unknown_write(h: Harness) -> tuple[WorkflowHandle, str]:
     return handle, action_id
 
 
+async def unknown_routed_write(h: Harness) -> tuple[WorkflowHandle, str]:
+    """A run whose write to T-1, taken by a tool worker on TOOLS_QUEUE (its
+    call lost before it acted), is unknown; that tool worker gone since."""
+    wrap_tool(h.registry, "ticket_update", lost_before_acting)
+    await publish(h)
+    async with tool_worker(h):
+        run = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
+        handle = await h.start(task_text="t", script=run, write_policy=AUTO, **WAIT)
+        state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
+        (action_id,) = state.unknown_actions
+    return handle, action_id
+
+
 def workflows_only(client: Client, queue: str, store, _registry, **options: Any) -> Worker:  # type: ignore[no-untyped-def]
     """The harness's worker as a workflows worker: no tools at all."""
     return build_worker(client, queue, store, ToolRegistry(), role="workflows", **options)

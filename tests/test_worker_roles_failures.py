@@ -36,6 +36,7 @@ from tests.test_worker_roles import (
     lost_before_acting,
     publish,
     tool_worker,
+    unknown_routed_write,
     unknown_write,
     workflows_only,
 )
@@ -262,13 +263,7 @@ async def test_an_unknown_is_reconcilable_once_its_tool_moved_to_another_queue(t
     unknown, and with it its target for every run, stays blocked until the
     run is terminated or a worker polls the old queue again."""
     async with harness(tmp_path, worker_factory=workflows_only) as h:
-        wrap_tool(h.registry, "ticket_update", lost_before_acting)
-        await publish(h)
-        async with tool_worker(h):
-            run = script(("seat-1", 1, [ticket_call("ticket_update", "T-1")]))
-            handle = await h.start(task_text="t", script=run, write_policy=AUTO, **WAIT)
-            state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
-            (action_id,) = state.unknown_actions
+        handle, action_id = await unknown_routed_write(h)
         await publish(h, "rt-review-moved")
         async with tool_worker(h, "rt-review-moved"):
             with h.env.auto_time_skipping_disabled():
