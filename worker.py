@@ -166,6 +166,7 @@ def build_worker(
         writes.withdraw_write,
         writes.withdraw_call,
         writes.action_status,
+        writes.reconciled_by_request,
         writes.signal_sender,
         sweep.sweep_store,
         hooks.deliver_webhook,

@@ -740,23 +740,77 @@ class WriteActivities:
     async def _reconcile(self, inp: ReconcileInput) -> ReconcileOutput:
         bind(action_id=inp.action_id)
         check_reconciler(verified_decider(inp, datetime.now(UTC)))
+        if not inp.request_id:
+            # Its answer is kept under its request: one without could be
+            # sent again, or answered with another's record.
+            raise InvalidInputError("a reconciliation names its request (request_id)")
+        conflict, retry_at = None, None
         try:
             fenced = None
             if inp.outcome == "failed":
                 fenced = await _fence_target(
-                    self.store, self.registry, inp.action_id, self.tools_here
+                    self.store, self.registry, inp.action_id, self.tools_here, inp.request_id
                 )
             action = await self.store.reconcile_action(
-                inp.action_id, inp.outcome, inp.decided_by, inp.note, fenced_below=fenced
+                inp.action_id,
+                inp.outcome,
+                inp.decided_by,
+                inp.note,
+                fenced_below=fenced,
+                request_id=inp.request_id,
             )
-            conflict, retry_at = None, None
-            await self._wake_waiters(action)  # the target is no longer blocked
         except ConflictError as exc:
             log_refusal("reconcile_action", CONFLICT, exc)
-            action, conflict = await self.store.get_action(inp.action_id), str(exc)
-            retry_at = exc.retry_at if isinstance(exc, AttemptMayBeRunningError) else None
+            action, conflict, retry_at = await self._refused(inp, exc)
+        except Exception:
+            # Committed, its answer lost (a connection dropped after COMMIT)?
+            # Then it stands, and is this request's to be told of.
+            mine = await self.store.reconciled_by_request(
+                inp.action_id, inp.request_id, inp.decided_by
+            )
+            if mine is None:
+                raise
+            action = mine
+        if conflict is None:
+            await self._wake_waiters(action)  # the target is no longer blocked
         return ReconcileOutput(
             action_id=action["id"], status=action["status"], conflict=conflict, retry_at=retry_at
+        )
+
+    async def _refused(
+        self, inp: ReconcileInput, refusal: ConflictError
+    ) -> tuple[dict[str, Any], str | None, datetime | None]:
+        """(the action, the conflict, when to retry) for a refused request:
+        none when the reconciliation that stands is this request's own (an
+        earlier attempt committed); a refusal for time is kept, so the
+        request is never taken later (store/reconcile_requests.py)."""
+        if isinstance(refusal, AttemptMayBeRunningError):
+            stood = await self.store.refuse_reconcile(
+                inp.action_id, inp.request_id, inp.decided_by, inp.outcome, refusal.retry_at
+            )
+            if stood is not None:
+                return stood, None, None
+            return await self.store.get_action(inp.action_id), str(refusal), refusal.retry_at
+        mine = await self.store.reconciled_by_request(inp.action_id, inp.request_id, inp.decided_by)
+        if mine is not None:
+            return mine, None, None
+        return await self.store.get_action(inp.action_id), str(refusal), None
+
+    @activity.defn(name="reconciled_by_request")
+    @typed_store_errors
+    async def reconciled_by_request(self, inp: ReconcileInput) -> ReconcileOutput:
+        """Whether the reconciliation that stands is this request's (a routed
+        one whose activity failed may have committed all the same): the
+        action's status, with a conflict unless it is. Only reads: it
+        vouches for nobody, so the request's attestation is not needed."""
+        mine = await self.store.reconciled_by_request(inp.action_id, inp.request_id, inp.decided_by)
+        if mine is not None:
+            return ReconcileOutput(action_id=mine["id"], status=mine["status"])
+        action = await self.store.get_action(inp.action_id)
+        return ReconcileOutput(
+            action_id=action["id"],
+            status=action["status"],
+            conflict=f"action {action['id']!r} is {action['status']}, not by this request",
         )
 
 
@@ -797,14 +851,18 @@ def _redacted_error(exc: Exception, arguments: Any, safe_fields: Any) -> str:
 
 
 async def _fence_target(
-    store: Store, registry: ToolRegistry, action_id: str, tools_here: bool = True
+    store: Store,
+    registry: ToolRegistry,
+    action_id: str,
+    tools_here: bool = True,
+    request_id: str | None = None,
 ) -> int | None:
     """Before "it failed" is written down, make the tool refuse the attempt's
     write should it land late (a worker frozen past its lease): its token and
     any older one are fenced off. None when the tool cannot be fenced. On a
     worker without the tool refused: only one holding it can tell whether
     the tool fences, and skipping the fence would be a guess."""
-    action = await store.check_reconcilable(action_id)
+    action = await store.check_reconcilable(action_id, request_id)
     tool = registry.get(action["tool_name"])
     if tool is None:
         # Whether it fences, and how, only a worker holding it can tell:

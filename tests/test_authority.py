@@ -389,7 +389,13 @@ async def test_a_raw_reconcile_update_is_refused(tmp_path) -> None:
         handle = await h.start(task_text="t", script=update(), write_policy=AUTO)
         state = await h.wait_for(handle, lambda s: bool(s.unknown_actions))
         (action_id,) = state.unknown_actions
-        raw = ReconcileInput(action_id=action_id, outcome="succeeded", decided_by="ops", note="x")
+        raw = ReconcileInput(
+            action_id=action_id,
+            outcome="succeeded",
+            decided_by="ops",
+            note="x",
+            request_id="ops-1",
+        )
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update(RoundtableWorkflow.reconcile_action, raw)
         assert "operator" in str(refused.value.cause)

@@ -10,6 +10,7 @@ fencing token had nothing to compare against."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -169,5 +170,6 @@ def failed_by_operator(action_id: str) -> ReconcileInput:
             outcome="failed",
             decided_by="ops",
             note="the ticket shows the write started, never finished",
+            request_id=uuid.uuid4().hex,
         )
     )

@@ -124,7 +124,11 @@ async def _refreshes(kind: str, outcome: Any, started_ago: float = 0) -> list[st
         call, argument = (
             writes.reconcile_action,
             ReconcileInput(
-                action_id="ac-1", outcome="succeeded", decided_by="op-1", note="checked"
+                action_id="ac-1",
+                outcome="succeeded",
+                decided_by="op-1",
+                note="checked",
+                request_id="op-1-1",
             ),
         )
     raised = isinstance(outcome, BaseException)

@@ -45,7 +45,11 @@ from tests.replaying import replay_failure
 # worker and answered from the approval's status alone, and in
 # recorded-with-decision-by-request/, the same runs (and a signal's) answering
 # from their request's own record, the seat told of the approval's edits
-# (decision-fallback-by-request).
+# (decision-fallback-by-request); in recorded-before-reconcile-by-request/,
+# runs whose reconciliation failed on a tool worker and answered from the
+# action's status alone, and in recorded-with-reconcile-by-request/, the same
+# runs answering from their request's own record
+# (reconcile-fallback-by-request).
 # A new command order
 # adds a new directory; it never rewrites one.
 HISTORIES = {

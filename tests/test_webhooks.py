@@ -206,7 +206,13 @@ async def test_unknown_action_webhook_and_a_receiver_that_refuses(tmp_path) -> N
         await handle.execute_update(
             RoundtableWorkflow.reconcile_action,
             as_operator(
-                ReconcileInput(action_id=action_id, outcome="succeeded", decided_by="op", note="ok")
+                ReconcileInput(
+                    action_id=action_id,
+                    outcome="succeeded",
+                    decided_by="op",
+                    note="ok",
+                    request_id="op-1",
+                )
             ),
         )
         assert (await handle.result()).status == "completed"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +232,13 @@ def _operator_says(action_id: str, outcome: str):  # type: ignore[no-untyped-def
     from tests.workflow_harness import as_operator
 
     return as_operator(
-        ReconcileInput(action_id=action_id, outcome=outcome, decided_by="op-1", note="checked")
+        ReconcileInput(
+            action_id=action_id,
+            outcome=outcome,
+            decided_by="op-1",
+            note="checked",
+            request_id=uuid.uuid4().hex,
+        )
     )
 
 

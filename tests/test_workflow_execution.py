@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import uuid
 from datetime import datetime
 
 import pytest
@@ -33,7 +34,13 @@ async def reconcile(handle, action_id: str, outcome: str) -> str:  # type: ignor
     return await handle.execute_update(
         RoundtableWorkflow.reconcile_action,
         as_operator(
-            ReconcileInput(action_id=action_id, outcome=outcome, decided_by="op-1", note="checked")
+            ReconcileInput(
+                action_id=action_id,
+                outcome=outcome,
+                decided_by="op-1",
+                note="checked",
+                request_id=uuid.uuid4().hex,
+            )
         ),
     )
 

@@ -20,8 +20,9 @@ with workflow.unsafe.imports_passed_through():
 class ReconcileWorkflow:
     @workflow.run
     async def run(self, request: ReconcileRequest) -> ReconcileOutput:
-        # Once: a retry after a reconciliation that committed would report a
-        # conflict for what in fact succeeded; the caller may simply ask again.
+        # Once: the caller may simply ask again. (An attempt whose answer was
+        # lost after its commit finds its own record in the store and says so:
+        # store/reconcile_requests.py.)
         out = await workflow.execute_activity_method(
             WriteActivities.reconcile_for_run,
             request,

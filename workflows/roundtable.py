@@ -107,6 +107,12 @@ CURRENT_RULES_PATCH = "rules-as-of-2026-12"
 # run, so a run that took the old path before the deploy keeps it for its
 # later decisions too.
 DECISION_BY_REQUEST_PATCH = "decision-fallback-by-request"
+# The same for a reconciliation whose activity failed on a tool worker: it
+# asks the store whether this request's reconciliation is the one recorded
+# (WriteActivities.reconciled_by_request) where it used to take any recorded
+# outcome equal to the one asked for as the caller's, so a second operator
+# was told they had reconciled what the first one had.
+RECONCILE_BY_REQUEST_PATCH = "reconcile-fallback-by-request"
 
 
 @workflow.defn(name=RUN_WORKFLOW)
@@ -689,10 +695,16 @@ class RoundtableWorkflow:
         except ApplicationError:
             if self._routes.queue(tool) is not None:
                 # A tool worker that failed may have reconciled it all the
-                # same: follow the store, and answer with it.
-                now = await self._writes.check_reconciled(request.action_id)
-                if now == request.outcome:  # what was asked is what stands
-                    return now
+                # same: follow the store, and answer with this request's
+                # record, never with another's.
+                if not workflow.patched(RECONCILE_BY_REQUEST_PATCH):
+                    now = await self._writes.check_reconciled(request.action_id)
+                    if now == request.outcome:  # the old rule: what was asked stands
+                        return now
+                    raise
+                seen = await self._writes.reconciled_by_request(request)
+                if seen.conflict is None:
+                    return seen.status
             raise
         if out.status in SETTLED:
             self._inbox.after_reconcile.setdefault(out.action_id, out.status)

@@ -24,6 +24,8 @@ with workflow.unsafe.imports_passed_through():
         ExecuteWriteInput,
         ExecuteWriteOutput,
         PendingWrite,
+        ReconcileInput,
+        ReconcileOutput,
         RecordDecisionInput,
         RunInput,
         RunState,
@@ -359,6 +361,21 @@ class WritePath:
         if now.status in SETTLED:
             self.inbox.after_reconcile.setdefault(action_id, now.status)
         return now.status
+
+    async def reconciled_by_request(self, request: ReconcileInput) -> ReconcileOutput:
+        """Take the store's word on an unknown action, as a reconciliation
+        whose activity failed on a tool worker left it: once settled, it is
+        reconciled here too; the answer says whether what stands is this
+        request's reconciliation (no conflict), never another's."""
+        seen = await workflow.execute_local_activity_method(
+            WriteActivities.reconciled_by_request,
+            request,
+            start_to_close_timeout=BOOKKEEPING,
+            summary="check reconciliation by request",
+        )
+        if seen.status in SETTLED:
+            self.inbox.after_reconcile.setdefault(request.action_id, seen.status)
+        return seen
 
     async def _await_reconciliation(
         self, write: PendingWrite, result: dict | None, seen_refreshes: int

@@ -140,6 +140,8 @@ class Store:
     find_action_by_idempotency_key = _on("actions", Actions.find_by_idempotency_key)
     check_reconcilable = _on("actions", Actions.check_reconcilable)
     reconcile_action = _on("actions", Actions.reconcile)
+    refuse_reconcile = _on("actions", Actions.refuse_reconcile)
+    reconciled_by_request = _on("actions", Actions.reconciled_by_request)
 
     create_approval = _on("approvals", Approvals.create)
     get_approval = _on("approvals", Approvals.get)

@@ -39,6 +39,16 @@ from roundtable.store.errors import (
     NotFoundError,
 )
 from roundtable.store.leases import lease_of
+from roundtable.store.reconcile_requests import (
+    RECONCILED,
+    REFUSED,
+    is_own_reconciliation,
+    reconcile_key,
+    refusal_payload,
+    refuse_answered,
+    refuse_refused,
+    request_answer,
+)
 from roundtable.store.rows import new_id, require_aware, require_text, row_to_dict
 from roundtable.store.run_status import carry_run_status_on
 from roundtable.store.schema import ActionLeaseRow, ActionRow, ActionSecretRow, ApprovalRow, RunRow
@@ -322,11 +332,16 @@ class Actions:
             refreshed = await session.get(ActionRow, action.id, populate_existing=True)
             return row_to_dict(refreshed)
 
-    async def check_reconcilable(self, action_id: str) -> dict[str, Any]:
-        """The action, if it may be reconciled now; else the error
-        :meth:`reconcile_action` would raise. Nothing is written."""
+    async def check_reconcilable(
+        self, action_id: str, request_id: str | None = None
+    ) -> dict[str, Any]:
+        """The action, if it may be reconciled now by ``request_id``; else
+        the error :meth:`reconcile` would raise (a request refused before
+        stays refused). Nothing is written."""
         async with self.db.reader() as session:
             action = await found(session, ActionRow, action_id)
+            key = reconcile_key(action_id, request_id)
+            refuse_refused(await request_answer(session, action.run_id, key), action_id)
             await refuse_unreconcilable(session, action)
             return row_to_dict(action)
 
@@ -337,16 +352,26 @@ class Actions:
         decided_by: str,
         note: str | None = None,
         fenced_below: int | None = None,
+        request_id: str | None = None,
     ) -> dict[str, Any]:
         """An operator settles an ``unknown`` action; its target is freed.
         ``fenced_below``: the tool was told to refuse writes of this target
-        with a fencing token below it (so a frozen attempt cannot land late)."""
+        with a fencing token below it (so a frozen attempt cannot land late).
+        ``request_id``: the operator's request, under which the answer is
+        kept (reconcile_requests.py): asked again after it committed, the
+        action is answered as it stands; a request refused before, or made
+        for another person, is refused."""
         if outcome not in RECONCILE_OUTCOMES:
             raise InvalidInputError("outcome must be 'succeeded' or 'failed'")
         require_text("decided_by", decided_by)
         refuse_unstorable("note", note)
+        key = reconcile_key(action_id, request_id)
         async with self.db.transaction() as session:
             run, action = await self.db.lock_row(session, ActionRow, action_id)
+            answer = await request_answer(session, run.id, key)
+            if answer is not None:
+                refuse_answered(answer, action_id, outcome, decided_by)
+                return row_to_dict(action)  # this request's, committed before
             now = await refuse_unreconcilable(session, action)
             result = {
                 **(action.result or {}),
@@ -368,7 +393,7 @@ class Actions:
             await self.db.audit(
                 session,
                 run,
-                "action.reconciled",
+                RECONCILED,
                 {
                     "action_id": action_id,
                     "outcome": outcome,
@@ -377,6 +402,45 @@ class Actions:
                     **({"fenced_below": fenced_below} if fenced_below is not None else {}),
                 },
                 now,
+                dedupe_key=key,
             )
             await session.flush()
             return row_to_dict(await reload(session, ActionRow, action_id))
+
+    async def refuse_reconcile(
+        self,
+        action_id: str,
+        request_id: str | None,
+        decided_by: str,
+        outcome: str,
+        retry_at: datetime,
+    ) -> dict[str, Any] | None:
+        """Keep the answer to a request refused because the action's attempt
+        could still run until ``retry_at``, so that the request, sent again
+        later by anyone who read it, is not taken. Returns the action when
+        this request's own reconciliation is recorded instead (a copy of it
+        landed in between: it stood, and its operator is told so); else
+        None."""
+        key = reconcile_key(action_id, request_id)
+        if key is None:
+            return None
+        async with self.db.transaction() as session:
+            run, action = await self.db.lock_row(session, ActionRow, action_id)
+            answer = await request_answer(session, run.id, key)
+            if answer is not None:
+                return row_to_dict(action) if is_own_reconciliation(answer, decided_by) else None
+            now = await database_now(session)
+            said = refusal_payload(action_id, outcome, decided_by, retry_at, now)
+            await self.db.audit(session, run, REFUSED, said, now, dedupe_key=key)
+        return None
+
+    async def reconciled_by_request(
+        self, action_id: str, request_id: str | None, decided_by: str
+    ) -> dict[str, Any] | None:
+        """The action as it stands if ``request_id``'s reconciliation, for
+        ``decided_by``, is recorded; else None (none, or another's)."""
+        async with self.db.snapshot() as session:
+            action = await found(session, ActionRow, action_id)
+            key = reconcile_key(action_id, request_id)
+            answer = await request_answer(session, action.run_id, key)
+            return row_to_dict(action) if is_own_reconciliation(answer, decided_by) else None
