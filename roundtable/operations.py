@@ -401,7 +401,9 @@ async def reconcile(
     # Tool workers elsewhere (worker roles): the one serving the tool fences it.
     published = (await store.published_tools()).get(action["tool_name"])
     tool_queue = published[1] if published and published[1] != task_queue else None
-    status, via = await reconcile_request(client, action["run_id"], request, task_queue, tool_queue)
+    status, via = await reconcile_request(
+        client, action["run_id"], request, task_queue, tool_queue, store=store
+    )
     return {"action_id": action_id, "run_id": action["run_id"], "status": status, "via": via}
 
 
@@ -411,12 +413,16 @@ async def reconcile_request(
     request: ReconcileInput,
     task_queue: str,
     tool_queue: str | None = None,
+    store: Store | None = None,
 ) -> tuple[str, str]:
     """``(status, via)``: through the run's workflow when it is open and
     waiting on the action ("workflow"); otherwise through a short
     reconciliation workflow ("store"), so that either way a worker, which
     holds the tools, fences the target before the outcome is written, and
-    the run's workflow, if open, is told to look."""
+    the run's workflow, if open, is told to look. With ``store``, a path
+    that failed after the request may have been recorded (its answer lost
+    on the way: a worker gone after the commit, a connection dropped) is
+    answered with the request's own record when there is one."""
     try:
         return await send_update(client, run_id, RECONCILE_UPDATE, request), "workflow"
     except (NotTrackedError, NoLiveWorkflowError, NoToolWorkerError, WorkflowStalledError):
@@ -425,6 +431,12 @@ async def reconcile_request(
         # A stalled run takes no update, and its unknown must not wait for
         # its recovery: the store path needs nothing of the run's workflow.
         pass
+    except (StoreError, TemporalUnavailableError, RPCError):
+        recorded = await _own_record(store, request)
+        if recorded is None:
+            raise
+        return recorded, "workflow"
+    failure: Exception | None = None
     try:
         out = await client.execute_workflow(
             RECONCILE_WORKFLOW,
@@ -436,11 +448,19 @@ async def reconcile_request(
             execution_timeout=RECONCILE_WITHIN,
         )
     except WorkflowFailureError as exc:
-        raise _store_error(exc) from exc
+        failure = _store_error(exc)
+        failure.__cause__ = exc
     except RPCError as exc:
-        if exc.status == RPCStatusCode.UNAVAILABLE:
-            raise TemporalUnavailableError(f"Temporal is unavailable: {exc.message}") from exc
-        raise
+        if exc.status != RPCStatusCode.UNAVAILABLE:
+            raise
+        failure = TemporalUnavailableError(f"Temporal is unavailable: {exc.message}")
+        failure.__cause__ = exc
+    if failure is not None:
+        recorded = await _own_record(store, request)
+        if recorded is None:
+            raise failure
+        await nudge(client, run_id)
+        return recorded, "store"
     if out.retry_at is not None:
         raise AttemptMayBeRunningError(request.action_id, out.retry_at, message=out.conflict)
     if out.conflict:
@@ -449,15 +469,39 @@ async def reconcile_request(
     return out.status, "store"
 
 
+async def _own_record(store: Store | None, request: ReconcileInput) -> str | None:
+    """The action's status if ``request``'s own reconciliation is recorded
+    (store/reconcile_requests.py); None if not, or if that cannot be read
+    now (the caller's failure then stands, as it would have)."""
+    if store is None or not request.request_id:
+        return None
+    try:
+        mine = await store.reconciled_by_request(
+            request.action_id, request.request_id, request.decided_by
+        )
+    except Exception:  # the lookup is a courtesy: the original failure is the answer
+        return None
+    return str(mine["status"]) if mine is not None else None
+
+
 def _store_error(exc: WorkflowFailureError) -> Exception:
     """A failed reconciliation workflow as the error its activity raised."""
     cause = exc.cause
+    timed_out = False
     while cause is not None and not isinstance(cause, ApplicationError):
+        timed_out = timed_out or isinstance(cause, TemporalTimeout)
         cause = cause.cause
     kind = cause.type if isinstance(cause, ApplicationError) else None
     if isinstance(exc.cause, TemporalTimeout):
         return TemporalUnavailableError(
             "no worker took the reconciliation in time: is a worker polling this task queue?"
+        )
+    if timed_out:
+        # Its activity started and did not answer (a worker gone, a store
+        # that hung): it may have recorded the outcome all the same.
+        return TemporalUnavailableError(
+            "the reconciliation did not answer in time (its worker gone, or its store "
+            "slow): it may still have been recorded, so look at the action before asking again"
         )
     if kind == "NotFound":
         return NotFoundError(str(cause))

@@ -32,7 +32,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from temporalio.exceptions import ApplicationError
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutType
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment
 
@@ -128,6 +130,13 @@ class _CommitsThenHangs:
         await asyncio.sleep(3600)
 
 
+class _Committing:
+    """What _CommitsThenHangs wraps: just the real reconciliation."""
+
+    def __init__(self, reconcile: Any) -> None:
+        self.reconcile_action = reconcile
+
+
 async def test_a_routed_reconciliation_that_committed_on_a_tool_worker_gone_since_is_its_own(
     tmp_path, monkeypatch
 ) -> None:
@@ -189,6 +198,68 @@ async def test_a_reconciliation_whose_answer_was_lost_after_commit_is_answered_a
     # request, refused plainly (the action is no longer unknown).
     assert isinstance(answers[0], dict) and answers[0]["status"] == "succeeded", answers
     assert isinstance(answers[1], ConflictError) and "not unknown" in str(answers[1]), answers
+
+
+async def test_a_reconciliation_whose_worker_never_answered_after_commit_is_answered_as_its_own(
+    tmp_path, monkeypatch
+) -> None:
+    """The store path: the reconciliation's activity committed, then never
+    answered (its worker frozen, then gone), and timed out. The operator is
+    told it stood, not "Workflow execution failed"."""
+    async with harness(tmp_path, customize=answer_lost) as h:
+        handle, action_id = await unknown_update(h)
+        await handle.terminate(reason="stuck, said the on-call")
+        hangs = _CommitsThenHangs(_Committing(h.store.reconcile_action))
+        monkeypatch.setattr(h.store, "reconcile_action", hangs.reconcile_action)
+        done = await operations.reconcile(
+            h.client, h.store, action_id, "succeeded", "op-1", "seen", h.task_queue
+        )
+        action = await h.store.get_action(action_id)
+    assert done["status"] == "succeeded" and done["via"] == "store", done
+    assert action["result"]["reconciled_by"] == "op-1"
+
+
+async def test_an_update_whose_answer_was_lost_on_the_wire_is_answered_as_its_own(
+    tmp_path, monkeypatch
+) -> None:
+    """The run's workflow reconciled it; the connection to Temporal dropped
+    before its answer came back."""
+    async with harness(tmp_path, customize=answer_lost) as h:
+        handle, action_id = await unknown_update(h)
+        real = operations.send_update
+
+        async def answered_then_dropped(*args: Any, **kwargs: Any) -> Any:
+            await real(*args, **kwargs)
+            raise operations.TemporalUnavailableError("Temporal is unavailable: connection reset")
+
+        monkeypatch.setattr(operations, "send_update", answered_then_dropped)
+        done = await operations.reconcile(
+            h.client, h.store, action_id, "succeeded", "op-1", "seen", h.task_queue
+        )
+        assert (await handle.result()).status == "completed"
+    assert done["status"] == "succeeded" and done["via"] == "workflow", done
+
+
+def test_a_store_path_whose_activity_timed_out_says_it_may_have_been_recorded() -> None:
+    """Told "Workflow execution failed" (a 409 that says another request
+    decided first) before: the timeout sits under the activity's error."""
+    lost = ActivityError(
+        "Activity task timed out",
+        scheduled_event_id=5,
+        started_event_id=6,
+        identity="worker-1",
+        activity_type="reconcile_for_run",
+        activity_id="1",
+        retry_state=RetryState.TIMEOUT,
+    )
+    lost.__cause__ = TemporalTimeout(
+        "activity StartToClose timeout",
+        type=TimeoutType.START_TO_CLOSE,
+        last_heartbeat_details=[],
+    )
+    told = operations._store_error(WorkflowFailureError(cause=lost))
+    assert isinstance(told, operations.TemporalUnavailableError)
+    assert "may still have been recorded" in str(told)
 
 
 # ------------------------------------------------------------------ 3. refused, sent again
