@@ -748,9 +748,7 @@ class WriteActivities:
         try:
             fenced = None
             if inp.outcome == "failed":
-                fenced = await _fence_target(
-                    self.store, self.registry, inp.action_id, self.tools_here, inp.request_id
-                )
+                fenced = await _fence_target(self.store, self.registry, inp, self.tools_here)
             action = await self.store.reconcile_action(
                 inp.action_id,
                 inp.outcome,
@@ -758,6 +756,7 @@ class WriteActivities:
                 inp.note,
                 fenced_below=fenced,
                 request_id=inp.request_id,
+                not_after=inp.not_after,
             )
         except ConflictError as exc:
             log_refusal("reconcile_action", CONFLICT, exc)
@@ -851,18 +850,15 @@ def _redacted_error(exc: Exception, arguments: Any, safe_fields: Any) -> str:
 
 
 async def _fence_target(
-    store: Store,
-    registry: ToolRegistry,
-    action_id: str,
-    tools_here: bool = True,
-    request_id: str | None = None,
+    store: Store, registry: ToolRegistry, request: ReconcileInput, tools_here: bool = True
 ) -> int | None:
     """Before "it failed" is written down, make the tool refuse the attempt's
     write should it land late (a worker frozen past its lease): its token and
     any older one are fenced off. None when the tool cannot be fenced. On a
     worker without the tool refused: only one holding it can tell whether
     the tool fences, and skipping the fence would be a guess."""
-    action = await store.check_reconcilable(action_id, request_id)
+    action_id = request.action_id
+    action = await store.check_reconcilable(action_id, request.request_id, request.not_after)
     tool = registry.get(action["tool_name"])
     if tool is None:
         # Whether it fences, and how, only a worker holding it can tell:

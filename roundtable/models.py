@@ -609,12 +609,16 @@ class ReconcileInput(Model):
     request_id: str | None = Field(default=None, max_length=64)
     decided_by: str = Field(min_length=1, max_length=255)
     note: str | None = Field(default=None, max_length=2000)
+    # The last moment, by the database's clock, it may be recorded: its
+    # sender waits until then for an answer, so "not taken" is then true
+    # (a request a worker takes later is refused; store/reconcile_requests.py).
+    not_after: datetime | None = None
     # Reconciling is for operators: the server's word that this one is.
     attested_by: Attestation | None = None
     subject_field: ClassVar[str] = "decided_by"
 
     def attested_fields(self) -> dict[str, Any]:
-        return {
+        fields = {
             "kind": "reconcile",
             "action_id": self.action_id,
             "outcome": self.outcome,
@@ -622,6 +626,13 @@ class ReconcileInput(Model):
             "decided_by": self.decided_by,
             "note": self.note,
         }
+        if self.not_after is not None:  # only when set: older attestations verify
+            fields["not_after"] = self.not_after.isoformat()
+        return fields
+
+    @model_serializer(mode="wrap")
+    def _rollout(self, handler: Any) -> Any:
+        return omitted_while_none(handler(self), "not_after")
 
 
 class ReconcileRequest(Model):

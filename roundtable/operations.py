@@ -7,6 +7,7 @@ refusals come back as the store's typed errors.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -15,7 +16,12 @@ from collections.abc import Awaitable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    RPCTimeoutOrCancelledError,
+    WorkflowFailureError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.exceptions import TimeoutError as TemporalTimeout
@@ -60,6 +66,9 @@ from roundtable.store.errors import StoreError, forbidden
 
 FINGERPRINT_MEMO = "request_fingerprint"
 RECONCILE_WITHIN = timedelta(minutes=2)
+# How much longer than a reconciliation's own deadline its answer is waited
+# for: a transaction that judged it in time has committed by then.
+LATE_GRACE = timedelta(seconds=5)
 
 
 class TemporalUnavailableError(RuntimeError):
@@ -387,6 +396,9 @@ async def reconcile(
             # sure the run has looked, so it does not wait for ever.
             await nudge(client, action["run_id"])
         raise ConflictError(f"action {action_id} is {action['status']}, not unknown")
+    # Recorded only until then (the database's clock): the answer is waited
+    # for as long and a little more, so "not taken" is then the truth.
+    not_after = await store.reconcile_deadline(RECONCILE_WITHIN)
     request = attest(
         ReconcileInput(
             action_id=action_id,
@@ -394,6 +406,7 @@ async def reconcile(
             decided_by=decided_by,
             note=note,
             request_id=new_request_id(),
+            not_after=not_after,
         ),
         Decider(user_id=decided_by, role="operator"),
         datetime.now(UTC),
@@ -402,7 +415,13 @@ async def reconcile(
     published = (await store.published_tools()).get(action["tool_name"])
     tool_queue = published[1] if published and published[1] != task_queue else None
     status, via = await reconcile_request(
-        client, action["run_id"], request, task_queue, tool_queue, store=store
+        client,
+        action["run_id"],
+        request,
+        task_queue,
+        tool_queue,
+        store=store,
+        answer_within=RECONCILE_WITHIN + LATE_GRACE,
     )
     return {"action_id": action_id, "run_id": action["run_id"], "status": status, "via": via}
 
@@ -414,6 +433,7 @@ async def reconcile_request(
     task_queue: str,
     tool_queue: str | None = None,
     store: Store | None = None,
+    answer_within: timedelta | None = None,
 ) -> tuple[str, str]:
     """``(status, via)``: through the run's workflow when it is open and
     waiting on the action ("workflow"); otherwise through a short
@@ -422,9 +442,28 @@ async def reconcile_request(
     the run's workflow, if open, is told to look. With ``store``, a path
     that failed after the request may have been recorded (its answer lost
     on the way: a worker gone after the commit, a connection dropped) is
-    answered with the request's own record when there is one."""
+    answered with the request's own record when there is one.
+    ``answer_within``: how long the run's workflow is waited for (None: for
+    as long as it takes), past the request's ``not_after``: then no worker
+    can record it any more, and the caller is told nothing was."""
+    deadline = asyncio.timeout(answer_within.total_seconds() if answer_within else None)
     try:
-        return await send_update(client, run_id, RECONCILE_UPDATE, request), "workflow"
+        async with deadline:
+            return await send_update(client, run_id, RECONCILE_UPDATE, request), "workflow"
+    except (TimeoutError, RPCTimeoutOrCancelledError):
+        if not deadline.expired():  # the caller's own cancellation, or an RPC's
+            raise
+        # The SDK answers the cancellation our deadline makes with an error
+        # of its own: either way, no worker answered in time.
+        recorded = await _own_record(store, request)
+        if recorded is None:
+            raise TemporalUnavailableError(
+                f"no worker answered the reconciliation of {request.action_id} in time "
+                f"(is a worker polling the run's task queue?): nothing was recorded, and this "
+                f"request can no longer be (it could be until {request.not_after}); "
+                "reconcile again once a worker serves the run"
+            ) from None
+        return recorded, "workflow"
     except (NotTrackedError, NoLiveWorkflowError, NoToolWorkerError, WorkflowStalledError):
         # The run's own route may point at a queue nobody serves any more
         # (NoToolWorker): the store path takes the tool's queue as it is now.

@@ -32,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeout
@@ -260,6 +261,54 @@ def test_a_store_path_whose_activity_timed_out_says_it_may_have_been_recorded() 
     told = operations._store_error(WorkflowFailureError(cause=lost))
     assert isinstance(told, operations.TemporalUnavailableError)
     assert "may still have been recorded" in str(told)
+
+
+# ------------------------------------------------------------------ no worker
+
+
+async def _update_outcomes(handle: Any, within: float = 60) -> list[Any]:
+    """The run's completed updates' outcomes, once one has completed."""
+    for _ in range(int(within * 10)):
+        done = [
+            event.workflow_execution_update_completed_event_attributes.outcome
+            async for event in handle.fetch_history_events()
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED
+        ]
+        if done:
+            return done
+        await asyncio.sleep(0.1)
+    raise AssertionError("no update completed")
+
+
+async def test_a_reconciliation_no_worker_took_in_time_is_never_recorded_later(
+    tmp_path, monkeypatch
+) -> None:
+    """No worker polls the run's queue: the operator is told, once the
+    request's deadline is past, that nothing was recorded. A worker that
+    comes back afterwards and takes the update refuses it as late: the
+    action stays unknown, and nothing stands in the operator's name."""
+    monkeypatch.setattr(operations, "RECONCILE_WITHIN", timedelta(seconds=2))
+    monkeypatch.setattr(operations, "LATE_GRACE", timedelta(seconds=1))
+    # The dev server: the test server keeps no update its caller gave up on.
+    async with harness(tmp_path, customize=answer_lost, dev_server=True) as h:
+        handle, action_id = await unknown_update(h)
+        await h.stop_worker()
+        with pytest.raises(operations.TemporalUnavailableError) as told:
+            await operations.reconcile(
+                h.client, h.store, action_id, "succeeded", "op-1", "seen", h.task_queue
+            )
+        await h.start_worker()
+        outcomes = await _update_outcomes(handle)
+        refusal = await h.client.data_converter.decode_failure(outcomes[0].failure)
+        action = await h.store.get_action(action_id)
+        reconciled = await _events(h.store, handle.id, "action.reconciled")
+        state = await h.state(handle)
+        await handle.terminate(reason="test done")
+    assert "nothing was recorded" in str(told.value), told.value
+    assert [o.HasField("failure") for o in outcomes] == [True], outcomes
+    assert "no worker took it by then" in str(refusal), refusal
+    assert action["status"] == "unknown" and reconciled == []
+    assert action_id in state.unknown_actions
 
 
 # ------------------------------------------------------------------ 3. refused, sent again

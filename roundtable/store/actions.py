@@ -5,7 +5,7 @@ reconciled by an operator when their outcome is unknown."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -46,6 +46,7 @@ from roundtable.store.reconcile_requests import (
     reconcile_key,
     refusal_payload,
     refuse_answered,
+    refuse_late,
     refuse_refused,
     request_answer,
 )
@@ -333,17 +334,24 @@ class Actions:
             return row_to_dict(refreshed)
 
     async def check_reconcilable(
-        self, action_id: str, request_id: str | None = None
+        self, action_id: str, request_id: str | None = None, not_after: datetime | None = None
     ) -> dict[str, Any]:
         """The action, if it may be reconciled now by ``request_id``; else
         the error :meth:`reconcile` would raise (a request refused before
-        stays refused). Nothing is written."""
+        stays refused, one past ``not_after`` is late). Nothing is written."""
         async with self.db.reader() as session:
             action = await found(session, ActionRow, action_id)
             key = reconcile_key(action_id, request_id)
             refuse_refused(await request_answer(session, action.run_id, key), action_id)
-            await refuse_unreconcilable(session, action)
+            refuse_late(not_after, await refuse_unreconcilable(session, action), action_id)
             return row_to_dict(action)
+
+    async def reconcile_deadline(self, within: timedelta) -> datetime:
+        """``within`` from now by the database's clock, the one a
+        reconciliation's ``not_after`` is judged by: its sender, on another
+        clock, waits ``within`` and a little more from having read it."""
+        async with self.db.reader() as session:
+            return await database_now(session) + within
 
     async def reconcile(
         self,
@@ -353,6 +361,7 @@ class Actions:
         note: str | None = None,
         fenced_below: int | None = None,
         request_id: str | None = None,
+        not_after: datetime | None = None,
     ) -> dict[str, Any]:
         """An operator settles an ``unknown`` action; its target is freed.
         ``fenced_below``: the tool was told to refuse writes of this target
@@ -360,7 +369,8 @@ class Actions:
         ``request_id``: the operator's request, under which the answer is
         kept (reconcile_requests.py): asked again after it committed, the
         action is answered as it stands; a request refused before, or made
-        for another person, is refused."""
+        for another person, is refused, as is one past ``not_after`` (the
+        database's clock)."""
         if outcome not in RECONCILE_OUTCOMES:
             raise InvalidInputError("outcome must be 'succeeded' or 'failed'")
         require_text("decided_by", decided_by)
@@ -373,6 +383,7 @@ class Actions:
                 refuse_answered(answer, action_id, outcome, decided_by)
                 return row_to_dict(action)  # this request's, committed before
             now = await refuse_unreconcilable(session, action)
+            refuse_late(not_after, now, action_id)
             result = {
                 **(action.result or {}),
                 "reconciled_outcome": outcome,

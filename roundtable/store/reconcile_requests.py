@@ -83,6 +83,18 @@ def refuse_answered(answer: Answer, action_id: str, outcome: str, decided_by: st
         )
 
 
+def refuse_late(not_after: datetime | None, now: datetime, action_id: str) -> None:
+    """A request past its ``not_after`` (the database's clock) is not taken:
+    its sender stopped waiting then, and told the operator nothing was
+    recorded (operations.reconcile)."""
+    if not_after is not None and now > not_after:
+        raise ConflictError(
+            f"this reconciliation request of action {action_id!r} could be recorded until "
+            f"{not_after.isoformat()}, and no worker took it by then: nothing was recorded; "
+            "reconcile again, as a new request"
+        )
+
+
 def refusal_payload(
     action_id: str, outcome: str, decided_by: str, retry_at: datetime, now: datetime
 ) -> dict[str, Any]:
