@@ -739,7 +739,11 @@ class WriteActivities:
 
     async def _reconcile(self, inp: ReconcileInput) -> ReconcileOutput:
         bind(action_id=inp.action_id)
-        check_reconciler(verified_decider(inp, datetime.now(UTC)))
+        try:
+            decider = verified_decider(inp, datetime.now(UTC))
+        except AttestationExpiredError as stale:
+            return await self._reconciled_despite_age(inp, stale)
+        check_reconciler(decider)
         if not inp.request_id:
             # Its answer is kept under its request: one without could be
             # sent again, or answered with another's record.
@@ -757,6 +761,7 @@ class WriteActivities:
                 fenced_below=fenced,
                 request_id=inp.request_id,
                 not_after=inp.not_after,
+                asked_at=_asked_at(inp),
             )
         except ConflictError as exc:
             log_refusal("reconcile_action", CONFLICT, exc)
@@ -764,9 +769,7 @@ class WriteActivities:
         except Exception:
             # Committed, its answer lost (a connection dropped after COMMIT)?
             # Then it stands, and is this request's to be told of.
-            mine = await self.store.reconciled_by_request(
-                inp.action_id, inp.request_id, inp.decided_by
-            )
+            mine = await self._own_record(inp, inp.decided_by)
             if mine is None:
                 raise
             action = mine
@@ -776,21 +779,56 @@ class WriteActivities:
             action_id=action["id"], status=action["status"], conflict=conflict, retry_at=retry_at
         )
 
+    async def _own_record(
+        self, inp: ReconcileInput, decided_by: str, locked: bool = False
+    ) -> dict[str, Any] | None:
+        return await self.store.reconciled_by_request(
+            inp.action_id, inp.request_id, decided_by, inp.outcome, locked=locked
+        )
+
+    async def _reconciled_despite_age(
+        self, inp: ReconcileInput, stale: AttestationExpiredError
+    ) -> ReconcileOutput:
+        """An attempt whose attestation is too old to make a change (one
+        retried long after its first committed: a worker replaced, a store
+        starved): its request's own record, read under the run lock behind
+        any attempt still under way, for the operator the attestation
+        (checked, whatever its age) names, is its answer. Without one it is
+        refused as stale: nothing is first made with an expired word."""
+        vouched = decider_whatever_its_age(inp)
+        mine = None
+        if vouched.role == "operator" and inp.request_id:
+            mine = await self._own_record(inp, vouched.user_id, locked=True)
+        if mine is None:
+            raise stale
+        await self._wake_waiters(mine)
+        return ReconcileOutput(action_id=mine["id"], status=mine["status"])
+
     async def _refused(
         self, inp: ReconcileInput, refusal: ConflictError
     ) -> tuple[dict[str, Any], str | None, datetime | None]:
         """(the action, the conflict, when to retry) for a refused request:
         none when the reconciliation that stands is this request's own (an
-        earlier attempt committed); a refusal for time is kept, so the
-        request is never taken later (store/reconcile_requests.py)."""
+        earlier attempt committed). A refusal for time is kept in the audit
+        log; the request is refused for ever in any case, as asked while the
+        attempt could run (``asked_at``), so a refusal that could not be kept
+        is still the answer, not an error the activity would be retried on."""
         if isinstance(refusal, AttemptMayBeRunningError):
-            stood = await self.store.refuse_reconcile(
-                inp.action_id, inp.request_id, inp.decided_by, inp.outcome, refusal.retry_at
-            )
+            try:
+                stood = await self.store.refuse_reconcile(
+                    inp.action_id, inp.request_id, inp.decided_by, inp.outcome, refusal.retry_at
+                )
+            except Exception as exc:
+                log.warning(
+                    "the refusal of reconciliation request %s could not be kept (%s)",
+                    inp.request_id,
+                    type(exc).__name__,
+                )
+                stood = None
             if stood is not None:
                 return stood, None, None
             return await self.store.get_action(inp.action_id), str(refusal), refusal.retry_at
-        mine = await self.store.reconciled_by_request(inp.action_id, inp.request_id, inp.decided_by)
+        mine = await self._own_record(inp, inp.decided_by)
         if mine is not None:
             return mine, None, None
         return await self.store.get_action(inp.action_id), str(refusal), None
@@ -800,9 +838,13 @@ class WriteActivities:
     async def reconciled_by_request(self, inp: ReconcileInput) -> ReconcileOutput:
         """Whether the reconciliation that stands is this request's (a routed
         one whose activity failed may have committed all the same): the
-        action's status, with a conflict unless it is. Only reads: it
-        vouches for nobody, so the request's attestation is not needed."""
-        mine = await self.store.reconciled_by_request(inp.action_id, inp.request_id, inp.decided_by)
+        action's status, with a conflict unless it is. Only reads, so an
+        attestation of any age names the operator; a message no attestation
+        vouches for (a copy changed, a raw one) is told of nobody's record."""
+        vouched = decider_whatever_its_age(inp)
+        mine = None
+        if vouched.role == "operator" and inp.request_id:
+            mine = await self._own_record(inp, vouched.user_id)
         if mine is not None:
             return ReconcileOutput(action_id=mine["id"], status=mine["status"])
         action = await self.store.get_action(inp.action_id)
@@ -811,6 +853,15 @@ class WriteActivities:
             status=action["status"],
             conflict=f"action {action['id']!r} is {action['status']}, not by this request",
         )
+
+
+def _asked_at(inp: ReconcileInput) -> datetime | None:
+    """When the request was asked: by the database's clock when its sender
+    read it (operations.reconcile), else the attestation's time (the
+    sender's clock: a wrong one moves the line by as much)."""
+    if inp.asked_at is not None:
+        return inp.asked_at
+    return inp.attested_by.at if inp.attested_by is not None else None
 
 
 def _external_id(result: dict[str, Any] | None) -> str | None:
@@ -858,7 +909,9 @@ async def _fence_target(
     worker without the tool refused: only one holding it can tell whether
     the tool fences, and skipping the fence would be a guess."""
     action_id = request.action_id
-    action = await store.check_reconcilable(action_id, request.request_id, request.not_after)
+    action = await store.check_reconcilable(
+        action_id, request.request_id, request.not_after, _asked_at(request)
+    )
     tool = registry.get(action["tool_name"])
     if tool is None:
         # Whether it fences, and how, only a worker holding it can tell:

@@ -613,6 +613,10 @@ class ReconcileInput(Model):
     # sender waits until then for an answer, so "not taken" is then true
     # (a request a worker takes later is refused; store/reconcile_requests.py).
     not_after: datetime | None = None
+    # When it was asked, by the database's clock: a word given while the
+    # attempt could still run is never taken (store/actions.py,
+    # refuse_unreconcilable). Without it, the attestation's time stands in.
+    asked_at: datetime | None = None
     # Reconciling is for operators: the server's word that this one is.
     attested_by: Attestation | None = None
     subject_field: ClassVar[str] = "decided_by"
@@ -626,13 +630,15 @@ class ReconcileInput(Model):
             "decided_by": self.decided_by,
             "note": self.note,
         }
-        if self.not_after is not None:  # only when set: older attestations verify
-            fields["not_after"] = self.not_after.isoformat()
+        for name in ("not_after", "asked_at"):  # only when set: older attestations verify
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value.isoformat()
         return fields
 
     @model_serializer(mode="wrap")
     def _rollout(self, handler: Any) -> Any:
-        return omitted_while_none(handler(self), "not_after")
+        return omitted_while_none(handler(self), "not_after", "asked_at")
 
 
 class ReconcileRequest(Model):

@@ -396,9 +396,11 @@ async def reconcile(
             # sure the run has looked, so it does not wait for ever.
             await nudge(client, action["run_id"])
         raise ConflictError(f"action {action_id} is {action['status']}, not unknown")
-    # Recorded only until then (the database's clock): the answer is waited
-    # for as long and a little more, so "not taken" is then the truth.
-    not_after = await store.reconcile_deadline(RECONCILE_WITHIN)
+    # Judged by the database's clock: asked now (a word given while the
+    # attempt could still run is never taken), recorded only until not_after,
+    # and the answer waited for as long and a little more, so that "not
+    # taken" is then the truth.
+    asked_at = await store.reconcile_clock()
     request = attest(
         ReconcileInput(
             action_id=action_id,
@@ -406,7 +408,8 @@ async def reconcile(
             decided_by=decided_by,
             note=note,
             request_id=new_request_id(),
-            not_after=not_after,
+            not_after=asked_at + RECONCILE_WITHIN,
+            asked_at=asked_at,
         ),
         Decider(user_id=decided_by, role="operator"),
         datetime.now(UTC),
@@ -516,7 +519,7 @@ async def _own_record(store: Store | None, request: ReconcileInput) -> str | Non
         return None
     try:
         mine = await store.reconciled_by_request(
-            request.action_id, request.request_id, request.decided_by
+            request.action_id, request.request_id, request.decided_by, request.outcome
         )
     except Exception:  # the lookup is a courtesy: the original failure is the answer
         return None

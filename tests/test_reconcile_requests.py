@@ -28,8 +28,9 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -63,6 +64,45 @@ def _asked(action_id: str, outcome: str = "succeeded", by: str = "op-1") -> Reco
             request_id=uuid.uuid4().hex,
         )
     )
+
+
+class UnknownWrite(NamedTuple):
+    store: Any
+    registry: Any
+    action: dict[str, Any]
+    writes: WriteActivities
+
+
+@contextlib.asynccontextmanager
+async def unknown_claimed_write(tmp_path: Any) -> AsyncIterator[UnknownWrite]:
+    """A ticket update claimed under a 2 s lease, made unknown by recovery
+    while that lease still runs, and the write activities over its store."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}"
+    async with open_store(url) as store:
+        tickets = await TicketSystem.open(url)
+        try:
+            registry, action, _, _, _ = await claimed_write(store, tickets)
+            await store.recover_expired_action_leases(now=datetime.now(UTC) + timedelta(seconds=5))
+            yield UnknownWrite(
+                store, registry, action, WriteActivities(store, registry, authority=TRUSTING)
+            )
+        finally:
+            await tickets.close()
+
+
+async def asked_twice(h: Any, action_id: str) -> list[Any]:
+    """op-1 reconciles as succeeded, then asks again: each answer, or its conflict."""
+    answers: list[Any] = []
+    for _ in range(2):
+        try:
+            answers.append(
+                await operations.reconcile(
+                    h.client, h.store, action_id, "succeeded", "op-1", "seen", h.task_queue
+                )
+            )
+        except ConflictError as exc:
+            answers.append(exc)
+    return answers
 
 
 def _counting_fences(registry: Any) -> list[int]:
@@ -180,16 +220,7 @@ async def test_a_reconciliation_whose_answer_was_lost_after_commit_is_answered_a
             return done
 
         monkeypatch.setattr(h.store, "reconcile_action", commits_then_the_connection_drops)
-        answers: list[Any] = []
-        for _ in range(2):  # the operator asks, then asks again
-            try:
-                answers.append(
-                    await operations.reconcile(
-                        h.client, h.store, action_id, "succeeded", "op-1", "seen", h.task_queue
-                    )
-                )
-            except ConflictError as exc:
-                answers.append(exc)
+        answers = await asked_twice(h, action_id)
         action = await h.store.get_action(action_id)
         if workflow == "open":
             assert (await handle.result()).status == "completed"
@@ -320,29 +351,21 @@ async def test_a_refused_reconciliation_sent_again_later_is_not_taken(
 ) -> None:
     """ "failed" is refused before its fence (the tool is never asked to
     fence for a request refused before); "succeeded" in the store."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}"
-    async with open_store(url) as store:
-        tickets = await TicketSystem.open(url)
-        try:
-            registry, action, _, _, _ = await claimed_write(store, tickets)
-            fences = _counting_fences(registry)
-            # Recovery made it unknown while its lease (2 s) still runs.
-            await store.recover_expired_action_leases(now=datetime.now(UTC) + timedelta(seconds=5))
-            writes = WriteActivities(store, registry, authority=TRUSTING)
-            asked = _asked(action["id"], outcome)
-            first = await ActivityEnvironment().run(writes.reconcile_action, asked)
-            assert first.retry_at is not None, first  # refused: the attempt may still run
+    async with unknown_claimed_write(tmp_path) as made:
+        store, registry, action, writes = made
+        fences = _counting_fences(registry)
+        asked = _asked(action["id"], outcome)
+        first = await ActivityEnvironment().run(writes.reconcile_action, asked)
+        assert first.retry_at is not None, first  # refused: the attempt may still run
 
-            await asyncio.sleep(2.2)  # the lease has run out; the operator has not asked again
-            replayed = await ActivityEnvironment().run(writes.reconcile_action, asked)
-            still = await store.get_action(action["id"])
-            refused = await _events(store, action["run_id"], "action.reconcile_refused")
-            # The operator asks anew (a new request, a new attestation): taken.
-            anew = await ActivityEnvironment().run(
-                writes.reconcile_action, _asked(action["id"], outcome)
-            )
-        finally:
-            await tickets.close()
+        await asyncio.sleep(2.2)  # the lease has run out; the operator has not asked again
+        replayed = await ActivityEnvironment().run(writes.reconcile_action, asked)
+        still = await store.get_action(action["id"])
+        refused = await _events(store, action["run_id"], "action.reconcile_refused")
+        # The operator asks anew (a new request, a new attestation): taken.
+        anew = await ActivityEnvironment().run(
+            writes.reconcile_action, _asked(action["id"], outcome)
+        )
     assert replayed.conflict is not None and "refused at" in replayed.conflict, replayed
     assert still["status"] == "unknown", still
     assert [(r["decided_by"], r["outcome"]) for r in refused] == [("op-1", outcome)]
@@ -359,24 +382,17 @@ async def test_an_attempt_sent_again_after_its_request_committed_is_answered_as_
     attempt committed: answered with what stands, the tool not fenced again
     ("failed" finds the action settled before its fence, "succeeded" in the
     store's transaction)."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}"
-    async with open_store(url) as store:
-        tickets = await TicketSystem.open(url)
-        try:
-            registry, action, _, _, _ = await claimed_write(store, tickets)
-            fences = _counting_fences(registry)
-            await store.recover_expired_action_leases(now=datetime.now(UTC) + timedelta(seconds=5))
-            await asyncio.sleep(2.2)  # the attempt's lease has run out
-            writes = WriteActivities(store, registry, authority=TRUSTING)
-            asked = _asked(action["id"], outcome)
-            answers = [await ActivityEnvironment().run(writes.reconcile_action, asked)]
-            answers.append(await ActivityEnvironment().run(writes.reconcile_action, asked))
-            other = await ActivityEnvironment().run(
-                writes.reconcile_action, _asked(action["id"], outcome)
-            )
-            reconciled = await _events(store, action["run_id"], "action.reconciled")
-        finally:
-            await tickets.close()
+    async with unknown_claimed_write(tmp_path) as made:
+        store, registry, action, writes = made
+        fences = _counting_fences(registry)
+        await asyncio.sleep(2.2)  # the attempt's lease has run out
+        asked = _asked(action["id"], outcome)
+        answers = [await ActivityEnvironment().run(writes.reconcile_action, asked)]
+        answers.append(await ActivityEnvironment().run(writes.reconcile_action, asked))
+        other = await ActivityEnvironment().run(
+            writes.reconcile_action, _asked(action["id"], outcome)
+        )
+        reconciled = await _events(store, action["run_id"], "action.reconciled")
     assert [(a.status, a.conflict) for a in answers] == [(outcome, None)] * 2, answers
     assert len(reconciled) == 1
     assert fences == ([1] if outcome == "failed" else [])
@@ -385,23 +401,14 @@ async def test_an_attempt_sent_again_after_its_request_committed_is_answered_as_
 
 
 async def test_a_reconciliation_that_names_no_request_is_refused(tmp_path) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'rt.db'}"
-    async with open_store(url) as store:
-        tickets = await TicketSystem.open(url)
-        try:
-            registry, action, _, _, _ = await claimed_write(store, tickets)
-            await store.recover_expired_action_leases(now=datetime.now(UTC) + timedelta(seconds=5))
-            writes = WriteActivities(store, registry, authority=TRUSTING)
-            unnamed = as_operator(
-                ReconcileInput(
-                    action_id=action["id"], outcome="succeeded", decided_by="op-1", note="x"
-                )
-            )
-            with pytest.raises(ApplicationError) as refused:
-                await ActivityEnvironment().run(writes.reconcile_action, unnamed)
-            still = await store.get_action(action["id"])
-        finally:
-            await tickets.close()
+    async with unknown_claimed_write(tmp_path) as made:
+        store, _registry, action, writes = made
+        unnamed = as_operator(
+            ReconcileInput(action_id=action["id"], outcome="succeeded", decided_by="op-1", note="x")
+        )
+        with pytest.raises(ApplicationError) as refused:
+            await ActivityEnvironment().run(writes.reconcile_action, unnamed)
+        still = await store.get_action(action["id"])
     assert refused.value.type == INVALID_INPUT and "request_id" in str(refused.value)
     assert still["status"] == "unknown"
 
@@ -436,10 +443,13 @@ async def test_the_store_takes_a_request_once_and_only_as_its_own(store) -> None
     # Another request is refused as ever: the action is settled.
     with pytest.raises(ConflictError, match="only unknown actions reconcile"):
         await store.reconcile_action(action_id, "succeeded", "op-1", "seen", request_id="r-2")
-    assert (await store.reconciled_by_request(action_id, "r-1", "op-1"))["status"] == "succeeded"
-    assert await store.reconciled_by_request(action_id, "r-1", "op-2") is None
-    assert await store.reconciled_by_request(action_id, "r-2", "op-1") is None
-    assert await store.reconciled_by_request(action_id, None, "op-1") is None
+    assert (await store.reconciled_by_request(action_id, "r-1", "op-1", "succeeded"))[
+        "status"
+    ] == "succeeded"
+    assert await store.reconciled_by_request(action_id, "r-1", "op-2", "succeeded") is None
+    assert await store.reconciled_by_request(action_id, "r-1", "op-1", "failed") is None
+    assert await store.reconciled_by_request(action_id, "r-2", "op-1", "succeeded") is None
+    assert await store.reconciled_by_request(action_id, None, "op-1", "succeeded") is None
     # A refusal kept for a request that in fact stood keeps nothing: it stood.
     stood = await store.refuse_reconcile(action_id, "r-1", "op-1", "succeeded", datetime.now(UTC))
     assert stood is not None and stood["status"] == "succeeded"

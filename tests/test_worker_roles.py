@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from roundtable.names import NO_TOOL_WORKER, REFRESH_SIGNAL
 from roundtable.store import ConflictError
 from roundtable.tools.registry import ToolRegistry
 from tests.test_edits import decide
-from tests.test_workflow_execution import reconcile, wrap_tool
+from tests.test_workflow_execution import operator_says, reconcile, wrap_tool
 from tests.workflow_harness import TRUSTING, Harness, harness, script, ticket_call
 from worker import build_worker, own_queue, tool_queues
 
@@ -218,28 +217,13 @@ async def test_a_closed_runs_unknown_is_reconciled_through_the_tool_worker(tmp_p
             with h.env.auto_time_skipping_disabled():
                 with pytest.raises(ConflictError, match="runs on tool workers"):
                     await operations.reconcile_request(
-                        h.client, handle.id, _operator_says(action_id, "failed"), h.task_queue
+                        h.client, handle.id, operator_says(action_id, "failed"), h.task_queue
                     )
                 done = await operations.reconcile(
                     h.client, h.store, action_id, "failed", "op-1", "checked", h.task_queue
                 )
     assert done["status"] == "failed" and done["via"] == "store"
     assert (await h.store.get_action(action_id))["result"]["fenced_below"] == 2
-
-
-def _operator_says(action_id: str, outcome: str):  # type: ignore[no-untyped-def]
-    from roundtable.models import ReconcileInput
-    from tests.workflow_harness import as_operator
-
-    return as_operator(
-        ReconcileInput(
-            action_id=action_id,
-            outcome=outcome,
-            decided_by="op-1",
-            note="checked",
-            request_id=uuid.uuid4().hex,
-        )
-    )
 
 
 def test_a_tool_worker_limited_to_some_tools_has_a_queue_for_each() -> None:

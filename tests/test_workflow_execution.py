@@ -30,18 +30,22 @@ def wrap_tool(registry: ToolRegistry, name: str, wrapper) -> None:  # type: igno
     registry.tools[name] = dataclasses.replace(original, handler=wrapper(original.handler))
 
 
+def operator_says(action_id: str, outcome: str) -> ReconcileInput:
+    """op-1's reconciliation, a request of its own, as the API sends it."""
+    return as_operator(
+        ReconcileInput(
+            action_id=action_id,
+            outcome=outcome,
+            decided_by="op-1",
+            note="checked",
+            request_id=uuid.uuid4().hex,
+        )
+    )
+
+
 async def reconcile(handle, action_id: str, outcome: str) -> str:  # type: ignore[no-untyped-def]
     return await handle.execute_update(
-        RoundtableWorkflow.reconcile_action,
-        as_operator(
-            ReconcileInput(
-                action_id=action_id,
-                outcome=outcome,
-                decided_by="op-1",
-                note="checked",
-                request_id=uuid.uuid4().hex,
-            )
-        ),
+        RoundtableWorkflow.reconcile_action, operator_says(action_id, outcome)
     )
 
 

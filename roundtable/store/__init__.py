@@ -142,7 +142,7 @@ class Store:
     reconcile_action = _on("actions", Actions.reconcile)
     refuse_reconcile = _on("actions", Actions.refuse_reconcile)
     reconciled_by_request = _on("actions", Actions.reconciled_by_request)
-    reconcile_deadline = _on("actions", Actions.reconcile_deadline)
+    reconcile_clock = _on("actions", Actions.reconcile_clock)
 
     create_approval = _on("approvals", Approvals.create)
     get_approval = _on("approvals", Approvals.get)

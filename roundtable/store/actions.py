@@ -5,7 +5,7 @@ reconciled by an operator when their outcome is unknown."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -157,9 +157,14 @@ def _new_action_values(
     }
 
 
-async def refuse_unreconcilable(session: AsyncSession, action: ActionRow) -> datetime:
+async def refuse_unreconcilable(
+    session: AsyncSession, action: ActionRow, asked_at: datetime | None = None
+) -> datetime:
     """The one rule for reconciling: only an ``unknown`` action whose attempt
-    cannot still be running. Returns the database time it was checked at."""
+    cannot still be running, by a request whose word was not given while it
+    could (``asked_at``: what the operator saw then could still change, and
+    an attempt retried, or a copy sent again, later must not make it
+    stand). Returns the database time it was checked at."""
     if action.status != ActionStatus.UNKNOWN:
         raise ConflictError(
             f"action {action.id!r} is {action.status}; only unknown actions reconcile"
@@ -171,6 +176,12 @@ async def refuse_unreconcilable(session: AsyncSession, action: ActionRow) -> dat
         # worker): whatever the operator saw in the real system could
         # still change, and a successor's claim would make two writers.
         raise AttemptMayBeRunningError(action.id, lease.lease_expires_at)
+    if lease is not None and asked_at is not None and asked_at < lease.lease_expires_at:
+        raise ConflictError(
+            f"this reconciliation of action {action.id!r} was asked at {asked_at.isoformat()}, "
+            f"while its attempt could still run (until {lease.lease_expires_at.isoformat()}): "
+            "what was seen then could still change; reconcile again, as a new request"
+        )
     return now
 
 
@@ -334,24 +345,28 @@ class Actions:
             return row_to_dict(refreshed)
 
     async def check_reconcilable(
-        self, action_id: str, request_id: str | None = None, not_after: datetime | None = None
+        self,
+        action_id: str,
+        request_id: str | None = None,
+        not_after: datetime | None = None,
+        asked_at: datetime | None = None,
     ) -> dict[str, Any]:
-        """The action, if it may be reconciled now by ``request_id``; else
-        the error :meth:`reconcile` would raise (a request refused before
-        stays refused, one past ``not_after`` is late). Nothing is written."""
+        """The action, if it may be reconciled now by this request; else the
+        error :meth:`reconcile` would raise. Nothing is written."""
         async with self.db.reader() as session:
             action = await found(session, ActionRow, action_id)
             key = reconcile_key(action_id, request_id)
             refuse_refused(await request_answer(session, action.run_id, key), action_id)
-            refuse_late(not_after, await refuse_unreconcilable(session, action), action_id)
+            now = await refuse_unreconcilable(session, action, asked_at)
+            refuse_late(not_after, now, action_id)
             return row_to_dict(action)
 
-    async def reconcile_deadline(self, within: timedelta) -> datetime:
-        """``within`` from now by the database's clock, the one a
-        reconciliation's ``not_after`` is judged by: its sender, on another
-        clock, waits ``within`` and a little more from having read it."""
+    async def reconcile_clock(self) -> datetime:
+        """Now, by the database's clock, the one a reconciliation's
+        ``asked_at`` and ``not_after`` are judged by (its sender's clock may
+        be wrong; a wait measured from having read this one is not)."""
         async with self.db.reader() as session:
-            return await database_now(session) + within
+            return await database_now(session)
 
     async def reconcile(
         self,
@@ -362,6 +377,7 @@ class Actions:
         fenced_below: int | None = None,
         request_id: str | None = None,
         not_after: datetime | None = None,
+        asked_at: datetime | None = None,
     ) -> dict[str, Any]:
         """An operator settles an ``unknown`` action; its target is freed.
         ``fenced_below``: the tool was told to refuse writes of this target
@@ -370,7 +386,8 @@ class Actions:
         kept (reconcile_requests.py): asked again after it committed, the
         action is answered as it stands; a request refused before, or made
         for another person, is refused, as is one past ``not_after`` (the
-        database's clock)."""
+        database's clock) or ``asked_at`` while the attempt could still run
+        (:func:`refuse_unreconcilable`)."""
         if outcome not in RECONCILE_OUTCOMES:
             raise InvalidInputError("outcome must be 'succeeded' or 'failed'")
         require_text("decided_by", decided_by)
@@ -382,7 +399,7 @@ class Actions:
             if answer is not None:
                 refuse_answered(answer, action_id, outcome, decided_by)
                 return row_to_dict(action)  # this request's, committed before
-            now = await refuse_unreconcilable(session, action)
+            now = await refuse_unreconcilable(session, action, asked_at)
             refuse_late(not_after, now, action_id)
             result = {
                 **(action.result or {}),
@@ -439,19 +456,33 @@ class Actions:
             run, action = await self.db.lock_row(session, ActionRow, action_id)
             answer = await request_answer(session, run.id, key)
             if answer is not None:
-                return row_to_dict(action) if is_own_reconciliation(answer, decided_by) else None
+                mine = is_own_reconciliation(answer, decided_by, outcome)
+                return row_to_dict(action) if mine else None
             now = await database_now(session)
             said = refusal_payload(action_id, outcome, decided_by, retry_at, now)
             await self.db.audit(session, run, REFUSED, said, now, dedupe_key=key)
         return None
 
     async def reconciled_by_request(
-        self, action_id: str, request_id: str | None, decided_by: str
+        self,
+        action_id: str,
+        request_id: str | None,
+        decided_by: str,
+        outcome: str,
+        *,
+        locked: bool = False,
     ) -> dict[str, Any] | None:
         """The action as it stands if ``request_id``'s reconciliation, for
-        ``decided_by``, is recorded; else None (none, or another's)."""
-        async with self.db.snapshot() as session:
-            action = await found(session, ActionRow, action_id)
-            key = reconcile_key(action_id, request_id)
+        ``decided_by`` and ``outcome``, is recorded; else None (none, or
+        another's). ``locked``: read under the run lock, after any
+        transaction of the run still under way (an earlier attempt's)."""
+        key = reconcile_key(action_id, request_id)
+        reading = self.db.transaction() if locked else self.db.snapshot()
+        async with reading as session:
+            if locked:
+                _, action = await self.db.lock_row(session, ActionRow, action_id)
+            else:
+                action = await found(session, ActionRow, action_id)
             answer = await request_answer(session, action.run_id, key)
-            return row_to_dict(action) if is_own_reconciliation(answer, decided_by) else None
+            mine = is_own_reconciliation(answer, decided_by, outcome)
+            return row_to_dict(action) if mine else None

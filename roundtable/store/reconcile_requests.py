@@ -51,12 +51,16 @@ async def request_answer(session: AsyncSession, run_id: str, key: str | None) ->
     return (row[0], row[1]) if row is not None else None
 
 
-def is_own_reconciliation(answer: Answer | None, decided_by: str) -> bool:
-    """Is this answer the request's reconciliation, made for ``decided_by``?"""
+def is_own_reconciliation(answer: Answer | None, decided_by: str, outcome: str) -> bool:
+    """Is this answer the request's reconciliation, to ``outcome``, made
+    for ``decided_by``? (A copy whose outcome was changed is not it.)"""
     if answer is None:
         return False
     event, said = answer
-    return event == RECONCILED and said.get("decided_by") == decided_by
+    return event == RECONCILED and (said.get("decided_by"), said.get("outcome")) == (
+        decided_by,
+        outcome,
+    )
 
 
 def refuse_refused(answer: Answer | None, action_id: str) -> None:
