@@ -844,7 +844,9 @@ class WriteActivities:
         vouched = decider_whatever_its_age(inp)
         mine = None
         if vouched.role == "operator" and inp.request_id:
-            mine = await self._own_record(inp, vouched.user_id)
+            # Under the run lock: a tool worker's transaction still under way
+            # (its activity timed out while it was slow to commit) is waited for.
+            mine = await self._own_record(inp, vouched.user_id, locked=True)
         if mine is not None:
             return ReconcileOutput(action_id=mine["id"], status=mine["status"])
         action = await self.store.get_action(inp.action_id)

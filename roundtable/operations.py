@@ -87,6 +87,11 @@ class NoToolWorkerError(ConflictError):
     """No tool worker took the step (worker roles): nothing was done."""
 
 
+class UnansweredError(TemporalUnavailableError):
+    """A reconciliation no worker answered in time (503): whether anything
+    was recorded is said in its message."""
+
+
 class WorkflowStalledError(TemporalUnavailableError):
     """The run's workflow is open but takes no update now: Temporal refuses
     one while its workflow tasks keep failing (a deploy it cannot replay on,
@@ -458,14 +463,9 @@ async def reconcile_request(
             raise
         # The SDK answers the cancellation our deadline makes with an error
         # of its own: either way, no worker answered in time.
-        recorded = await _own_record(store, request)
+        looked, recorded = await _own_record(store, request)
         if recorded is None:
-            raise TemporalUnavailableError(
-                f"no worker answered the reconciliation of {request.action_id} in time "
-                f"(is a worker polling the run's task queue?): nothing was recorded, and this "
-                f"request can no longer be (it could be until {request.not_after}); "
-                "reconcile again once a worker serves the run"
-            ) from None
+            raise _unanswered(request, looked) from None
         return recorded, "workflow"
     except (NotTrackedError, NoLiveWorkflowError, NoToolWorkerError, WorkflowStalledError):
         # The run's own route may point at a queue nobody serves any more
@@ -474,7 +474,7 @@ async def reconcile_request(
         # its recovery: the store path needs nothing of the run's workflow.
         pass
     except (StoreError, TemporalUnavailableError, RPCError):
-        recorded = await _own_record(store, request)
+        _, recorded = await _own_record(store, request)
         if recorded is None:
             raise
         return recorded, "workflow"
@@ -486,8 +486,9 @@ async def reconcile_request(
             id=f"reconcile-{request.action_id}-{request.request_id}",
             task_queue=task_queue,
             result_type=ReconcileOutput,
-            # No worker on the queue: say so rather than wait for ever.
-            execution_timeout=RECONCILE_WITHIN,
+            # No worker on the queue: say so rather than wait for ever; and
+            # not before the request's not_after (and its grace) has passed.
+            execution_timeout=answer_within or RECONCILE_WITHIN,
         )
     except WorkflowFailureError as exc:
         failure = _store_error(exc)
@@ -498,11 +499,13 @@ async def reconcile_request(
         failure = TemporalUnavailableError(f"Temporal is unavailable: {exc.message}")
         failure.__cause__ = exc
     if failure is not None:
-        recorded = await _own_record(store, request)
-        if recorded is None:
-            raise failure
-        await nudge(client, run_id)
-        return recorded, "store"
+        looked, recorded = await _own_record(store, request)
+        if recorded is not None:
+            await nudge(client, run_id)
+            return recorded, "store"
+        if isinstance(failure, UnansweredError) and answer_within is not None:
+            raise _unanswered(request, looked) from failure
+        raise failure
     if out.retry_at is not None:
         raise AttemptMayBeRunningError(request.action_id, out.retry_at, message=out.conflict)
     if out.conflict:
@@ -511,19 +514,41 @@ async def reconcile_request(
     return out.status, "store"
 
 
-async def _own_record(store: Store | None, request: ReconcileInput) -> str | None:
-    """The action's status if ``request``'s own reconciliation is recorded
-    (store/reconcile_requests.py); None if not, or if that cannot be read
-    now (the caller's failure then stands, as it would have)."""
+def _unanswered(request: ReconcileInput, looked: bool) -> UnansweredError:
+    """No worker answered the request by its deadline (past its not_after).
+    "Nothing was recorded" only when the request's record was looked for
+    under the run lock, behind any worker's transaction still under way,
+    and not found: no later transaction can record it any more. Else the
+    truth is that it may have been."""
+    asked = f"no worker answered the reconciliation of {request.action_id} in time"
+    if looked and request.not_after is not None:
+        return UnansweredError(
+            f"{asked} (is a worker polling the run's task queue?): nothing was recorded, and "
+            f"this request can no longer be (it could be until {request.not_after}); "
+            "reconcile again once a worker serves the run"
+        )
+    return UnansweredError(
+        f"{asked}, and whether a worker recorded it could not be read now: it may have been, "
+        "so look at the action before asking again"
+    )
+
+
+async def _own_record(store: Store | None, request: ReconcileInput) -> tuple[bool, str | None]:
+    """``(looked, status)``: the action's status if ``request``'s own
+    reconciliation is recorded (store/reconcile_requests.py), read under the
+    run lock so that a worker's transaction still under way is waited for;
+    ``looked`` False when that could not be read now (no store, the database
+    failing): then nothing is known either way. (Not cut short: a store call
+    runs to its end, store/__init__.py; the lock waits are the store's.)"""
     if store is None or not request.request_id:
-        return None
+        return False, None
     try:
         mine = await store.reconciled_by_request(
-            request.action_id, request.request_id, request.decided_by, request.outcome
+            request.action_id, request.request_id, request.decided_by, request.outcome, locked=True
         )
-    except Exception:  # the lookup is a courtesy: the original failure is the answer
-        return None
-    return str(mine["status"]) if mine is not None else None
+    except Exception:  # the caller's own failure stands, saying what it knows
+        return False, None
+    return True, (str(mine["status"]) if mine is not None else None)
 
 
 def _store_error(exc: WorkflowFailureError) -> Exception:
@@ -535,8 +560,12 @@ def _store_error(exc: WorkflowFailureError) -> Exception:
         cause = cause.cause
     kind = cause.type if isinstance(cause, ApplicationError) else None
     if isinstance(exc.cause, TemporalTimeout):
-        return TemporalUnavailableError(
-            "no worker took the reconciliation in time: is a worker polling this task queue?"
+        # The workflow ran out of time: no worker took it, or one took it
+        # late and may be recording it still.
+        return UnansweredError(
+            "no worker answered the reconciliation in time (is a worker polling this task "
+            "queue?): a worker that took it late may still record it, so look at the action "
+            "before asking again"
         )
     if timed_out:
         # Its activity started and did not answer (a worker gone, a store

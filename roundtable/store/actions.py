@@ -158,18 +158,24 @@ def _new_action_values(
 
 
 async def refuse_unreconcilable(
-    session: AsyncSession, action: ActionRow, asked_at: datetime | None = None
+    session: AsyncSession,
+    action: ActionRow,
+    asked_at: datetime | None = None,
+    not_after: datetime | None = None,
 ) -> datetime:
     """The one rule for reconciling: only an ``unknown`` action whose attempt
     cannot still be running, by a request whose word was not given while it
     could (``asked_at``: what the operator saw then could still change, and
     an attempt retried, or a copy sent again, later must not make it
-    stand). Returns the database time it was checked at."""
+    stand), and not past its ``not_after`` (judged first: a request its
+    sender gave up on leaves no mark, not even a refusal for time). Returns
+    the database time it was checked at."""
     if action.status != ActionStatus.UNKNOWN:
         raise ConflictError(
             f"action {action.id!r} is {action.status}; only unknown actions reconcile"
         )
     now = await database_now(session)
+    refuse_late(not_after, now, action.id)
     lease = await lease_of(session, action.id)
     if lease is not None and lease.lease_expires_at > now:
         # Its attempt may still be running (a frozen or partitioned
@@ -357,8 +363,7 @@ class Actions:
             action = await found(session, ActionRow, action_id)
             key = reconcile_key(action_id, request_id)
             refuse_refused(await request_answer(session, action.run_id, key), action_id)
-            now = await refuse_unreconcilable(session, action, asked_at)
-            refuse_late(not_after, now, action_id)
+            await refuse_unreconcilable(session, action, asked_at, not_after)
             return row_to_dict(action)
 
     async def reconcile_clock(self) -> datetime:
@@ -399,8 +404,7 @@ class Actions:
             if answer is not None:
                 refuse_answered(answer, action_id, outcome, decided_by)
                 return row_to_dict(action)  # this request's, committed before
-            now = await refuse_unreconcilable(session, action, asked_at)
-            refuse_late(not_after, now, action_id)
+            now = await refuse_unreconcilable(session, action, asked_at, not_after)
             result = {
                 **(action.result or {}),
                 "reconciled_outcome": outcome,
